@@ -1,0 +1,2 @@
+//! Builds a service from a settings file (placeholder until the settings module lands).
+fn main() {}

@@ -1,0 +1,1 @@
+//! loom model checks (filled in by the model suite).

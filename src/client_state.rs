@@ -1,0 +1,109 @@
+//! The per-client state the service keeps, separate from the per-plan constants.
+//!
+//! A standalone limiter holds its rule's constants, its state and a clock. The service holds the
+//! constants once per plan and the clock once in all, so each client costs only its state: one
+//! word for the token bucket and the fixed window, a ring for the sliding log.
+
+use crate::clock::Clock;
+use crate::error::RuleError;
+use crate::fixed_window::WindowParams;
+use crate::sliding_window_log::{LogParams, LogRing};
+use crate::sync::Word;
+use crate::token_bucket::GcraParams;
+use crate::{Algorithm, Decision, Rule};
+
+/// One plan's constants, for the service's method.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ClientParams {
+    TokenBucket(GcraParams),
+    FixedWindow(WindowParams),
+    SlidingWindowLog(LogParams),
+}
+
+/// One client's state.
+#[derive(Debug)]
+pub(crate) enum ClientState {
+    /// The token bucket's TAT or the fixed window's packed word.
+    Word(Word),
+    /// The sliding log's ring; boxed so that the one-word methods' entries stay one word.
+    Ring(Box<LogRing<Word>>),
+}
+
+impl ClientParams {
+    pub(crate) fn new(algorithm: Algorithm, rule: Rule) -> Result<ClientParams, RuleError> {
+        Ok(match algorithm {
+            Algorithm::TokenBucket => ClientParams::TokenBucket(GcraParams::new(rule)?),
+            Algorithm::FixedWindow => ClientParams::FixedWindow(WindowParams::new(rule)?),
+            Algorithm::SlidingWindowLog => ClientParams::SlidingWindowLog(LogParams::new(rule)?),
+        })
+    }
+
+    pub(crate) fn rule(&self) -> Rule {
+        match self {
+            ClientParams::TokenBucket(params) => params.rule(),
+            ClientParams::FixedWindow(params) => params.rule(),
+            ClientParams::SlidingWindowLog(params) => params.rule(),
+        }
+    }
+
+    /// The state of a client that has taken nothing yet.
+    pub(crate) fn fresh_state(&self) -> ClientState {
+        match self {
+            ClientParams::TokenBucket(_) | ClientParams::FixedWindow(_) => {
+                ClientState::Word(Word::new(0))
+            }
+            ClientParams::SlidingWindowLog(params) => {
+                ClientState::Ring(Box::new(LogRing::new(params)))
+            }
+        }
+    }
+
+    #[inline]
+    pub(crate) fn acquire(&self, state: &ClientState, n: u64, clock: &impl Clock) -> Decision {
+        match (self, state) {
+            (ClientParams::TokenBucket(params), ClientState::Word(word)) => {
+                params.acquire(word, n, clock)
+            }
+            (ClientParams::FixedWindow(params), ClientState::Word(word)) => {
+                params.acquire(word, n, clock)
+            }
+            (ClientParams::SlidingWindowLog(params), ClientState::Ring(ring)) => {
+                params.acquire(ring, n, clock)
+            }
+            // A state of another method's shape: treat it as retired so the service replaces it.
+            _ => Decision::retired(self.rule()),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn peek(&self, state: &ClientState, clock: &impl Clock) -> Decision {
+        match (self, state) {
+            (ClientParams::TokenBucket(params), ClientState::Word(word)) => {
+                params.peek(word, clock)
+            }
+            (ClientParams::FixedWindow(params), ClientState::Word(word)) => {
+                params.peek(word, clock)
+            }
+            (ClientParams::SlidingWindowLog(params), ClientState::Ring(ring)) => {
+                params.peek(ring, clock)
+            }
+            _ => Decision::retired(self.rule()),
+        }
+    }
+
+    /// Retires `state` if it is indistinguishable from a fresh one at `now_nanos`.
+    pub(crate) fn retire_if_idle(&self, state: &ClientState, now_nanos: u64) -> bool {
+        match (self, state) {
+            (ClientParams::TokenBucket(params), ClientState::Word(word)) => {
+                params.retire_if_full(word, now_nanos)
+            }
+            (ClientParams::FixedWindow(params), ClientState::Word(word)) => {
+                params.retire_if_idle(word, now_nanos)
+            }
+            (ClientParams::SlidingWindowLog(params), ClientState::Ring(ring)) => {
+                params.retire_if_idle(ring.as_ref(), now_nanos)
+            }
+            _ => false,
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! Errors: every message names the field at fault and the bound it broke.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::Algorithm;
+
+/// A rule that cannot be made, or that a method cannot honour.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RuleError {
+    /// `limit` was 0.
+    ZeroLimit,
+    /// `window` was zero.
+    ZeroWindow,
+    /// `window` exceeded [`Rule::MAX_WINDOW`](crate::Rule::MAX_WINDOW).
+    WindowTooLong {
+        /// The window asked for.
+        window: Duration,
+        /// The longest window allowed.
+        max: Duration,
+    },
+    /// `limit` exceeded what the method can hold.
+    LimitTooLarge {
+        /// The method.
+        algorithm: Algorithm,
+        /// The limit asked for.
+        limit: u64,
+        /// The largest limit the method accepts.
+        max: u64,
+    },
+    /// The rule is finer than the method's time resolution allows: more than one permit per
+    /// nanosecond of window, in a mode that cannot represent it exactly.
+    RateTooHigh {
+        /// The method.
+        algorithm: Algorithm,
+        /// The limit asked for.
+        limit: u64,
+        /// The window asked for.
+        window: Duration,
+    },
+    /// The method's packed state would wrap before [`RuleError::MIN_HORIZON`] of uptime.
+    HorizonTooShort {
+        /// The method.
+        algorithm: Algorithm,
+        /// The limit asked for.
+        limit: u64,
+        /// The window asked for.
+        window: Duration,
+        /// How long the state would last.
+        horizon: Duration,
+    },
+}
+
+impl RuleError {
+    /// The shortest uptime (from the clock's origin) a limiter must be able to run for: ten
+    /// years, so that no deployment meets a wrap.
+    pub const MIN_HORIZON: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+}
+
+impl fmt::Display for RuleError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RuleError::ZeroLimit => {
+                write!(
+                    f,
+                    "limit 0 is invalid: a rule must allow at least 1 request"
+                )
+            }
+            RuleError::ZeroWindow => {
+                write!(
+                    f,
+                    "window 0s is invalid: a rule's window must be at least 1ns"
+                )
+            }
+            RuleError::WindowTooLong { window, max } => {
+                write!(f, "window {window:?} is too long: at most {max:?}")
+            }
+            RuleError::LimitTooLarge {
+                algorithm,
+                limit,
+                max,
+            } => {
+                write!(
+                    f,
+                    "limit {limit} is too large for the {algorithm}: at most {max}"
+                )?;
+                if *algorithm == Algorithm::SlidingWindowLog {
+                    write!(
+                        f,
+                        " (it stores one timestamp per permit; the token bucket or fixed window \
+                         hold any limit in 8 bytes)"
+                    )?;
+                }
+                Ok(())
+            }
+            RuleError::RateTooHigh {
+                algorithm,
+                limit,
+                window,
+            } => write!(
+                f,
+                "limit {limit} per window {window:?} is too fine for the {algorithm}: \
+                 at most 1 permit per nanosecond of window"
+            ),
+            RuleError::HorizonTooShort {
+                algorithm,
+                limit,
+                window,
+                horizon,
+            } => write!(
+                f,
+                "limit {limit} per window {window:?} would make the {algorithm}'s state wrap \
+                 after {horizon:?}, under the {:?} required: lower the limit or lengthen the \
+                 window",
+                RuleError::MIN_HORIZON
+            ),
+        }
+    }
+}
+
+impl std::error::Error for RuleError {}
+
+/// An error from [`RateLimiterService`](crate::RateLimiterService).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ServiceError {
+    /// A request named a plan that has no rule.
+    UnknownPlan {
+        /// The plan, as its `Debug` form.
+        plan: String,
+    },
+    /// A plan's rule cannot be honoured by the service's method.
+    InvalidRule {
+        /// The plan, as its `Debug` form.
+        plan: String,
+        /// Why.
+        source: RuleError,
+    },
+    /// The same plan was given two rules.
+    DuplicatePlan {
+        /// The plan, as its `Debug` form.
+        plan: String,
+    },
+    /// A service was built with no plans at all.
+    NoPlans,
+}
+
+impl fmt::Display for ServiceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ServiceError::UnknownPlan { plan } => {
+                write!(
+                    f,
+                    "plan {plan} has no rule: every plan needs one rule in the settings"
+                )
+            }
+            ServiceError::InvalidRule { plan, source } => {
+                write!(f, "plan {plan}: {source}")
+            }
+            ServiceError::DuplicatePlan { plan } => {
+                write!(f, "plan {plan} is given two rules: one rule per plan")
+            }
+            ServiceError::NoPlans => {
+                write!(
+                    f,
+                    "no plans given: a service needs at least one plan with a rule"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for ServiceError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ServiceError::InvalidRule { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,287 @@
+//! [`FixedWindow`]: window index and count packed in one atomic word.
+//!
+//! # Guarantee
+//!
+//! Windows are aligned to the clock's origin: `[0, W)`, `[W, 2W)`, ... At most N permits are
+//! granted per aligned window. That is *not* at most N in every span of length W: N at the end of
+//! one window and N at the start of the next pass within a moment, 2N in all (the edge burst the
+//! [sliding window log](crate::SlidingWindowLog) exists to prevent). A reading from a clock that
+//! stepped back is counted in the newest window seen, never resets it.
+//!
+//! # How
+//!
+//! One `AtomicU64`, laid out as
+//!
+//! ```text
+//! [63] retired · [62 .. C] window index · [C-1 .. 0] permits granted in that window
+//! ```
+//!
+//! with the count's width `C` chosen from the limit (see [`COUNT_HEADROOM`]). A general attempt is
+//! a compare-and-swap loop; a single permit in the current window takes the fast path, one
+//! `fetch_add` that is granted iff the count it replaced was below N.
+
+// The parameter types and `AtomicWord` are public only for the `loom` feature's re-exports.
+#![cfg_attr(not(feature = "loom"), allow(unreachable_pub))]
+
+use crossbeam_utils::CachePadded;
+
+use crate::clock::Clock;
+use crate::decision::{Decision, Rejection};
+use crate::error::RuleError;
+use crate::sync::{AtomicWord, Ordering, Word};
+use crate::{Algorithm, Limiter, Rule};
+
+/// Set on a word retired for eviction; no permit is granted from it.
+const RETIRED: u64 = 1 << 63;
+
+/// Room above N in the count field for the fast path's overshoot. A `fetch_add` that finds the
+/// count already at N still adds 1 (and is denied); only threads that saw the count below N just
+/// before their add can overshoot, so the overshoot is bounded by the number of threads racing on
+/// one limiter at one instant. 2^20 of them would be needed to carry into the index.
+const COUNT_HEADROOM: u64 = 1 << 20;
+
+/// The constants of one rule: the window and the packed layout.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowParams {
+    rule: Rule,
+    /// Width of the count field, in bits.
+    count_bits: u32,
+    /// The largest window index the word can hold; later windows are clamped to it.
+    max_index: u64,
+}
+
+impl WindowParams {
+    /// Chooses the layout for `rule`, or explains why it would not last.
+    pub fn new(rule: Rule) -> Result<WindowParams, RuleError> {
+        let limit = rule.limit();
+        let count_bits = u64::BITS - (limit.saturating_add(COUNT_HEADROOM)).leading_zeros();
+        let index_bits = 63u32.saturating_sub(count_bits);
+        let max_index = (1u64 << index_bits) - 1;
+        let horizon_nanos = (max_index as u128 + 1) * rule.window_nanos() as u128;
+        if horizon_nanos < RuleError::MIN_HORIZON.as_nanos() {
+            return Err(RuleError::HorizonTooShort {
+                algorithm: Algorithm::FixedWindow,
+                limit,
+                window: rule.window(),
+                horizon: std::time::Duration::from_nanos(
+                    u64::try_from(horizon_nanos).unwrap_or(u64::MAX),
+                ),
+            });
+        }
+        Ok(WindowParams {
+            rule,
+            count_bits,
+            max_index,
+        })
+    }
+
+    /// The rule these parameters enforce.
+    pub fn rule(&self) -> Rule {
+        self.rule
+    }
+
+    #[inline]
+    fn count_mask(&self) -> u64 {
+        (1 << self.count_bits) - 1
+    }
+
+    #[inline]
+    fn unpack(&self, word: u64) -> (u64, u64) {
+        (
+            (word & !RETIRED) >> self.count_bits,
+            word & self.count_mask(),
+        )
+    }
+
+    #[inline]
+    fn pack(&self, index: u64, count: u64) -> u64 {
+        (index << self.count_bits) | count
+    }
+
+    #[inline]
+    fn index_at(&self, now_nanos: u64) -> u64 {
+        (now_nanos / self.rule.window_nanos()).min(self.max_index)
+    }
+
+    /// Nanoseconds from `now_nanos` to the end of window `index`.
+    #[inline]
+    fn until_end_of(&self, index: u64, now_nanos: u64) -> u64 {
+        (index + 1)
+            .saturating_mul(self.rule.window_nanos())
+            .saturating_sub(now_nanos)
+    }
+
+    /// The pure decision: what taking `n` permits at `now_nanos` from `word` answers, and the
+    /// word to store if it must change. `word` must not be retired.
+    #[inline]
+    pub fn decide(&self, word: u64, now_nanos: u64, n: u64) -> (Decision, Option<u64>) {
+        let limit = self.rule.limit();
+        if n > limit {
+            let rejection = Rejection::ExceedsLimit {
+                requested: n,
+                limit,
+            };
+            return (Decision::rejected(self.rule, rejection), None);
+        }
+        let (stored_index, count) = self.unpack(word);
+        let now_index = self.index_at(now_nanos);
+        // A reading in an older window than the stored one (a stale or stepped-back clock) is
+        // counted in the stored window: it never resets the count.
+        let (index, used) = if now_index > stored_index {
+            (now_index, 0)
+        } else {
+            (stored_index, count.min(limit))
+        };
+        let until_end = self.until_end_of(index, now_nanos);
+        if used + n > limit {
+            let decision = Decision::denied(self.rule, limit - used, until_end, until_end);
+            return (decision, None);
+        }
+        let decision = Decision::allowed(self.rule, limit - used - n, until_end);
+        // n = 0 takes nothing, so it writes nothing.
+        (decision, (n > 0).then(|| self.pack(index, used + n)))
+    }
+
+    /// Takes `n` permits from the window word `word`, if all are available now.
+    #[inline]
+    pub fn acquire<A: AtomicWord>(&self, word: &A, n: u64, clock: &impl Clock) -> Decision {
+        // Relaxed, for every access to the word: the decision depends on this one word only, and
+        // read-modify-writes of one word are totally ordered, so each grant sees every earlier
+        // one. No other memory is published through it.
+        let mut current = word.load(Ordering::Relaxed);
+        let now = clock.now_nanos();
+        if n == 1 && current & RETIRED == 0 {
+            let (index, count) = self.unpack(current);
+            if index == self.index_at(now) && count < self.rule.limit() {
+                return self.acquire_one_in_current_window(word, now);
+            }
+        }
+        let mut now = now;
+        loop {
+            if current & RETIRED != 0 {
+                return Decision::retired(self.rule);
+            }
+            let (decision, new) = self.decide(current, now, n);
+            let Some(new) = new else {
+                return decision;
+            };
+            match word.compare_exchange_weak(current, new, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return decision,
+                Err(actual) => current = actual,
+            }
+            now = clock.now_nanos();
+        }
+    }
+
+    /// The fast path: one `fetch_add` instead of a CAS loop, which never retries under
+    /// contention. Exact: the add is granted iff the count it replaced was below N, and an add
+    /// that lands in a newer window (another thread rolled it over) counts in that window.
+    #[inline]
+    fn acquire_one_in_current_window<A: AtomicWord>(&self, word: &A, now_nanos: u64) -> Decision {
+        // Relaxed: see `acquire`.
+        let previous = word.fetch_add(1, Ordering::Relaxed);
+        if previous & RETIRED != 0 {
+            return Decision::retired(self.rule);
+        }
+        let (index, count) = self.unpack(previous);
+        let limit = self.rule.limit();
+        let until_end = self.until_end_of(index, now_nanos);
+        if count < limit {
+            Decision::allowed(self.rule, limit - count - 1, until_end)
+        } else {
+            Decision::denied(self.rule, 0, until_end, until_end)
+        }
+    }
+
+    /// What one permit would get now, taking nothing.
+    #[inline]
+    pub fn peek<A: AtomicWord>(&self, word: &A, clock: &impl Clock) -> Decision {
+        // Relaxed: a snapshot of one word.
+        let current = word.load(Ordering::Relaxed);
+        if current & RETIRED != 0 {
+            return Decision::retired(self.rule);
+        }
+        let now = clock.now_nanos();
+        let (available, _) = self.decide(current, now, 0);
+        let (one, _) = self.decide(current, now, 1);
+        if one.is_allowed() { available } else { one }
+    }
+
+    /// Retires the word if its window is over at `now_nanos` (so it is indistinguishable from a
+    /// fresh one). Returns whether it did. Retiring and acquiring are read-modify-writes of the
+    /// same word, so exactly one of them wins.
+    pub fn retire_if_idle<A: AtomicWord>(&self, word: &A, now_nanos: u64) -> bool {
+        // Relaxed: see `acquire`.
+        let current = word.load(Ordering::Relaxed);
+        let (index, count) = self.unpack(current);
+        current & RETIRED == 0
+            && (index < self.index_at(now_nanos) || count == 0)
+            && word
+                .compare_exchange(
+                    current,
+                    current | RETIRED,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+    }
+}
+
+/// A fixed window: at most N permits per window aligned to the clock's origin.
+///
+/// Lock-free: one `AtomicU64` (on its own cache line); a single permit in the current window is
+/// one `fetch_add`. See the [module docs](self) for the guarantee, including the edge burst.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::{FakeClock, FixedWindow, Limiter, Rule};
+///
+/// let clock = FakeClock::starting_at(Duration::from_millis(1_990));
+/// let window = FixedWindow::new(Rule::per_second(5)?, clock.clone())?;
+/// let end_of_window = (0..5).filter(|_| window.try_acquire()).count();
+/// clock.advance(Duration::from_millis(20)); // a new window starts at 2 000 ms
+/// let start_of_next = (0..5).filter(|_| window.try_acquire()).count();
+/// assert_eq!(end_of_window + start_of_next, 10); // twice the limit within 20 ms
+/// # Ok::<(), tollgate::RuleError>(())
+/// ```
+#[derive(Debug)]
+pub struct FixedWindow<C = crate::MonotonicClock> {
+    word: CachePadded<Word>,
+    params: WindowParams,
+    clock: C,
+}
+
+impl<C: Clock> FixedWindow<C> {
+    /// An empty window for `rule`, reading time from `clock`.
+    pub fn new(rule: Rule, clock: C) -> Result<Self, RuleError> {
+        Ok(FixedWindow {
+            word: CachePadded::new(Word::new(0)),
+            params: WindowParams::new(rule)?,
+            clock,
+        })
+    }
+
+    /// The clock this window reads.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+}
+
+impl<C: Clock> Limiter for FixedWindow<C> {
+    #[inline]
+    fn try_acquire_n(&self, n: u64) -> Decision {
+        self.params.acquire(&*self.word, n, &self.clock)
+    }
+
+    #[inline]
+    fn peek(&self) -> Decision {
+        self.params.peek(&*self.word, &self.clock)
+    }
+
+    fn rule(&self) -> Rule {
+        self.params.rule()
+    }
+}

@@ -1,0 +1,98 @@
+//! # tollgate
+//!
+//! Lock-free rate limiting for the hot path of proxies and servers: several methods behind one
+//! [`Limiter`] trait, picked by an [`Algorithm`] setting, and a [`RateLimiterService`] that keeps
+//! one limiter per client with one [`Rule`] per plan.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tollgate::{Algorithm, FakeClock, RateLimiterService, Rule};
+//!
+//! #[derive(Debug, PartialEq, Eq)]
+//! enum Tier { Free, Pro }
+//!
+//! let clock = FakeClock::new(); // tests move time by hand; production uses MonotonicClock
+//! let service = RateLimiterService::new(
+//!     Algorithm::TokenBucket,
+//!     [(Tier::Free, Rule::per_second(5)?), (Tier::Pro, Rule::per_second(50)?)],
+//!     clock.clone(),
+//! )?;
+//!
+//! let burst = (0..10).filter(|_| service.allow("alice", &Tier::Free).unwrap()).count();
+//! assert_eq!(burst, 5);
+//! clock.advance(Duration::from_millis(200)); // one token refills every 200 ms
+//! let decision = service.acquire("alice", &Tier::Free, 1)?;
+//! assert!(decision.is_allowed());
+//! assert!(service.acquire("alice", &Tier::Free, 1)?.is_denied());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! ## The methods
+//!
+//! | method | guarantee | state per client |
+//! |---|---|---|
+//! | [`TokenBucket`] | exact token bucket (GCRA): bursts up to N, refilled N per window; at most `N + N*s/W` in any span `s` | one `AtomicU64` |
+//! | [`FixedWindow`] | at most N per window aligned to the clock's origin; up to 2N across an edge | one `AtomicU64` |
+//! | [`SlidingWindowLog`] | at most N in every span of one window, wherever it starts | N `AtomicU64`s (N ≤ 65 536) |
+//!
+//! Every method is lock-free: the state lives in atomics updated by compare-and-swap loops (the
+//! fixed window takes a single `fetch_add` for one permit in the current window), a denied attempt
+//! only reads, and no decision path takes a lock. Each module documents its guarantee and why it
+//! holds under any interleaving.
+//!
+//! ## Time
+//!
+//! Limiters read time only through a [`Clock`]: [`MonotonicClock`] (the CPU's counter through
+//! `quanta`) in production, [`FakeClock`] in tests so that no test sleeps, and the opt-in
+//! [`CoarseClock`] where millisecond resolution is enough. All time arithmetic saturates; a clock
+//! that steps back never panics and never grants extra permits.
+//!
+//! ## Bad input
+//!
+//! A rule a method cannot honour is a [`RuleError`] when the limiter or service is made; a plan
+//! without a rule is a [`ServiceError`]; asking for more permits at once than the limit is a
+//! decision with a [`Rejection`]. No call on the decision path panics.
+//!
+//! ## Features
+//!
+//! - `loom`: adds the model-checking instantiations used by the `loom-tests` target
+//!   (`cargo test --features loom`). Additive: the public types do not change.
+
+mod algorithm;
+mod client_state;
+mod clock;
+mod decision;
+mod error;
+mod factory;
+mod fixed_window;
+mod limiter;
+mod rule;
+mod service;
+mod sliding_window_log;
+mod sync;
+mod token_bucket;
+
+pub use algorithm::{Algorithm, UnknownAlgorithm};
+pub use clock::{Clock, CoarseClock, CoarseClockError, FakeClock, MonotonicClock};
+pub use decision::{Decision, Rejection};
+pub use error::{RuleError, ServiceError};
+pub use factory::{AnyLimiter, LimiterFactory};
+pub use fixed_window::FixedWindow;
+pub use limiter::Limiter;
+pub use rule::Rule;
+pub use service::{RateLimiterService, ServiceBuilder, Sweeper};
+pub use sliding_window_log::SlidingWindowLog;
+pub use token_bucket::TokenBucket;
+
+/// The core state machines, generic over the atomic word, for model checking with loom.
+///
+/// Not part of the public API: the `loom-tests` target instantiates these with
+/// `loom::sync::atomic::AtomicU64` and checks them under every interleaving.
+#[cfg(feature = "loom")]
+#[doc(hidden)]
+pub mod loom_support {
+    pub use crate::fixed_window::WindowParams;
+    pub use crate::sliding_window_log::{LogParams, LogRing};
+    pub use crate::sync::AtomicWord;
+    pub use crate::token_bucket::GcraParams;
+}

@@ -1,0 +1,366 @@
+//! [`SlidingWindowLog`]: a fixed-capacity ring of atomic timestamps.
+//!
+//! # Guarantee
+//!
+//! At most N permits in *every* span of length W, wherever it starts: the edge burst a
+//! [fixed window](crate::FixedWindow) lets through is held to N. This holds under any
+//! interleaving of threads and any skew between their clock readings. Memory is one 8-byte slot
+//! per permit of the limit, so the limit is capped at [`SlidingWindowLog::MAX_LIMIT`]. One permit
+//! per attempt: [`Limiter::try_acquire_n`] with `n > 1` is rejected with
+//! [`Rejection::BatchUnsupported`].
+//!
+//! # How
+//!
+//! The ring has L = N slots; `head` counts admissions. Admission number `h` lives in slot
+//! `h % L`, where it replaces admission `h - L`. Each slot word is
+//!
+//! ```text
+//! [63] lap mark · [62 .. 0] expiry: the admission's time + W, in nanoseconds
+//! ```
+//!
+//! where the lap mark alternates per pass over the ring so that a slot tells whether it has
+//! already been claimed in the current lap. An admission at time `t` is allowed iff the slot's
+//! expiry is at most `t`: the admission L places back has left the window.
+//!
+//! **The claim is the compare-and-swap on the slot itself.** Each admission is one successful
+//! exchange that raises its slot's expiry by at least W, so a span of length W holds at most one
+//! admission per slot, at most L in all, whatever the interleaving. `head` is only a hint of which
+//! slot to claim next; whoever sees the slot at `head` already claimed helps move `head` on. Slot
+//! values only grow, so there is no ABA. An admission's time is never earlier than the previous
+//! admission's, which keeps the ring sorted by time (and a stepped-back clock harmless).
+
+// The parameter types and `AtomicWord` are public only for the `loom` feature's re-exports.
+#![cfg_attr(not(feature = "loom"), allow(unreachable_pub))]
+
+use crossbeam_utils::CachePadded;
+
+use crate::clock::Clock;
+use crate::decision::{Decision, Rejection};
+use crate::error::RuleError;
+use crate::sync::{AtomicWord, Ordering, Word};
+use crate::{Algorithm, Limiter, Rule};
+
+const LAP_MARK: u64 = 1 << 63;
+const EXPIRY_MASK: u64 = LAP_MARK - 1;
+/// The expiry written by retiring; admissions never reach it (see `LogParams::latest_time`).
+const RETIRED_EXPIRY: u64 = EXPIRY_MASK;
+
+/// The constants of one rule.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogParams {
+    rule: Rule,
+    /// Slots in the ring: the rule's limit.
+    capacity: u64,
+    /// The latest admission time the ring can record; later readings are clamped to it, and
+    /// time then stands still (no slot expires), so the ring denies rather than wraps.
+    latest_time: u64,
+}
+
+/// The ring's state: the admission counter and the slots.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct LogRing<A> {
+    head: A,
+    slots: Box<[A]>,
+}
+
+impl<A: AtomicWord> LogRing<A> {
+    /// An empty ring for `params`: every slot expired, in the lap before the first.
+    pub fn new(params: &LogParams) -> LogRing<A> {
+        LogRing {
+            head: A::new(0),
+            slots: (0..params.capacity).map(|_| A::new(0)).collect(),
+        }
+    }
+
+    #[inline]
+    fn slot(&self, position: u64) -> &A {
+        // `position % len` is in bounds; `len` is the capacity, at least 1.
+        &self.slots[(position % self.slots.len() as u64) as usize]
+    }
+}
+
+impl LogParams {
+    /// The most permits a sliding window log accepts: 65 536 (512 KiB of slots per client).
+    pub const MAX_LIMIT: u64 = 1 << 16;
+
+    /// Checks that the ring can honour `rule`.
+    pub fn new(rule: Rule) -> Result<LogParams, RuleError> {
+        if rule.limit() > Self::MAX_LIMIT {
+            return Err(RuleError::LimitTooLarge {
+                algorithm: Algorithm::SlidingWindowLog,
+                limit: rule.limit(),
+                max: Self::MAX_LIMIT,
+            });
+        }
+        let latest_time = (RETIRED_EXPIRY - 1).saturating_sub(rule.window_nanos());
+        if u128::from(latest_time) < RuleError::MIN_HORIZON.as_nanos() {
+            return Err(RuleError::HorizonTooShort {
+                algorithm: Algorithm::SlidingWindowLog,
+                limit: rule.limit(),
+                window: rule.window(),
+                horizon: std::time::Duration::from_nanos(latest_time),
+            });
+        }
+        Ok(LogParams {
+            rule,
+            capacity: rule.limit(),
+            latest_time,
+        })
+    }
+
+    /// The rule these parameters enforce.
+    pub fn rule(&self) -> Rule {
+        self.rule
+    }
+
+    /// The lap mark that admission number `position` writes. Lap 0 writes 1, so a zeroed slot
+    /// reads as claimed in lap -1: free for lap 0.
+    #[inline]
+    fn lap_mark(&self, position: u64) -> u64 {
+        if (position / self.capacity) & 1 == 0 {
+            LAP_MARK
+        } else {
+            0
+        }
+    }
+
+    /// A consistent view of the ring at `head`: the slot to claim and the latest admission.
+    #[inline]
+    fn snapshot<A: AtomicWord>(&self, ring: &LogRing<A>) -> Snapshot {
+        loop {
+            // Acquire on `head`: pairs with the AcqRel exchange that moved it, so the slot it
+            // passed (the latest admission) is seen as claimed, with its time. That keeps each
+            // admission's time at or after the previous one's, which the exactness of the ring
+            // needs (the bound on admissions needs only the slot exchange).
+            let head = ring.head.load(Ordering::Acquire);
+            // Acquire on the slots: pairs with the AcqRel claims that wrote them.
+            let slot = ring.slot(head).load(Ordering::Acquire);
+            let latest = ring.slot(head.wrapping_sub(1)).load(Ordering::Acquire);
+            // Acquire: the re-read is ordered after the slot loads; an unchanged head means both
+            // slots were read at the same head, not one lap apart.
+            if ring.head.load(Ordering::Acquire) == head {
+                return Snapshot { head, slot, latest };
+            }
+        }
+    }
+
+    /// Claims one slot at `now_nanos`, if the admission L places back has left the window.
+    #[inline]
+    pub fn acquire<A: AtomicWord>(
+        &self,
+        ring: &LogRing<A>,
+        n: u64,
+        clock: &impl Clock,
+    ) -> Decision {
+        match n {
+            0 => return self.peek_at(ring, clock.now_nanos(), true),
+            1 => {}
+            _ => {
+                let rejection = if n > self.rule.limit() {
+                    Rejection::ExceedsLimit {
+                        requested: n,
+                        limit: self.rule.limit(),
+                    }
+                } else {
+                    Rejection::BatchUnsupported { requested: n }
+                };
+                return Decision::rejected(self.rule, rejection);
+            }
+        }
+        loop {
+            let Snapshot { head, slot, latest } = self.snapshot(ring);
+            if latest & EXPIRY_MASK == RETIRED_EXPIRY || slot & EXPIRY_MASK == RETIRED_EXPIRY {
+                return Decision::retired(self.rule);
+            }
+            let mark = self.lap_mark(head);
+            if slot & LAP_MARK == mark {
+                // Claimed in this lap already; `head` lags behind the claim. Help it on.
+                // AcqRel: publishes nothing new, but keeps the slot -> head -> reader chain
+                // (see `snapshot`) intact for whoever reads the head this exchange writes.
+                let _ =
+                    ring.head
+                        .compare_exchange(head, head + 1, Ordering::AcqRel, Ordering::Relaxed);
+                continue;
+            }
+            let now = clock.now_nanos();
+            let latest_time = (latest & EXPIRY_MASK).saturating_sub(self.rule.window_nanos());
+            let time = now.max(latest_time).min(self.latest_time);
+            let expiry = slot & EXPIRY_MASK;
+            if expiry > time {
+                let retry_after = expiry - now.min(expiry);
+                let reset_after = (latest & EXPIRY_MASK).saturating_sub(now);
+                return Decision::denied(self.rule, 0, retry_after, reset_after);
+            }
+            let claimed = mark | (time + self.rule.window_nanos());
+            // AcqRel: the claim publishes this admission's time to whoever next reads the slot,
+            // through it or through `head` (see `snapshot`). Failure: another thread claimed the
+            // slot first; start over from a fresh snapshot.
+            if ring
+                .slot(head)
+                .compare_exchange(slot, claimed, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                // AcqRel: see the helping exchange above. A failure means a helper did it.
+                let _ =
+                    ring.head
+                        .compare_exchange(head, head + 1, Ordering::AcqRel, Ordering::Relaxed);
+                let remaining = self.expired_after(ring, head + 1, self.capacity - 1, time);
+                let reset_after = (time + self.rule.window_nanos()).saturating_sub(now);
+                return Decision::allowed(self.rule, remaining, reset_after);
+            }
+        }
+    }
+
+    /// How many of the `count` slots from `position` on (in ring order, oldest first) have
+    /// expired at `time`. The slots are sorted by expiry, so a binary search finds the first live
+    /// one. A snapshot: concurrent claims may change the answer right after.
+    #[inline]
+    fn expired_after<A: AtomicWord>(
+        &self,
+        ring: &LogRing<A>,
+        position: u64,
+        count: u64,
+        time: u64,
+    ) -> u64 {
+        let (mut low, mut high) = (0, count);
+        while low < high {
+            let middle = low + (high - low) / 2;
+            // Relaxed: an advisory count; no decision rests on it.
+            let expiry = ring.slot(position + middle).load(Ordering::Relaxed) & EXPIRY_MASK;
+            if expiry <= time {
+                low = middle + 1;
+            } else {
+                high = middle;
+            }
+        }
+        low
+    }
+
+    /// What one permit would get now, taking nothing.
+    #[inline]
+    pub fn peek<A: AtomicWord>(&self, ring: &LogRing<A>, clock: &impl Clock) -> Decision {
+        self.peek_at(ring, clock.now_nanos(), false)
+    }
+
+    /// `available_only`: report as an allowed `n = 0` attempt (the permits available) even when
+    /// none is.
+    fn peek_at<A: AtomicWord>(
+        &self,
+        ring: &LogRing<A>,
+        now: u64,
+        available_only: bool,
+    ) -> Decision {
+        let Snapshot { head, slot, latest } = self.snapshot(ring);
+        if latest & EXPIRY_MASK == RETIRED_EXPIRY || slot & EXPIRY_MASK == RETIRED_EXPIRY {
+            return Decision::retired(self.rule);
+        }
+        // If the slot at head was already claimed in this lap, the ring is one admission further
+        // on than `head` says; its oldest entry is the next slot.
+        let oldest = if slot & LAP_MARK == self.lap_mark(head) {
+            head + 1
+        } else {
+            head
+        };
+        let latest_time = (latest & EXPIRY_MASK).saturating_sub(self.rule.window_nanos());
+        let time = now.max(latest_time).min(self.latest_time);
+        let remaining = self.expired_after(ring, oldest, self.capacity, time);
+        let reset_after = (latest & EXPIRY_MASK).saturating_sub(now);
+        if remaining > 0 || available_only {
+            return Decision::allowed(self.rule, remaining, reset_after);
+        }
+        let expiry = ring.slot(oldest).load(Ordering::Relaxed) & EXPIRY_MASK;
+        Decision::denied(self.rule, 0, expiry.saturating_sub(now), reset_after)
+    }
+
+    /// Retires the ring if every slot has expired at `now_nanos` (so it is indistinguishable from
+    /// a fresh one). Returns whether it did.
+    ///
+    /// Retiring writes the retired mark into the slot at `head` with the same exchange an
+    /// admission would use, so it *is* a claim: exactly one of it and a racing admission wins the
+    /// slot, and every later admission finds the mark (in its slot or as the latest admission).
+    pub fn retire_if_idle<A: AtomicWord>(&self, ring: &LogRing<A>, now_nanos: u64) -> bool {
+        let Snapshot { head, slot, latest } = self.snapshot(ring);
+        let mark = self.lap_mark(head);
+        let all_expired =
+            (latest & EXPIRY_MASK) <= now_nanos && latest & EXPIRY_MASK != RETIRED_EXPIRY;
+        // The latest admission is the newest, so it expiring means every slot has.
+        all_expired
+            && slot & LAP_MARK != mark
+            // AcqRel: as for an admission's claim.
+            && ring
+                .slot(head)
+                .compare_exchange(slot, mark | RETIRED_EXPIRY, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+    }
+}
+
+struct Snapshot {
+    head: u64,
+    slot: u64,
+    latest: u64,
+}
+
+/// A sliding window log: at most N permits in every span of length W.
+///
+/// Lock-free: a ring of N atomic timestamps; an admission is one compare-and-swap on its slot.
+/// See the [module docs](self) for the guarantee and the proof sketch.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::{FakeClock, Limiter, Rule, SlidingWindowLog};
+///
+/// let clock = FakeClock::starting_at(Duration::from_millis(1_990));
+/// let log = SlidingWindowLog::new(Rule::per_second(5)?, clock.clone())?;
+/// let before = (0..5).filter(|_| log.try_acquire()).count();
+/// clock.advance(Duration::from_millis(20));
+/// let after = (0..5).filter(|_| log.try_acquire()).count();
+/// assert_eq!(before + after, 5); // the edge burst is held to the limit
+/// # Ok::<(), tollgate::RuleError>(())
+/// ```
+#[derive(Debug)]
+pub struct SlidingWindowLog<C = crate::MonotonicClock> {
+    ring: CachePadded<LogRing<Word>>,
+    params: LogParams,
+    clock: C,
+}
+
+impl<C: Clock> SlidingWindowLog<C> {
+    /// The most permits a sliding window log accepts (one 8-byte slot each).
+    pub const MAX_LIMIT: u64 = LogParams::MAX_LIMIT;
+
+    /// An empty log for `rule`, reading time from `clock`. Errors when the limit exceeds
+    /// [`SlidingWindowLog::MAX_LIMIT`].
+    pub fn new(rule: Rule, clock: C) -> Result<Self, RuleError> {
+        let params = LogParams::new(rule)?;
+        Ok(SlidingWindowLog {
+            ring: CachePadded::new(LogRing::new(&params)),
+            params,
+            clock,
+        })
+    }
+
+    /// The clock this log reads.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+}
+
+impl<C: Clock> Limiter for SlidingWindowLog<C> {
+    #[inline]
+    fn try_acquire_n(&self, n: u64) -> Decision {
+        self.params.acquire(&self.ring, n, &self.clock)
+    }
+
+    #[inline]
+    fn peek(&self) -> Decision {
+        self.params.peek(&self.ring, &self.clock)
+    }
+
+    fn rule(&self) -> Rule {
+        self.params.rule()
+    }
+}

@@ -1,0 +1,86 @@
+//! The one module that names atomic types.
+//!
+//! Every state machine in this crate is written once, generic over [`AtomicWord`]. The public
+//! limiters instantiate it with [`Word`] (a `portable_atomic::AtomicU64`, which is the native
+//! instruction where the target has one and a fallback where it does not); the `loom` feature adds
+//! a second instantiation with loom's model-checked atomic, without touching the first.
+
+// The parameter types and `AtomicWord` are public only for the `loom` feature's re-exports.
+#![cfg_attr(not(feature = "loom"), allow(unreachable_pub))]
+
+pub(crate) use core::sync::atomic::Ordering;
+
+/// The atomic word the public limiters keep their state in.
+pub(crate) type Word = portable_atomic::AtomicU64;
+
+/// The operations the state machines need from a 64-bit atomic word.
+///
+/// Implemented for the production word and, with the `loom` feature, for loom's `AtomicU64`.
+#[doc(hidden)]
+pub trait AtomicWord: Send + Sync {
+    /// A word holding `value`.
+    fn new(value: u64) -> Self;
+    /// Atomic load.
+    fn load(&self, order: Ordering) -> u64;
+    /// Weak compare-and-exchange; may fail spuriously.
+    fn compare_exchange_weak(
+        &self,
+        current: u64,
+        new: u64,
+        success: Ordering,
+        failure: Ordering,
+    ) -> Result<u64, u64>;
+    /// Strong compare-and-exchange.
+    fn compare_exchange(
+        &self,
+        current: u64,
+        new: u64,
+        success: Ordering,
+        failure: Ordering,
+    ) -> Result<u64, u64>;
+    /// Atomic wrapping add, returning the previous value.
+    fn fetch_add(&self, value: u64, order: Ordering) -> u64;
+}
+
+macro_rules! impl_atomic_word {
+    ($ty:ty) => {
+        impl AtomicWord for $ty {
+            #[inline]
+            fn new(value: u64) -> Self {
+                <$ty>::new(value)
+            }
+            #[inline]
+            fn load(&self, order: Ordering) -> u64 {
+                <$ty>::load(self, order)
+            }
+            #[inline]
+            fn compare_exchange_weak(
+                &self,
+                current: u64,
+                new: u64,
+                success: Ordering,
+                failure: Ordering,
+            ) -> Result<u64, u64> {
+                <$ty>::compare_exchange_weak(self, current, new, success, failure)
+            }
+            #[inline]
+            fn compare_exchange(
+                &self,
+                current: u64,
+                new: u64,
+                success: Ordering,
+                failure: Ordering,
+            ) -> Result<u64, u64> {
+                <$ty>::compare_exchange(self, current, new, success, failure)
+            }
+            #[inline]
+            fn fetch_add(&self, value: u64, order: Ordering) -> u64 {
+                <$ty>::fetch_add(self, value, order)
+            }
+        }
+    };
+}
+
+impl_atomic_word!(portable_atomic::AtomicU64);
+#[cfg(feature = "loom")]
+impl_atomic_word!(loom::sync::atomic::AtomicU64);

@@ -1,0 +1,287 @@
+//! [`TokenBucket`]: exact GCRA in one atomic word.
+//!
+//! # Guarantee
+//!
+//! A bucket of capacity N (the rule's limit) that refills N tokens per window W, starting full.
+//! In any span of length `s`, at most `N + floor(N * s / W)` permits are granted, and a client
+//! that waits gets exactly the tokens the refill rate owes it, never more than N at once (an hour
+//! of silence is a full bucket, not an hour of requests).
+//!
+//! # How
+//!
+//! A token bucket is exactly GCRA: the state is one number, the *theoretical arrival time* (TAT),
+//! the instant at which the bucket would be full again. Granting `n` permits at `now` moves it to
+//! `max(TAT, now) + n*T` (T: one token's refill time), allowed iff that lies at most one window
+//! (`N*T`) ahead of `now`. The word is updated by a compare-and-swap loop; a denial only reads.
+//!
+//! Time is kept in integer *ticks* so that T is exact: with `g = gcd(N, W_ns)`, one tick is
+//! `g/N` ns, one token is `T = W_ns/g` ticks and a full bucket `N*T` ticks. When that scale would
+//! overflow within [`RuleError::MIN_HORIZON`] of uptime (an N that shares few factors with W, such
+//! as 999 per second), the bucket falls back to nanosecond ticks with `T = ceil(W_ns / N)`: it may
+//! then refill a hair slower than the rule, never faster. [`TokenBucket::is_exact`] says which.
+
+// The parameter types and `AtomicWord` are public only for the `loom` feature's re-exports.
+#![cfg_attr(not(feature = "loom"), allow(unreachable_pub))]
+
+use crossbeam_utils::CachePadded;
+
+use crate::clock::Clock;
+use crate::decision::{Decision, Rejection};
+use crate::error::RuleError;
+use crate::sync::{AtomicWord, Ordering, Word};
+use crate::{Algorithm, Limiter, Rule};
+
+/// The TAT of a retired bucket: no acquire can succeed from it (see `GcraParams::retire_if_full`).
+const RETIRED: u64 = u64::MAX;
+
+/// The largest full bucket, in ticks.
+const MAX_BURST_TICKS: u64 = 1 << 62;
+
+/// The latest instant a bucket can tell apart, in ticks. A later reading is clamped to it: time
+/// then stands still, so the bucket stops refilling rather than wrapping (which could grant
+/// without bound). With `now <= 2^63` and a TAT at most `N*T <= 2^62` ahead of it, no sum below
+/// can overflow, nor reach `RETIRED`.
+const HORIZON_TICKS: u64 = 1 << 63;
+
+/// The constants of one rule, in ticks. Immutable, shared by every state that follows the rule.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GcraParams {
+    rule: Rule,
+    /// Ticks per nanosecond (`N / g`, or 1 in the fallback mode).
+    ticks_per_nano: u64,
+    /// One token's refill time, in ticks.
+    token_ticks: u64,
+    /// A full bucket's refill time (`N * T`), in ticks.
+    burst_ticks: u64,
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+impl GcraParams {
+    /// Derives the tick scale for `rule`, or explains why the bucket cannot honour it.
+    pub fn new(rule: Rule) -> Result<GcraParams, RuleError> {
+        let limit = rule.limit();
+        let window = rule.window_nanos();
+        let min_horizon = crate::clock::duration_to_nanos(RuleError::MIN_HORIZON);
+
+        let g = gcd(limit, window);
+        let exact_ticks_per_nano = limit / g;
+        if let Some(burst) = exact_ticks_per_nano.checked_mul(window)
+            && burst <= MAX_BURST_TICKS
+            && HORIZON_TICKS / exact_ticks_per_nano >= min_horizon
+        {
+            return Ok(GcraParams {
+                rule,
+                ticks_per_nano: exact_ticks_per_nano,
+                token_ticks: window / g,
+                burst_ticks: burst,
+            });
+        }
+
+        // Fallback: nanosecond ticks, each token rounded up so the bucket never refills faster
+        // than the rule.
+        if limit > window {
+            return Err(RuleError::RateTooHigh {
+                algorithm: Algorithm::TokenBucket,
+                limit,
+                window: rule.window(),
+            });
+        }
+        let token_ticks = window.div_ceil(limit);
+        let burst = token_ticks.saturating_mul(limit);
+        if burst > MAX_BURST_TICKS {
+            // Only windows over 146 years get here.
+            return Err(RuleError::WindowTooLong {
+                window: rule.window(),
+                max: std::time::Duration::from_nanos(MAX_BURST_TICKS),
+            });
+        }
+        Ok(GcraParams {
+            rule,
+            ticks_per_nano: 1,
+            token_ticks,
+            burst_ticks: burst,
+        })
+    }
+
+    /// Whether the refill rate is the rule's exactly (see the module docs).
+    pub fn is_exact(&self) -> bool {
+        self.token_ticks.checked_mul(self.rule.limit())
+            == self.ticks_per_nano.checked_mul(self.rule.window_nanos())
+    }
+
+    /// The rule these parameters enforce.
+    pub fn rule(&self) -> Rule {
+        self.rule
+    }
+
+    #[inline]
+    fn now_ticks(&self, now_nanos: u64) -> u64 {
+        now_nanos
+            .saturating_mul(self.ticks_per_nano)
+            .min(HORIZON_TICKS)
+    }
+
+    #[inline]
+    fn ticks_to_nanos_ceil(&self, ticks: u64) -> u64 {
+        ticks.div_ceil(self.ticks_per_nano)
+    }
+
+    /// The pure decision: what taking `n` permits at `now_nanos` from a bucket whose TAT is `tat`
+    /// answers, and the TAT to store if it must change.
+    #[inline]
+    pub fn decide(&self, tat: u64, now_nanos: u64, n: u64) -> (Decision, Option<u64>) {
+        if n > self.rule.limit() {
+            let rejection = Rejection::ExceedsLimit {
+                requested: n,
+                limit: self.rule.limit(),
+            };
+            return (Decision::rejected(self.rule, rejection), None);
+        }
+        let now = self.now_ticks(now_nanos);
+        // A TAT ahead of `now` is the debt still being refilled; one behind is a full bucket.
+        let base = tat.max(now);
+        let debt = base - now;
+        // n <= N, so n*T <= N*T <= 2^62, and debt <= N*T unless the clock stepped back:
+        // saturating only matters for a corrupt word, and then it denies.
+        let new_debt = debt.saturating_add(n * self.token_ticks);
+        if new_debt <= self.burst_ticks {
+            let remaining = (self.burst_ticks - new_debt) / self.token_ticks;
+            let decision =
+                Decision::allowed(self.rule, remaining, self.ticks_to_nanos_ceil(new_debt));
+            // n = 0 takes nothing, so it writes nothing.
+            let new_tat = (n > 0).then_some(now + new_debt);
+            (decision, new_tat)
+        } else {
+            let remaining = self.burst_ticks.saturating_sub(debt) / self.token_ticks;
+            let retry_after = self.ticks_to_nanos_ceil(new_debt - self.burst_ticks);
+            let decision = Decision::denied(
+                self.rule,
+                remaining,
+                retry_after,
+                self.ticks_to_nanos_ceil(debt),
+            );
+            (decision, None)
+        }
+    }
+
+    /// Takes `n` permits from the bucket whose TAT is `tat`, if all are available now.
+    #[inline]
+    pub fn acquire<A: AtomicWord>(&self, tat: &A, n: u64, clock: &impl Clock) -> Decision {
+        // Relaxed, here and in the exchange below: the decision depends only on this one word,
+        // and read-modify-writes of one word are totally ordered, so no two grants can both see
+        // the same TAT. No other memory is published through it.
+        let mut current = tat.load(Ordering::Relaxed);
+        loop {
+            if current == RETIRED {
+                return Decision::retired(self.rule);
+            }
+            let (decision, new) = self.decide(current, clock.now_nanos(), n);
+            let Some(new) = new else {
+                return decision;
+            };
+            match tat.compare_exchange_weak(current, new, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return decision,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// What one permit would get now, taking nothing.
+    #[inline]
+    pub fn peek<A: AtomicWord>(&self, tat: &A, clock: &impl Clock) -> Decision {
+        // Relaxed: a snapshot of one word.
+        let current = tat.load(Ordering::Relaxed);
+        if current == RETIRED {
+            return Decision::retired(self.rule);
+        }
+        let now = clock.now_nanos();
+        let (available, _) = self.decide(current, now, 0);
+        let (one, _) = self.decide(current, now, 1);
+        if one.is_allowed() { available } else { one }
+    }
+
+    /// Retires the bucket if it is full at `now_nanos` (indistinguishable from a fresh one), so
+    /// that it can be dropped without any client noticing. Returns whether it did.
+    ///
+    /// Retiring and acquiring are exchanges on the same word, so exactly one of them wins: an
+    /// acquire either lands before (the bucket is no longer full, retiring fails) or meets the
+    /// retired word and moves to a fresh bucket, which is equivalent.
+    pub fn retire_if_full<A: AtomicWord>(&self, tat: &A, now_nanos: u64) -> bool {
+        // Relaxed: as in `acquire`; the map removal that follows is ordered by the map itself.
+        let current = tat.load(Ordering::Relaxed);
+        current != RETIRED
+            && current <= self.now_ticks(now_nanos)
+            && tat
+                .compare_exchange(current, RETIRED, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+}
+
+/// A token bucket: capacity N (the rule's limit), refilled N per window, starting full.
+///
+/// Lock-free: one `AtomicU64` (on its own cache line) updated by a compare-and-swap loop; a denied
+/// attempt only reads. See the [module docs](self) for the guarantee.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::{FakeClock, Limiter, Rule, TokenBucket};
+///
+/// let clock = FakeClock::new();
+/// let bucket = TokenBucket::new(Rule::per_second(5)?, clock.clone())?;
+/// assert_eq!((0..10).filter(|_| bucket.try_acquire()).count(), 5);
+/// clock.advance(Duration::from_millis(200)); // one token's refill time
+/// assert_eq!((0..10).filter(|_| bucket.try_acquire()).count(), 1);
+/// # Ok::<(), tollgate::RuleError>(())
+/// ```
+#[derive(Debug)]
+pub struct TokenBucket<C = crate::MonotonicClock> {
+    tat: CachePadded<Word>,
+    params: GcraParams,
+    clock: C,
+}
+
+impl<C: Clock> TokenBucket<C> {
+    /// A full bucket for `rule`, reading time from `clock`.
+    pub fn new(rule: Rule, clock: C) -> Result<Self, RuleError> {
+        Ok(TokenBucket {
+            tat: CachePadded::new(Word::new(0)),
+            params: GcraParams::new(rule)?,
+            clock,
+        })
+    }
+
+    /// Whether the refill rate is the rule's exactly, or rounded down (see the module docs).
+    pub fn is_exact(&self) -> bool {
+        self.params.is_exact()
+    }
+
+    /// The clock this bucket reads.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+}
+
+impl<C: Clock> Limiter for TokenBucket<C> {
+    #[inline]
+    fn try_acquire_n(&self, n: u64) -> Decision {
+        self.params.acquire(&*self.tat, n, &self.clock)
+    }
+
+    #[inline]
+    fn peek(&self) -> Decision {
+        self.params.peek(&*self.tat, &self.clock)
+    }
+
+    fn rule(&self) -> Rule {
+        self.params.rule()
+    }
+}
