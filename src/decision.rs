@@ -124,7 +124,7 @@ impl Decision {
             limit: rule.limit(),
             window_nanos: rule.window_nanos(),
             remaining: 0,
-            retry_after_nanos: u64::MAX,
+            retry_after_nanos: 0,
             reset_after_nanos: 0,
         }
     }
@@ -185,6 +185,9 @@ impl Decision {
     /// How long to wait before the same request could be granted: zero when allowed,
     /// [`Duration::MAX`] when rejected for good.
     pub fn retry_after(&self) -> Duration {
+        if let Outcome::Rejected(_) = self.outcome {
+            return Duration::MAX;
+        }
         Duration::from_nanos(self.retry_after_nanos)
     }
 

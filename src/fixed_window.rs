@@ -1,24 +1,10 @@
 //! [`FixedWindow`]: window index and count packed in one atomic word.
 //!
-//! # Guarantee
+//! Guarantee: at most N permits per window aligned to the clock's origin (so up to 2N in a
+//! span of one window across an edge).
 //!
-//! Windows are aligned to the clock's origin: `[0, W)`, `[W, 2W)`, ... At most N permits are
-//! granted per aligned window. That is *not* at most N in every span of length W: N at the end of
-//! one window and N at the start of the next pass within a moment, 2N in all (the edge burst the
-//! [sliding window log](crate::SlidingWindowLog) exists to prevent). A reading from a clock that
-//! stepped back is counted in the newest window seen, never resets it.
-//!
-//! # How
-//!
-//! One `AtomicU64`, laid out as
-//!
-//! ```text
-//! [63] retired · [62 .. C] window index · [C-1 .. 0] permits granted in that window
-//! ```
-//!
-//! with the count's width `C` chosen from the limit (see [`COUNT_HEADROOM`]). A general attempt is
-//! a compare-and-swap loop; a single permit in the current window takes the fast path, one
-//! `fetch_add` that is granted iff the count it replaced was below N.
+//! The full statement, and how the code keeps it under any interleaving, are documented on
+//! [`FixedWindow`], where users read them.
 
 // The parameter types and `AtomicWord` are public only for the `loom` feature's re-exports.
 #![cfg_attr(not(feature = "loom"), allow(unreachable_pub))]
@@ -231,7 +217,28 @@ impl WindowParams {
 /// A fixed window: at most N permits per window aligned to the clock's origin.
 ///
 /// Lock-free: one `AtomicU64` (on its own cache line); a single permit in the current window is
-/// one `fetch_add`. See the [module docs](self) for the guarantee, including the edge burst.
+/// one `fetch_add`.
+///
+/// # Guarantee
+///
+/// Windows are aligned to the clock's origin: `[0, W)`, `[W, 2W)`, ... At most N permits are
+/// granted per aligned window. That is *not* at most N in every span of length W: N at the end of
+/// one window and N at the start of the next pass within a moment, 2N in all (the edge burst the
+/// [sliding window log](crate::SlidingWindowLog) exists to prevent). A reading from a clock that
+/// stepped back is counted in the newest window seen, never resets it.
+///
+/// # How
+///
+/// One `AtomicU64`, laid out as
+///
+/// ```text
+/// [63] retired · [62 .. C] window index · [C-1 .. 0] permits granted in that window
+/// ```
+///
+/// with the count's width `C` chosen from the limit, leaving room for 2^20 racing threads to
+/// overshoot it on the fast path without carrying into the index. A general attempt is
+/// a compare-and-swap loop; a single permit in the current window takes the fast path, one
+/// `fetch_add` that is granted iff the count it replaced was below N.
 ///
 /// # Examples
 ///

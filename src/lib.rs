@@ -65,6 +65,7 @@ mod decision;
 mod error;
 mod factory;
 mod fixed_window;
+mod headers;
 mod limiter;
 mod rule;
 mod service;
@@ -78,6 +79,7 @@ pub use decision::{Decision, Rejection};
 pub use error::{RuleError, ServiceError};
 pub use factory::{AnyLimiter, LimiterFactory};
 pub use fixed_window::FixedWindow;
+pub use headers::InvalidPolicyName;
 pub use limiter::Limiter;
 pub use rule::Rule;
 pub use service::{RateLimiterService, ServiceBuilder, Sweeper};
@@ -96,3 +98,8 @@ pub mod loom_support {
     pub use crate::sync::AtomicWord;
     pub use crate::token_bucket::GcraParams;
 }
+
+// The README's examples are compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -1,33 +1,9 @@
 //! [`SlidingWindowLog`]: a fixed-capacity ring of atomic timestamps.
 //!
-//! # Guarantee
+//! Guarantee: at most N permits in every span of one window, wherever it starts.
 //!
-//! At most N permits in *every* span of length W, wherever it starts: the edge burst a
-//! [fixed window](crate::FixedWindow) lets through is held to N. This holds under any
-//! interleaving of threads and any skew between their clock readings. Memory is one 8-byte slot
-//! per permit of the limit, so the limit is capped at [`SlidingWindowLog::MAX_LIMIT`]. One permit
-//! per attempt: [`Limiter::try_acquire_n`] with `n > 1` is rejected with
-//! [`Rejection::BatchUnsupported`].
-//!
-//! # How
-//!
-//! The ring has L = N slots; `head` counts admissions. Admission number `h` lives in slot
-//! `h % L`, where it replaces admission `h - L`. Each slot word is
-//!
-//! ```text
-//! [63] lap mark · [62 .. 0] expiry: the admission's time + W, in nanoseconds
-//! ```
-//!
-//! where the lap mark alternates per pass over the ring so that a slot tells whether it has
-//! already been claimed in the current lap. An admission at time `t` is allowed iff the slot's
-//! expiry is at most `t`: the admission L places back has left the window.
-//!
-//! **The claim is the compare-and-swap on the slot itself.** Each admission is one successful
-//! exchange that raises its slot's expiry by at least W, so a span of length W holds at most one
-//! admission per slot, at most L in all, whatever the interleaving. `head` is only a hint of which
-//! slot to claim next; whoever sees the slot at `head` already claimed helps move `head` on. Slot
-//! values only grow, so there is no ABA. An admission's time is never earlier than the previous
-//! admission's, which keeps the ring sorted by time (and a stepped-back clock harmless).
+//! The full statement, and how the code keeps it under any interleaving, are documented on
+//! [`SlidingWindowLog`], where users read them.
 
 // The parameter types and `AtomicWord` are public only for the `loom` feature's re-exports.
 #![cfg_attr(not(feature = "loom"), allow(unreachable_pub))]
@@ -305,7 +281,36 @@ struct Snapshot {
 /// A sliding window log: at most N permits in every span of length W.
 ///
 /// Lock-free: a ring of N atomic timestamps; an admission is one compare-and-swap on its slot.
-/// See the [module docs](self) for the guarantee and the proof sketch.
+///
+///
+/// # Guarantee
+///
+/// At most N permits in *every* span of length W, wherever it starts: the edge burst a
+/// [fixed window](crate::FixedWindow) lets through is held to N. This holds under any
+/// interleaving of threads and any skew between their clock readings. Memory is one 8-byte slot
+/// per permit of the limit, so the limit is capped at [`SlidingWindowLog::MAX_LIMIT`]. One permit
+/// per attempt: [`Limiter::try_acquire_n`] with `n > 1` is rejected with
+/// [`Rejection::BatchUnsupported`].
+///
+/// # How
+///
+/// The ring has L = N slots; `head` counts admissions. Admission number `h` lives in slot
+/// `h % L`, where it replaces admission `h - L`. Each slot word is
+///
+/// ```text
+/// [63] lap mark · [62 .. 0] expiry: the admission's time + W, in nanoseconds
+/// ```
+///
+/// where the lap mark alternates per pass over the ring so that a slot tells whether it has
+/// already been claimed in the current lap. An admission at time `t` is allowed iff the slot's
+/// expiry is at most `t`: the admission L places back has left the window.
+///
+/// **The claim is the compare-and-swap on the slot itself.** Each admission is one successful
+/// exchange that raises its slot's expiry by at least W, so a span of length W holds at most one
+/// admission per slot, at most L in all, whatever the interleaving. `head` is only a hint of which
+/// slot to claim next; whoever sees the slot at `head` already claimed helps move `head` on. Slot
+/// values only grow, so there is no ABA. An admission's time is never earlier than the previous
+/// admission's, which keeps the ring sorted by time (and a stepped-back clock harmless).
 ///
 /// # Examples
 ///

@@ -1,24 +1,10 @@
 //! [`TokenBucket`]: exact GCRA in one atomic word.
 //!
-//! # Guarantee
+//! Guarantee: an exact token bucket; at most `N + floor(N*s/W)` permits in any span `s`, and
+//! never more than N at once.
 //!
-//! A bucket of capacity N (the rule's limit) that refills N tokens per window W, starting full.
-//! In any span of length `s`, at most `N + floor(N * s / W)` permits are granted, and a client
-//! that waits gets exactly the tokens the refill rate owes it, never more than N at once (an hour
-//! of silence is a full bucket, not an hour of requests).
-//!
-//! # How
-//!
-//! A token bucket is exactly GCRA: the state is one number, the *theoretical arrival time* (TAT),
-//! the instant at which the bucket would be full again. Granting `n` permits at `now` moves it to
-//! `max(TAT, now) + n*T` (T: one token's refill time), allowed iff that lies at most one window
-//! (`N*T`) ahead of `now`. The word is updated by a compare-and-swap loop; a denial only reads.
-//!
-//! Time is kept in integer *ticks* so that T is exact: with `g = gcd(N, W_ns)`, one tick is
-//! `g/N` ns, one token is `T = W_ns/g` ticks and a full bucket `N*T` ticks. When that scale would
-//! overflow within [`RuleError::MIN_HORIZON`] of uptime (an N that shares few factors with W, such
-//! as 999 per second), the bucket falls back to nanosecond ticks with `T = ceil(W_ns / N)`: it may
-//! then refill a hair slower than the rule, never faster. [`TokenBucket::is_exact`] says which.
+//! The full statement, and how the code keeps it under any interleaving, are documented on
+//! [`TokenBucket`], where users read them.
 
 // The parameter types and `AtomicWord` are public only for the `loom` feature's re-exports.
 #![cfg_attr(not(feature = "loom"), allow(unreachable_pub))]
@@ -110,7 +96,7 @@ impl GcraParams {
         })
     }
 
-    /// Whether the refill rate is the rule's exactly (see the module docs).
+    /// Whether the refill rate is the rule's exactly (see [`TokenBucket`]).
     pub fn is_exact(&self) -> bool {
         self.token_ticks.checked_mul(self.rule.limit())
             == self.ticks_per_nano.checked_mul(self.rule.window_nanos())
@@ -227,7 +213,27 @@ impl GcraParams {
 /// A token bucket: capacity N (the rule's limit), refilled N per window, starting full.
 ///
 /// Lock-free: one `AtomicU64` (on its own cache line) updated by a compare-and-swap loop; a denied
-/// attempt only reads. See the [module docs](self) for the guarantee.
+/// attempt only reads.
+///
+/// # Guarantee
+///
+/// A bucket of capacity N (the rule's limit) that refills N tokens per window W, starting full.
+/// In any span of length `s`, at most `N + floor(N * s / W)` permits are granted, and a client
+/// that waits gets exactly the tokens the refill rate owes it, never more than N at once (an hour
+/// of silence is a full bucket, not an hour of requests).
+///
+/// # How
+///
+/// A token bucket is exactly GCRA: the state is one number, the *theoretical arrival time* (TAT),
+/// the instant at which the bucket would be full again. Granting `n` permits at `now` moves it to
+/// `max(TAT, now) + n*T` (T: one token's refill time), allowed iff that lies at most one window
+/// (`N*T`) ahead of `now`. The word is updated by a compare-and-swap loop; a denial only reads.
+///
+/// Time is kept in integer *ticks* so that T is exact: with `g = gcd(N, W_ns)`, one tick is
+/// `g/N` ns, one token is `T = W_ns/g` ticks and a full bucket `N*T` ticks. When that scale would
+/// overflow within [`RuleError::MIN_HORIZON`] of uptime (an N that shares few factors with W, such
+/// as 999 per second), the bucket falls back to nanosecond ticks with `T = ceil(W_ns / N)`: it may
+/// then refill a hair slower than the rule, never faster. [`TokenBucket::is_exact`] says which.
 ///
 /// # Examples
 ///
@@ -259,7 +265,7 @@ impl<C: Clock> TokenBucket<C> {
         })
     }
 
-    /// Whether the refill rate is the rule's exactly, or rounded down (see the module docs).
+    /// Whether the refill rate is the rule's exactly, or rounded down (see [`TokenBucket`]).
     pub fn is_exact(&self) -> bool {
         self.params.is_exact()
     }

@@ -1,0 +1,126 @@
+//! Response header values from a [`Decision`]: `Retry-After` and the IETF `RateLimit` /
+//! `RateLimit-Policy` fields (draft-ietf-httpapi-ratelimit-headers), as plain strings, so no
+//! HTTP crate is needed.
+//!
+//! The draft's fields are Structured Field lists of one item per policy: the policy's name as a
+//! String, with integer parameters `q` (quota) and `w` (window, seconds) for the policy, and `r`
+//! (remaining) and `t` (seconds until the quota resets) for the live state. All durations are
+//! whole seconds rounded *up*, so a client that waits as told is never early.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::Decision;
+
+/// A policy name that cannot be written as a Structured Field String.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidPolicyName {
+    name: String,
+}
+
+impl fmt::Display for InvalidPolicyName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "policy name {:?} is invalid: it must be non-empty printable ASCII (0x20 to 0x7E)",
+            self.name
+        )
+    }
+}
+
+impl std::error::Error for InvalidPolicyName {}
+
+/// `name` as a Structured Field String: quoted, with `"` and `\` escaped.
+fn sf_string(name: &str) -> Result<String, InvalidPolicyName> {
+    if name.is_empty() || !name.bytes().all(|byte| (0x20..=0x7e).contains(&byte)) {
+        return Err(InvalidPolicyName {
+            name: name.to_owned(),
+        });
+    }
+    let mut quoted = String::with_capacity(name.len() + 2);
+    quoted.push('"');
+    for c in name.chars() {
+        if c == '"' || c == '\\' {
+            quoted.push('\\');
+        }
+        quoted.push(c);
+    }
+    quoted.push('"');
+    Ok(quoted)
+}
+
+/// Whole seconds in `d`, rounded up.
+fn seconds_rounded_up(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+impl Decision {
+    /// The `Retry-After` value for a denied request: seconds to wait, rounded up (at least 1).
+    /// `None` when the request was allowed, or can never be granted as asked (see
+    /// [`Decision::rejection`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tollgate::{FakeClock, Limiter, Rule, TokenBucket};
+    ///
+    /// let bucket = TokenBucket::new(Rule::per_minute(2)?, FakeClock::new())?;
+    /// assert_eq!(bucket.try_acquire_n(2).retry_after_header(), None);
+    /// // One token refills every 30 s.
+    /// assert_eq!(bucket.try_acquire_n(1).retry_after_header().as_deref(), Some("30"));
+    /// # Ok::<(), tollgate::RuleError>(())
+    /// ```
+    pub fn retry_after_header(&self) -> Option<String> {
+        if self.is_allowed() || self.rejection().is_some() {
+            return None;
+        }
+        Some(seconds_rounded_up(self.retry_after()).max(1).to_string())
+    }
+
+    /// The `RateLimit-Policy` value for the rule that decided, named `policy`:
+    /// `"policy";q=LIMIT;w=WINDOW_SECONDS`. A window shorter than a second, or not a whole number
+    /// of seconds, is rounded up.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tollgate::{FakeClock, FixedWindow, Limiter, Rule};
+    ///
+    /// let window = FixedWindow::new(Rule::per_minute(100)?, FakeClock::new())?;
+    /// let decision = window.peek();
+    /// assert_eq!(decision.ratelimit_policy_header("free")?, r#""free";q=100;w=60"#);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn ratelimit_policy_header(&self, policy: &str) -> Result<String, InvalidPolicyName> {
+        Ok(format!(
+            "{};q={};w={}",
+            sf_string(policy)?,
+            self.limit(),
+            seconds_rounded_up(self.window()).max(1)
+        ))
+    }
+
+    /// The `RateLimit` value after this decision, for the policy named `policy`:
+    /// `"policy";r=REMAINING;t=RESET_SECONDS`, the reset rounded up.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{FakeClock, FixedWindow, Limiter, Rule};
+    ///
+    /// let clock = FakeClock::starting_at(Duration::from_secs(45));
+    /// let window = FixedWindow::new(Rule::per_minute(100)?, clock)?;
+    /// let decision = window.try_acquire_n(40);
+    /// assert_eq!(decision.ratelimit_header("free")?, r#""free";r=60;t=15"#);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn ratelimit_header(&self, policy: &str) -> Result<String, InvalidPolicyName> {
+        Ok(format!(
+            "{};r={};t={}",
+            sf_string(policy)?,
+            self.remaining(),
+            seconds_rounded_up(self.reset_after())
+        ))
+    }
+}

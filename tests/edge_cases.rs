@@ -1,0 +1,373 @@
+//! The seed's edge cases and the defined outcomes of unusual input, for every method.
+
+use std::time::Duration;
+
+use tollgate::{
+    Algorithm, AnyLimiter, FakeClock, Limiter, LimiterFactory, RateLimiterService, Rejection, Rule,
+    RuleError, ServiceError,
+};
+
+fn limiter(algorithm: Algorithm, rule: Rule, clock: &FakeClock) -> AnyLimiter<FakeClock> {
+    LimiterFactory::new(algorithm)
+        .create(rule, clock.clone())
+        .unwrap()
+}
+
+fn burst(limiter: &impl Limiter, attempts: usize) -> usize {
+    (0..attempts).filter(|_| limiter.try_acquire()).count()
+}
+
+#[test]
+fn an_hour_of_silence_refills_only_to_the_limit() {
+    for algorithm in Algorithm::ALL {
+        let clock = FakeClock::new();
+        let limiter = limiter(algorithm, Rule::per_second(5).unwrap(), &clock);
+        assert_eq!(burst(&limiter, 10), 5, "{algorithm}");
+        clock.advance(Duration::from_secs(3_600));
+        assert_eq!(burst(&limiter, 100), 5, "{algorithm}: after an hour");
+    }
+}
+
+#[test]
+fn a_clock_set_backwards_never_grants_extra() {
+    for algorithm in Algorithm::ALL {
+        let clock = FakeClock::starting_at(Duration::from_secs(100));
+        let limiter = limiter(algorithm, Rule::per_second(5).unwrap(), &clock);
+        assert_eq!(burst(&limiter, 10), 5, "{algorithm}");
+        for back_to in [
+            Duration::from_millis(99_500),
+            Duration::from_secs(1),
+            Duration::ZERO,
+        ] {
+            clock.set(back_to);
+            assert_eq!(
+                burst(&limiter, 10),
+                0,
+                "{algorithm}: clock set back to {back_to:?}"
+            );
+            assert!(limiter.peek().is_denied(), "{algorithm}");
+        }
+        // Time resumes from where the limiter last saw it: one window later, a full quota.
+        clock.set(Duration::from_secs(101));
+        assert_eq!(
+            burst(&limiter, 10),
+            5,
+            "{algorithm}: after the clock recovers"
+        );
+    }
+}
+
+#[test]
+fn a_clock_at_its_far_end_never_panics_nor_admits_without_bound() {
+    for algorithm in Algorithm::ALL {
+        let clock = FakeClock::new();
+        let limiter = limiter(algorithm, Rule::per_second(5).unwrap(), &clock);
+        clock.set(Duration::MAX);
+        let first = burst(&limiter, 10);
+        assert!(first <= 5, "{algorithm}: {first}");
+        clock.set(Duration::MAX); // time stands still at the horizon
+        assert_eq!(burst(&limiter, 10), 0, "{algorithm}");
+        let _ = limiter.peek();
+        let _ = limiter.try_acquire_n(5);
+    }
+}
+
+#[test]
+fn try_acquire_n_is_all_or_nothing() {
+    for algorithm in [Algorithm::TokenBucket, Algorithm::FixedWindow] {
+        let clock = FakeClock::new();
+        let limiter = limiter(algorithm, Rule::per_second(5).unwrap(), &clock);
+        assert!(limiter.try_acquire_n(3).is_allowed(), "{algorithm}");
+        let denied = limiter.try_acquire_n(3);
+        assert!(denied.is_denied(), "{algorithm}");
+        assert_eq!(
+            denied.remaining(),
+            2,
+            "{algorithm}: the denial took nothing"
+        );
+        assert!(denied.rejection().is_none());
+        assert!(limiter.try_acquire_n(2).is_allowed(), "{algorithm}");
+        assert!(!limiter.try_acquire(), "{algorithm}");
+    }
+}
+
+#[test]
+fn zero_permits_are_always_granted_and_take_nothing() {
+    for algorithm in Algorithm::ALL {
+        let clock = FakeClock::new();
+        let limiter = limiter(algorithm, Rule::per_second(3).unwrap(), &clock);
+        let probe = limiter.try_acquire_n(0);
+        assert!(probe.is_allowed(), "{algorithm}");
+        assert_eq!(probe.remaining(), 3, "{algorithm}");
+        assert_eq!(burst(&limiter, 10), 3, "{algorithm}");
+        let exhausted = limiter.try_acquire_n(0);
+        assert!(exhausted.is_allowed(), "{algorithm}");
+        assert_eq!(exhausted.remaining(), 0, "{algorithm}");
+    }
+}
+
+#[test]
+fn more_permits_than_the_limit_are_rejected_for_good() {
+    for algorithm in Algorithm::ALL {
+        let clock = FakeClock::new();
+        let limiter = limiter(algorithm, Rule::per_second(5).unwrap(), &clock);
+        let decision = limiter.try_acquire_n(6);
+        assert!(decision.is_denied(), "{algorithm}");
+        assert_eq!(decision.retry_after(), Duration::MAX, "{algorithm}");
+        assert_eq!(
+            decision.rejection(),
+            Some(Rejection::ExceedsLimit {
+                requested: 6,
+                limit: 5
+            }),
+            "{algorithm}"
+        );
+        assert_eq!(
+            burst(&limiter, 10),
+            5,
+            "{algorithm}: the rejection took nothing"
+        );
+    }
+}
+
+#[test]
+fn the_sliding_log_rejects_batches_without_taking_any() {
+    let clock = FakeClock::new();
+    let limiter = limiter(
+        Algorithm::SlidingWindowLog,
+        Rule::per_second(5).unwrap(),
+        &clock,
+    );
+    let decision = limiter.try_acquire_n(2);
+    assert_eq!(
+        decision.rejection(),
+        Some(Rejection::BatchUnsupported { requested: 2 })
+    );
+    assert!(
+        decision
+            .rejection()
+            .unwrap()
+            .to_string()
+            .contains("n must be 0 or 1")
+    );
+    assert_eq!(burst(&limiter, 10), 5);
+}
+
+#[test]
+fn peek_takes_nothing() {
+    for algorithm in Algorithm::ALL {
+        let clock = FakeClock::new();
+        let limiter = limiter(algorithm, Rule::per_second(2).unwrap(), &clock);
+        for _ in 0..5 {
+            let peek = limiter.peek();
+            assert!(peek.is_allowed(), "{algorithm}");
+            assert_eq!(peek.remaining(), 2, "{algorithm}");
+        }
+        assert_eq!(burst(&limiter, 5), 2, "{algorithm}");
+        let peek = limiter.peek();
+        assert!(peek.is_denied(), "{algorithm}");
+        assert!(peek.retry_after() > Duration::ZERO, "{algorithm}");
+    }
+}
+
+#[test]
+fn a_denial_says_exactly_when_to_retry() {
+    for algorithm in Algorithm::ALL {
+        let clock = FakeClock::new();
+        let limiter = limiter(algorithm, Rule::per_second(4).unwrap(), &clock);
+        assert_eq!(burst(&limiter, 4), 4);
+        let denied = limiter.try_acquire_n(1);
+        let wait = denied.retry_after();
+        let expected = match algorithm {
+            Algorithm::TokenBucket => Duration::from_millis(250),
+            _ => Duration::from_secs(1),
+        };
+        assert_eq!(wait, expected, "{algorithm}");
+        clock.advance(wait - Duration::from_nanos(1));
+        assert!(!limiter.try_acquire(), "{algorithm}: a nanosecond early");
+        clock.advance(Duration::from_nanos(1));
+        assert!(limiter.try_acquire(), "{algorithm}: on time");
+    }
+}
+
+#[test]
+fn decisions_report_the_rule_and_the_reset() {
+    let clock = FakeClock::starting_at(Duration::from_millis(1_250));
+    let window = limiter(
+        Algorithm::FixedWindow,
+        Rule::per_second(10).unwrap(),
+        &clock,
+    );
+    let decision = window.try_acquire_n(4);
+    assert_eq!(decision.limit(), 10);
+    assert_eq!(decision.window(), Duration::from_secs(1));
+    assert_eq!(decision.remaining(), 6);
+    assert_eq!(decision.reset_after(), Duration::from_millis(750));
+
+    let bucket = limiter(
+        Algorithm::TokenBucket,
+        Rule::per_second(10).unwrap(),
+        &clock,
+    );
+    let decision = bucket.try_acquire_n(4);
+    assert_eq!(decision.remaining(), 6);
+    assert_eq!(decision.reset_after(), Duration::from_millis(400));
+}
+
+#[test]
+fn bad_rules_are_errors_that_name_the_field_and_bound() {
+    let zero_limit = Rule::new(0, Duration::from_secs(1)).unwrap_err();
+    assert_eq!(zero_limit, RuleError::ZeroLimit);
+    assert!(zero_limit.to_string().contains("limit 0"));
+
+    let zero_window = Rule::new(5, Duration::ZERO).unwrap_err();
+    assert_eq!(zero_window, RuleError::ZeroWindow);
+    assert!(zero_window.to_string().contains("window"));
+
+    let too_long = Rule::new(5, Duration::MAX).unwrap_err();
+    assert!(matches!(too_long, RuleError::WindowTooLong { .. }));
+    assert!(too_long.to_string().contains("at most"));
+
+    let factory = LimiterFactory::new(Algorithm::SlidingWindowLog);
+    let too_many = factory
+        .create(Rule::per_second(1 << 20).unwrap(), FakeClock::new())
+        .unwrap_err();
+    assert_eq!(
+        too_many,
+        RuleError::LimitTooLarge {
+            algorithm: Algorithm::SlidingWindowLog,
+            limit: 1 << 20,
+            max: 65_536
+        }
+    );
+    assert!(too_many.to_string().contains("at most 65536"));
+
+    let window_wraps = LimiterFactory::new(Algorithm::FixedWindow)
+        .check(Rule::new(1 << 40, Duration::from_millis(1)).unwrap())
+        .unwrap_err();
+    assert!(matches!(window_wraps, RuleError::HorizonTooShort { .. }));
+    assert!(window_wraps.to_string().contains("limit 1099511627776"));
+
+    let too_fine = LimiterFactory::new(Algorithm::TokenBucket)
+        .check(Rule::new(u64::MAX, Duration::from_nanos(7)).unwrap())
+        .unwrap_err();
+    assert!(matches!(too_fine, RuleError::RateTooHigh { .. }));
+}
+
+#[test]
+fn every_method_accepts_everyday_rules() {
+    for algorithm in Algorithm::ALL {
+        let factory = LimiterFactory::new(algorithm);
+        for rule in [
+            Rule::per_second(1),
+            Rule::per_second(999),
+            Rule::per_minute(100),
+            Rule::per_hour(65_536),
+            Rule::new(3, Duration::from_millis(1)),
+            Rule::new(7, Duration::from_secs(86_400 * 365)),
+        ] {
+            let rule = rule.unwrap();
+            assert_eq!(factory.check(rule), Ok(()), "{algorithm}: {rule}");
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tier {
+    Free,
+    Pro,
+    Enterprise,
+}
+
+#[test]
+fn a_plan_without_a_rule_is_an_error() {
+    for algorithm in Algorithm::ALL {
+        let service: RateLimiterService<String, Tier, FakeClock> = RateLimiterService::new(
+            algorithm,
+            [(Tier::Free, Rule::per_second(5).unwrap())],
+            FakeClock::new(),
+        )
+        .unwrap();
+        let error = service.allow("alice", &Tier::Enterprise).unwrap_err();
+        assert_eq!(
+            error,
+            ServiceError::UnknownPlan {
+                plan: "Enterprise".into()
+            }
+        );
+        assert!(error.to_string().contains("plan Enterprise has no rule"));
+        assert!(service.is_empty(), "a refused request makes no limiter");
+    }
+}
+
+#[test]
+fn bad_service_settings_are_errors_that_name_the_plan() {
+    let no_plans =
+        RateLimiterService::<u64, Tier, _>::new(Algorithm::TokenBucket, [], FakeClock::new());
+    assert_eq!(no_plans.unwrap_err(), ServiceError::NoPlans);
+
+    let twice = RateLimiterService::<u64, Tier, _>::new(
+        Algorithm::TokenBucket,
+        [
+            (Tier::Pro, Rule::per_second(5).unwrap()),
+            (Tier::Pro, Rule::per_second(6).unwrap()),
+        ],
+        FakeClock::new(),
+    );
+    assert_eq!(
+        twice.unwrap_err(),
+        ServiceError::DuplicatePlan { plan: "Pro".into() }
+    );
+
+    let too_large = RateLimiterService::<u64, Tier, _>::new(
+        Algorithm::SlidingWindowLog,
+        [
+            (Tier::Free, Rule::per_second(5).unwrap()),
+            (Tier::Pro, Rule::per_second(1_000_000).unwrap()),
+        ],
+        FakeClock::new(),
+    )
+    .unwrap_err();
+    assert!(matches!(&too_large, ServiceError::InvalidRule { plan, .. } if plan == "Pro"));
+    assert!(too_large.to_string().starts_with("plan Pro: limit 1000000"));
+}
+
+#[test]
+fn string_keys_are_looked_up_by_str_without_copying() {
+    let service: RateLimiterService<String, Tier, FakeClock> = RateLimiterService::new(
+        Algorithm::TokenBucket,
+        [(Tier::Free, Rule::per_second(1).unwrap())],
+        FakeClock::new(),
+    )
+    .unwrap();
+    let client: &str = "203.0.113.9";
+    assert!(service.allow(client, &Tier::Free).unwrap());
+    assert!(!service.allow(client, &Tier::Free).unwrap());
+    assert!(service.peek(client, &Tier::Free).unwrap().is_denied());
+    assert!(service.peek("unseen", &Tier::Free).unwrap().is_allowed());
+    assert_eq!(service.len(), 1, "peek does not add clients");
+}
+
+#[test]
+fn a_client_moved_to_another_plan_follows_the_new_rule_from_its_next_request() {
+    for algorithm in Algorithm::ALL {
+        let clock = FakeClock::new();
+        let service: RateLimiterService<u64, Tier, FakeClock> = RateLimiterService::new(
+            algorithm,
+            [
+                (Tier::Free, Rule::per_second(2).unwrap()),
+                (Tier::Pro, Rule::per_second(5).unwrap()),
+            ],
+            clock.clone(),
+        )
+        .unwrap();
+        let burst = |tier| {
+            (0..10)
+                .filter(|_| service.allow(&1, &tier).unwrap())
+                .count()
+        };
+        assert_eq!(burst(Tier::Free), 2, "{algorithm}");
+        assert_eq!(burst(Tier::Pro), 5, "{algorithm}: upgraded");
+        assert_eq!(service.len(), 1);
+    }
+}
