@@ -1,2 +1,69 @@
-//! Builds a service from a settings file (placeholder until the settings module lands).
-fn main() {}
+//! A service built from a settings file, answering as a proxy would: allowed or 429, with the
+//! `Retry-After`, `RateLimit-Policy` and `RateLimit` values for each response.
+//!
+//! Run with `cargo run --release --features serde --example settings [path/to/settings.toml]`;
+//! without a path it reads `examples/settings/plans.toml`.
+
+use std::time::Duration;
+
+use tollgate::{FakeClock, Settings};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tier {
+    Free,
+    Pro,
+}
+
+impl Tier {
+    fn name(self) -> &'static str {
+        match self {
+            Tier::Free => "free",
+            Tier::Pro => "pro",
+        }
+    }
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let path = std::env::args().nth(1).unwrap_or_else(|| {
+        concat!(env!("CARGO_MANIFEST_DIR"), "/examples/settings/plans.toml").to_owned()
+    });
+    let settings = Settings::from_path(&path)?;
+    println!("{path}: {}", settings.algorithm());
+    for (plan, rule) in settings.plans() {
+        println!("  plan {plan}: {rule}");
+    }
+
+    // A fake clock so the run is the same every time; a server uses MonotonicClock::new().
+    let clock = FakeClock::starting_at(Duration::from_millis(1_990));
+    let service = settings.build_service_with_plans::<String, _, _>(
+        clock.clone(),
+        [
+            (Tier::Free.name(), Tier::Free),
+            (Tier::Pro.name(), Tier::Pro),
+        ],
+    )?;
+
+    for (label, advance) in [("burst", 0), ("20 ms later", 20), ("1 s later", 1_000)] {
+        clock.advance(Duration::from_millis(advance));
+        println!("\n{label}: 6 requests from alice (free)");
+        for _ in 0..6 {
+            let decision = service.acquire("alice", &Tier::Free, 1)?;
+            let status = if decision.is_allowed() { "200" } else { "429" };
+            let retry_after = decision
+                .retry_after_header()
+                .map(|seconds| format!("  Retry-After: {seconds}"))
+                .unwrap_or_default();
+            println!(
+                "  {status}  RateLimit-Policy: {}  RateLimit: {}{retry_after}",
+                decision.ratelimit_policy_header(Tier::Free.name())?,
+                decision.ratelimit_header(Tier::Free.name())?,
+            );
+        }
+    }
+    let stats = service.stats(&Tier::Free).unwrap_or_default();
+    println!(
+        "\nplan free: {} allowed, {} denied",
+        stats.allowed, stats.denied
+    );
+    Ok(())
+}

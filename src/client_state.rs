@@ -38,6 +38,27 @@ impl ClientParams {
         })
     }
 
+    /// The constants as plain words, for the plan table.
+    pub(crate) fn to_words(self) -> [u64; 5] {
+        match self {
+            ClientParams::TokenBucket(params) => params.to_words(),
+            ClientParams::FixedWindow(params) => params.to_words(),
+            ClientParams::SlidingWindowLog(params) => params.to_words(),
+        }
+    }
+
+    /// The inverse of [`ClientParams::to_words`], for `algorithm`.
+    #[inline]
+    pub(crate) fn from_words(algorithm: Algorithm, words: [u64; 5]) -> Option<ClientParams> {
+        Some(match algorithm {
+            Algorithm::TokenBucket => ClientParams::TokenBucket(GcraParams::from_words(words)?),
+            Algorithm::FixedWindow => ClientParams::FixedWindow(WindowParams::from_words(words)?),
+            Algorithm::SlidingWindowLog => {
+                ClientParams::SlidingWindowLog(LogParams::from_words(words)?)
+            }
+        })
+    }
+
     pub(crate) fn rule(&self) -> Rule {
         match self {
             ClientParams::TokenBucket(params) => params.rule(),
@@ -88,6 +109,25 @@ impl ClientParams {
                 params.peek(ring, clock)
             }
             _ => Decision::retired(self.rule()),
+        }
+    }
+
+    /// Retires `state` whatever it holds, so that no acquire can succeed on it any more (for a
+    /// client that moved to another plan or rule). `self` may be any plan's constants: only the
+    /// method matters.
+    pub(crate) fn retire_now(&self, state: &ClientState) {
+        match (self, state) {
+            (ClientParams::TokenBucket(_), ClientState::Word(word)) => {
+                GcraParams::retire_now(word);
+            }
+            (ClientParams::FixedWindow(_), ClientState::Word(word)) => {
+                WindowParams::retire_now(word);
+            }
+            (_, ClientState::Ring(ring)) => {
+                ring.retire(None);
+            }
+            // A one-word state under the log's constants cannot arise; nothing to retire.
+            (ClientParams::SlidingWindowLog(_), ClientState::Word(_)) => {}
         }
     }
 

@@ -144,6 +144,13 @@ pub enum ServiceError {
     },
     /// A service was built with no plans at all.
     NoPlans,
+    /// A service was built with more plans than it can tell apart.
+    TooManyPlans {
+        /// Plans given.
+        count: usize,
+        /// The most allowed.
+        max: usize,
+    },
 }
 
 impl fmt::Display for ServiceError {
@@ -166,6 +173,9 @@ impl fmt::Display for ServiceError {
                     f,
                     "no plans given: a service needs at least one plan with a rule"
                 )
+            }
+            ServiceError::TooManyPlans { count, max } => {
+                write!(f, "{count} plans given: a service holds at most {max}")
             }
         }
     }

@@ -38,6 +38,28 @@ pub struct WindowParams {
 }
 
 impl WindowParams {
+    /// The parameters as plain words, for the service's plan table.
+    pub(crate) fn to_words(self) -> [u64; 5] {
+        let rule = self.rule;
+        let count_bits = u64::from(self.count_bits);
+        [
+            rule.limit(),
+            rule.window_nanos(),
+            count_bits,
+            self.max_index,
+            0,
+        ]
+    }
+
+    /// The inverse of [`WindowParams::to_words`].
+    pub(crate) fn from_words(words: [u64; 5]) -> Option<WindowParams> {
+        Some(WindowParams {
+            rule: Rule::from_parts(words[0], words[1])?,
+            count_bits: u32::try_from(words[2]).ok()?,
+            max_index: words[3],
+        })
+    }
+
     /// Chooses the layout for `rule`, or explains why it would not last.
     pub fn new(rule: Rule) -> Result<WindowParams, RuleError> {
         let limit = rule.limit();
@@ -192,6 +214,25 @@ impl WindowParams {
         let (available, _) = self.decide(current, now, 0);
         let (one, _) = self.decide(current, now, 1);
         if one.is_allowed() { available } else { one }
+    }
+
+    /// Retires the word whatever its state (for a client that moved to another rule). Returns
+    /// whether this call did it (false if it already was).
+    pub fn retire_now<A: AtomicWord>(word: &A) -> bool {
+        // Relaxed: see `acquire`.
+        let mut current = word.load(Ordering::Relaxed);
+        while current & RETIRED == 0 {
+            match word.compare_exchange_weak(
+                current,
+                current | RETIRED,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                Err(actual) => current = actual,
+            }
+        }
+        false
     }
 
     /// Retires the word if its window is over at `now_nanos` (so it is indistinguishable from a

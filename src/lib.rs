@@ -55,6 +55,7 @@
 //!
 //! ## Features
 //!
+//! - `serde`: [`Settings`](crate::Settings), a service described in a TOML or JSON settings file.
 //! - `loom`: adds the model-checking instantiations used by the `loom-tests` target
 //!   (`cargo test --features loom`). Additive: the public types do not change.
 
@@ -67,8 +68,11 @@ mod factory;
 mod fixed_window;
 mod headers;
 mod limiter;
+mod plan_table;
 mod rule;
 mod service;
+#[cfg(feature = "serde")]
+mod settings;
 mod sliding_window_log;
 mod sync;
 mod token_bucket;
@@ -81,8 +85,11 @@ pub use factory::{AnyLimiter, LimiterFactory};
 pub use fixed_window::FixedWindow;
 pub use headers::InvalidPolicyName;
 pub use limiter::Limiter;
+pub use plan_table::PlanStats;
 pub use rule::Rule;
 pub use service::{RateLimiterService, ServiceBuilder, Sweeper};
+#[cfg(feature = "serde")]
+pub use settings::{Settings, SettingsError, parse_window};
 pub use sliding_window_log::SlidingWindowLog;
 pub use token_bucket::TokenBucket;
 

@@ -86,6 +86,11 @@ impl Rule {
     pub(crate) fn window_nanos(&self) -> u64 {
         self.window_nanos
     }
+
+    /// A rule from its two numbers, if they make a valid one.
+    pub(crate) fn from_parts(limit: u64, window_nanos: u64) -> Option<Rule> {
+        Rule::new(limit, Duration::from_nanos(window_nanos)).ok()
+    }
 }
 
 impl fmt::Debug for Rule {

@@ -9,21 +9,21 @@ use papaya::ResizeMode;
 use crate::client_state::{ClientParams, ClientState};
 use crate::clock::Clock;
 use crate::error::ServiceError;
-use crate::{Algorithm, Decision, LimiterFactory, MonotonicClock, Rule};
+use crate::plan_table::{MAX_PLANS, PlanTable, PlanVersion};
+use crate::{Algorithm, Decision, MonotonicClock, PlanStats, Rule};
 
-/// One client's entry in the map: which plan its state follows, and the state.
+/// One client's entry in the map: which plan (and version of its rule) the state follows, and
+/// the state.
 #[derive(Debug)]
 struct ClientEntry {
-    plan: usize,
+    plan: PlanVersion,
     state: ClientState,
 }
 
-/// One plan and its rule's constants.
-#[derive(Debug)]
-struct Plan<P> {
-    plan: P,
-    params: ClientParams,
-}
+/// How many times one request replaces a client's entry that follows another plan before it
+/// settles for the entry as it is. Only requests that name different plans for one client at
+/// the same moment get there.
+const MAX_PLAN_CONFLICTS: u32 = 4;
 
 /// Rate limits many clients, each by the rule of its plan.
 ///
@@ -59,8 +59,7 @@ struct Plan<P> {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct RateLimiterService<K, P, C = MonotonicClock, S = RandomState> {
-    factory: LimiterFactory,
-    plans: Box<[Plan<P>]>,
+    plans: PlanTable<P>,
     clock: C,
     clients: papaya::HashMap<K, ClientEntry, S>,
 }
@@ -74,7 +73,6 @@ where
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimiterService")
-            .field("algorithm", &self.factory.algorithm())
             .field("plans", &self.plans)
             .field("clock", &self.clock)
             .field("clients", &self.clients.len())
@@ -110,15 +108,18 @@ where
 {
     /// The method this service applies.
     pub fn algorithm(&self) -> Algorithm {
-        self.factory.algorithm()
+        self.plans.algorithm()
     }
 
-    /// The rule of `plan`, if the service has it.
+    /// The current rule of `plan`, if the service has it.
     pub fn rule(&self, plan: &P) -> Option<Rule> {
-        self.plans
-            .iter()
-            .find(|entry| entry.plan == *plan)
-            .map(|entry| entry.params.rule())
+        let index = self.plans.index_of(plan)?;
+        Some(self.plans.read(index).1.rule())
+    }
+
+    /// The service's plans, in the order they were given.
+    pub fn plans(&self) -> impl Iterator<Item = &P> {
+        self.plans.plans()
     }
 
     /// The clock this service reads.
@@ -136,11 +137,35 @@ where
         self.clients.is_empty()
     }
 
+    /// Counts of allowed and denied decisions under `plan` since the service was made, or `None`
+    /// for a plan the service does not have. Counting costs each decision one uncontended atomic
+    /// add on a per-thread shard.
+    pub fn stats(&self, plan: &P) -> Option<PlanStats> {
+        Some(self.plans.stats(self.plans.index_of(plan)?))
+    }
+
+    /// Replaces `plan`'s rule, from each of its clients' next request on.
+    ///
+    /// A client whose state was made under the old rule starts afresh under the new one: what it
+    /// used under the old rule is forgotten. The change can therefore grant a client at most one
+    /// window's worth of the new rule beyond what it had already used; no more, because the old
+    /// state is retired (no request can still be granted on it) before the fresh one is made.
+    ///
+    /// Errors when the service has no such plan, or its method cannot honour `rule`.
+    pub fn set_rule(&self, plan: &P, rule: Rule) -> Result<(), ServiceError> {
+        let index = self.plan_index(plan)?;
+        self.plans
+            .set_rule(index, rule)
+            .map_err(|source| ServiceError::InvalidRule {
+                plan: format!("{plan:?}"),
+                source,
+            })
+    }
+
     #[inline]
     fn plan_index(&self, plan: &P) -> Result<usize, ServiceError> {
         self.plans
-            .iter()
-            .position(|entry| entry.plan == *plan)
+            .index_of(plan)
             .ok_or_else(|| ServiceError::UnknownPlan {
                 plan: format!("{plan:?}"),
             })
@@ -162,53 +187,79 @@ where
     /// Takes `n` permits for `client` under `plan`'s rule, all or nothing (see
     /// [`Limiter::try_acquire_n`](crate::Limiter::try_acquire_n) for `n = 0` and `n` above the
     /// limit).
+    ///
+    /// A client's plan is the one its requests name: a request naming another plan than the
+    /// client's last one moves the client to it, and the client starts afresh under the new rule
+    /// (as after [`RateLimiterService::set_rule`]). Requests for one client that name different
+    /// plans at the same moment are decided under one of those plans.
     #[inline]
     pub fn acquire<Q>(&self, client: &Q, plan: &P, n: u64) -> Result<Decision, ServiceError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let plan_index = self.plan_index(plan)?;
-        let params = &self.plans[plan_index].params;
+        let index = self.plan_index(plan)?;
+        let (mut version, mut params) = self.plans.read(index);
         let clients = self.clients.pin();
+        let mut conflicts = 0;
         loop {
             let entry = match clients.get(client) {
                 Some(entry) => entry,
                 // Two first requests may both get here; the map keeps exactly one entry, and
                 // both use it.
                 None => clients.get_or_insert_with(client.to_owned(), || ClientEntry {
-                    plan: plan_index,
+                    plan: version,
                     state: params.fresh_state(),
                 }),
             };
-            if entry.plan != plan_index {
-                // The client moved to another plan: it starts afresh under the new rule.
-                self.replace(&clients, client, entry);
-                continue;
-            }
-            let decision = params.acquire(&entry.state, n, &self.clock);
+            let (entry_version, entry_params) = if entry.plan == version {
+                (version, params)
+            } else {
+                // The entry follows another plan, or another version of this plan's rule.
+                (version, params) = self.plans.read(index);
+                let entry_current = self.plans.read(entry.plan.index());
+                if entry.plan == version {
+                    // Our reading of the plan was older than the entry.
+                    (version, params)
+                } else if conflicts >= MAX_PLAN_CONFLICTS && entry_current.0 == entry.plan {
+                    // Other requests keep moving this client to another plan at this very
+                    // moment: settle for the entry's plan rather than retry without end.
+                    entry_current
+                } else {
+                    // Retire first, so no request still holding the entry can be granted on it,
+                    // then make way for a fresh entry under our plan's current rule.
+                    params.retire_now(&entry.state);
+                    Self::remove_entry(&clients, client, entry);
+                    conflicts += 1;
+                    continue;
+                }
+            };
+            let decision = entry_params.acquire(&entry.state, n, &self.clock);
             if decision.is_retired() {
                 // Evicted under our feet: drop the retired entry (if no one has yet) and use a
                 // fresh one. The retired state granted nothing, so nothing is counted twice.
-                self.replace(&clients, client, entry);
+                Self::remove_entry(&clients, client, entry);
                 continue;
             }
+            self.plans
+                .record(entry_version.index(), decision.is_allowed());
             return Ok(decision);
         }
     }
 
     /// Reports, taking nothing, what one permit for `client` under `plan` would get now. A client
-    /// the service does not hold is reported as fresh, and is not added.
+    /// the service does not hold (or holds under another plan or rule) is reported as fresh, and
+    /// nothing is added or changed.
     pub fn peek<Q>(&self, client: &Q, plan: &P) -> Result<Decision, ServiceError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let plan_index = self.plan_index(plan)?;
-        let params = &self.plans[plan_index].params;
+        let index = self.plan_index(plan)?;
+        let (version, params) = self.plans.read(index);
         let clients = self.clients.pin();
         if let Some(entry) = clients.get(client)
-            && entry.plan == plan_index
+            && entry.plan == version
         {
             let decision = params.peek(&entry.state, &self.clock);
             if !decision.is_retired() {
@@ -219,7 +270,8 @@ where
     }
 
     /// Removes every client whose limiter is indistinguishable from a fresh one (a full bucket,
-    /// a window that is over, a log whose entries have all expired), and returns how many.
+    /// a window that is over, a log whose entries have all expired), and every client whose plan's
+    /// rule has changed since its last request; returns how many.
     ///
     /// Invisible to clients: each limiter is first *retired* by an exchange on its own state, the
     /// same word(s) an acquire changes, so a limiter that is admitting is never removed, and an
@@ -231,9 +283,16 @@ where
         let clients = self.clients.pin();
         let mut removed = 0;
         for (client, entry) in clients.iter() {
-            let params = &self.plans[entry.plan].params;
-            if params.retire_if_idle(&entry.state, now) {
-                let _ = clients.remove_if(client, |_, current| std::ptr::eq(current, entry));
+            let (version, params) = self.plans.read(entry.plan.index());
+            let retired = if version == entry.plan {
+                params.retire_if_idle(&entry.state, now)
+            } else {
+                // Its next request would start it afresh anyway.
+                params.retire_now(&entry.state);
+                true
+            };
+            if retired {
+                Self::remove_entry(&clients, client, entry);
                 removed += 1;
             }
         }
@@ -241,8 +300,7 @@ where
     }
 
     /// Removes `entry` for `client`, if it is still the one in the map.
-    fn replace<Q, G: papaya::Guard>(
-        &self,
+    fn remove_entry<Q, G: papaya::Guard>(
         clients: &papaya::HashMapRef<'_, K, ClientEntry, S, G>,
         client: &Q,
         entry: &ClientEntry,
@@ -327,9 +385,15 @@ impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher> ServiceBuilder<P, C, S> {
         if self.plans.is_empty() {
             return Err(ServiceError::NoPlans);
         }
-        let mut plans: Vec<Plan<P>> = Vec::with_capacity(self.plans.len());
+        if self.plans.len() > MAX_PLANS {
+            return Err(ServiceError::TooManyPlans {
+                count: self.plans.len(),
+                max: MAX_PLANS,
+            });
+        }
+        let mut plans: Vec<(P, ClientParams)> = Vec::with_capacity(self.plans.len());
         for (plan, rule) in self.plans {
-            if plans.iter().any(|existing| existing.plan == plan) {
+            if plans.iter().any(|(existing, _)| *existing == plan) {
                 return Err(ServiceError::DuplicatePlan {
                     plan: format!("{plan:?}"),
                 });
@@ -340,7 +404,7 @@ impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher> ServiceBuilder<P, C, S> {
                     source,
                 }
             })?;
-            plans.push(Plan { plan, params });
+            plans.push((plan, params));
         }
         // Blocking resizes: the default incremental mode, filled by inserts, was measured to leave
         // lookups about ten times slower and to collapse multi-threaded throughput.
@@ -350,8 +414,7 @@ impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher> ServiceBuilder<P, C, S> {
             .resize_mode(ResizeMode::Blocking)
             .build();
         Ok(RateLimiterService {
-            factory: LimiterFactory::new(self.algorithm),
-            plans: plans.into_boxed_slice(),
+            plans: PlanTable::new(self.algorithm, plans),
             clock: self.clock,
             clients,
         })

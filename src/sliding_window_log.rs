@@ -55,9 +55,123 @@ impl<A: AtomicWord> LogRing<A> {
         // `position % len` is in bounds; `len` is the capacity, at least 1.
         &self.slots[(position % self.slots.len() as u64) as usize]
     }
+
+    /// Slots in the ring: the rule's limit, at least 1.
+    #[inline]
+    fn capacity(&self) -> u64 {
+        self.slots.len() as u64
+    }
+
+    /// The lap mark that admission number `position` writes. Lap 0 writes 1, so a zeroed slot
+    /// reads as claimed in lap -1: free for lap 0.
+    #[inline]
+    fn lap_mark(&self, position: u64) -> u64 {
+        if (position / self.capacity()) & 1 == 0 {
+            LAP_MARK
+        } else {
+            0
+        }
+    }
+
+    /// Moves `head` past a slot already claimed at `head`.
+    #[inline]
+    fn help_head_past(&self, head: u64) {
+        // AcqRel: publishes nothing new, but keeps the slot -> head -> reader chain (see
+        // `snapshot`) intact for whoever reads the head this exchange writes. Failure: another
+        // thread moved it already.
+        let _ = self
+            .head
+            .compare_exchange(head, head + 1, Ordering::AcqRel, Ordering::Relaxed);
+    }
+
+    /// A consistent view of the ring at `head`: the slot to claim and the latest admission.
+    #[inline]
+    fn snapshot(&self) -> Snapshot {
+        loop {
+            // Acquire on `head`: pairs with the AcqRel exchange that moved it, so the slot it
+            // passed (the latest admission) is seen as claimed, with its time. That keeps each
+            // admission's time at or after the previous one's, which the exactness of the ring
+            // needs (the bound on admissions needs only the slot exchange).
+            let head = self.head.load(Ordering::Acquire);
+            // Acquire on the slots: pairs with the AcqRel claims that wrote them.
+            let slot = self.slot(head).load(Ordering::Acquire);
+            let latest = self.slot(head.wrapping_sub(1)).load(Ordering::Acquire);
+            // Acquire: the re-read is ordered after the slot loads; an unchanged head means both
+            // slots were read at the same head, not one lap apart.
+            if self.head.load(Ordering::Acquire) == head {
+                return Snapshot { head, slot, latest };
+            }
+        }
+    }
+
+    /// Retires the ring so that no admission can succeed on it any more: with `idle_at =
+    /// Some(now)` only if every admission has expired by `now` (so the ring is indistinguishable
+    /// from a fresh one), with `None` whatever its state (a client that moved to another rule).
+    /// Returns whether this call retired it.
+    ///
+    /// Retiring writes the retired mark into the slot at `head` with the same exchange an
+    /// admission would use, so it *is* a claim: exactly one of it and a racing admission wins the
+    /// slot, and every later admission finds the mark (in its slot or as the latest admission).
+    pub fn retire(&self, idle_at: Option<u64>) -> bool {
+        loop {
+            let Snapshot { head, slot, latest } = self.snapshot();
+            if is_retired(slot) || is_retired(latest) {
+                return false;
+            }
+            let mark = self.lap_mark(head);
+            if slot & LAP_MARK == mark {
+                // An admission just claimed the slot at `head`: the ring is not idle.
+                if idle_at.is_some() {
+                    return false;
+                }
+                self.help_head_past(head);
+                continue;
+            }
+            // The latest admission is the newest, so it expiring means every slot has.
+            if let Some(now) = idle_at
+                && latest & EXPIRY_MASK > now
+            {
+                return false;
+            }
+            // AcqRel: as for an admission's claim.
+            let retired = mark | RETIRED_EXPIRY;
+            match self.slot(head).compare_exchange(
+                slot,
+                retired,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                // An admission won the slot: the ring is in use.
+                Err(_) if idle_at.is_some() => return false,
+                Err(_) => continue,
+            }
+        }
+    }
 }
 
 impl LogParams {
+    /// The parameters as plain words, for the service's plan table.
+    pub(crate) fn to_words(self) -> [u64; 5] {
+        let rule = self.rule;
+        [
+            rule.limit(),
+            rule.window_nanos(),
+            self.capacity,
+            self.latest_time,
+            0,
+        ]
+    }
+
+    /// The inverse of [`LogParams::to_words`].
+    pub(crate) fn from_words(words: [u64; 5]) -> Option<LogParams> {
+        Some(LogParams {
+            rule: Rule::from_parts(words[0], words[1])?,
+            capacity: words[2],
+            latest_time: words[3],
+        })
+    }
+
     /// The most permits a sliding window log accepts: 65 536 (512 KiB of slots per client).
     pub const MAX_LIMIT: u64 = 1 << 16;
 
@@ -91,37 +205,6 @@ impl LogParams {
         self.rule
     }
 
-    /// The lap mark that admission number `position` writes. Lap 0 writes 1, so a zeroed slot
-    /// reads as claimed in lap -1: free for lap 0.
-    #[inline]
-    fn lap_mark(&self, position: u64) -> u64 {
-        if (position / self.capacity) & 1 == 0 {
-            LAP_MARK
-        } else {
-            0
-        }
-    }
-
-    /// A consistent view of the ring at `head`: the slot to claim and the latest admission.
-    #[inline]
-    fn snapshot<A: AtomicWord>(&self, ring: &LogRing<A>) -> Snapshot {
-        loop {
-            // Acquire on `head`: pairs with the AcqRel exchange that moved it, so the slot it
-            // passed (the latest admission) is seen as claimed, with its time. That keeps each
-            // admission's time at or after the previous one's, which the exactness of the ring
-            // needs (the bound on admissions needs only the slot exchange).
-            let head = ring.head.load(Ordering::Acquire);
-            // Acquire on the slots: pairs with the AcqRel claims that wrote them.
-            let slot = ring.slot(head).load(Ordering::Acquire);
-            let latest = ring.slot(head.wrapping_sub(1)).load(Ordering::Acquire);
-            // Acquire: the re-read is ordered after the slot loads; an unchanged head means both
-            // slots were read at the same head, not one lap apart.
-            if ring.head.load(Ordering::Acquire) == head {
-                return Snapshot { head, slot, latest };
-            }
-        }
-    }
-
     /// Claims one slot at `now_nanos`, if the admission L places back has left the window.
     #[inline]
     pub fn acquire<A: AtomicWord>(
@@ -146,11 +229,11 @@ impl LogParams {
             }
         }
         loop {
-            let Snapshot { head, slot, latest } = self.snapshot(ring);
-            if latest & EXPIRY_MASK == RETIRED_EXPIRY || slot & EXPIRY_MASK == RETIRED_EXPIRY {
+            let Snapshot { head, slot, latest } = ring.snapshot();
+            if is_retired(latest) || is_retired(slot) {
                 return Decision::retired(self.rule);
             }
-            let mark = self.lap_mark(head);
+            let mark = ring.lap_mark(head);
             if slot & LAP_MARK == mark {
                 // Claimed in this lap already; `head` lags behind the claim. Help it on.
                 // AcqRel: publishes nothing new, but keeps the slot -> head -> reader chain
@@ -228,13 +311,13 @@ impl LogParams {
         now: u64,
         available_only: bool,
     ) -> Decision {
-        let Snapshot { head, slot, latest } = self.snapshot(ring);
-        if latest & EXPIRY_MASK == RETIRED_EXPIRY || slot & EXPIRY_MASK == RETIRED_EXPIRY {
+        let Snapshot { head, slot, latest } = ring.snapshot();
+        if is_retired(latest) || is_retired(slot) {
             return Decision::retired(self.rule);
         }
         // If the slot at head was already claimed in this lap, the ring is one admission further
         // on than `head` says; its oldest entry is the next slot.
-        let oldest = if slot & LAP_MARK == self.lap_mark(head) {
+        let oldest = if slot & LAP_MARK == ring.lap_mark(head) {
             head + 1
         } else {
             head
@@ -250,26 +333,14 @@ impl LogParams {
         Decision::denied(self.rule, 0, expiry.saturating_sub(now), reset_after)
     }
 
-    /// Retires the ring if every slot has expired at `now_nanos` (so it is indistinguishable from
-    /// a fresh one). Returns whether it did.
-    ///
-    /// Retiring writes the retired mark into the slot at `head` with the same exchange an
-    /// admission would use, so it *is* a claim: exactly one of it and a racing admission wins the
-    /// slot, and every later admission finds the mark (in its slot or as the latest admission).
+    /// Retires the ring if every admission has expired at `now_nanos`; see [`LogRing::retire`].
     pub fn retire_if_idle<A: AtomicWord>(&self, ring: &LogRing<A>, now_nanos: u64) -> bool {
-        let Snapshot { head, slot, latest } = self.snapshot(ring);
-        let mark = self.lap_mark(head);
-        let all_expired =
-            (latest & EXPIRY_MASK) <= now_nanos && latest & EXPIRY_MASK != RETIRED_EXPIRY;
-        // The latest admission is the newest, so it expiring means every slot has.
-        all_expired
-            && slot & LAP_MARK != mark
-            // AcqRel: as for an admission's claim.
-            && ring
-                .slot(head)
-                .compare_exchange(slot, mark | RETIRED_EXPIRY, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
+        ring.retire(Some(now_nanos))
     }
+}
+
+fn is_retired(slot: u64) -> bool {
+    slot & EXPIRY_MASK == RETIRED_EXPIRY
 }
 
 struct Snapshot {

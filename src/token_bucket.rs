@@ -50,6 +50,27 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
 }
 
 impl GcraParams {
+    /// The parameters as plain words, for the service's plan table.
+    pub(crate) fn to_words(self) -> [u64; 5] {
+        [
+            self.rule.limit(),
+            self.rule.window_nanos(),
+            self.ticks_per_nano,
+            self.token_ticks,
+            self.burst_ticks,
+        ]
+    }
+
+    /// The inverse of [`GcraParams::to_words`].
+    pub(crate) fn from_words(words: [u64; 5]) -> Option<GcraParams> {
+        Some(GcraParams {
+            rule: Rule::from_parts(words[0], words[1])?,
+            ticks_per_nano: words[2],
+            token_ticks: words[3],
+            burst_ticks: words[4],
+        })
+    }
+
     /// Derives the tick scale for `rule`, or explains why the bucket cannot honour it.
     pub fn new(rule: Rule) -> Result<GcraParams, RuleError> {
         let limit = rule.limit();
@@ -191,6 +212,21 @@ impl GcraParams {
         let (available, _) = self.decide(current, now, 0);
         let (one, _) = self.decide(current, now, 1);
         if one.is_allowed() { available } else { one }
+    }
+
+    /// Retires the bucket whatever its state (for a client that moved to another rule). Returns
+    /// whether this call did it (false if it already was).
+    pub fn retire_now<A: AtomicWord>(tat: &A) -> bool {
+        // Relaxed: as in `acquire`.
+        let mut current = tat.load(Ordering::Relaxed);
+        while current != RETIRED {
+            match tat.compare_exchange_weak(current, RETIRED, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return true,
+                Err(actual) => current = actual,
+            }
+        }
+        false
     }
 
     /// Retires the bucket if it is full at `now_nanos` (indistinguishable from a fresh one), so

@@ -18,7 +18,9 @@ use tollgate::{Clock, Rule};
 
 /// Locks `mutex`, ignoring poisoning: a reference limiter's state is valid after any panic.
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// The seed's `TokenBucket`: capacity N, refilled N per window, starting full.
@@ -153,7 +155,10 @@ impl<C: Clock> RefSlidingWindowLog<C> {
     /// (never earlier than the previous admission).
     fn expire(&self, log: &mut VecDeque<u64>) -> u64 {
         let now = self.clock.now_nanos().max(log.back().copied().unwrap_or(0));
-        while log.front().is_some_and(|&oldest| now - oldest >= self.window) {
+        while log
+            .front()
+            .is_some_and(|&oldest| now - oldest >= self.window)
+        {
             log.pop_front();
         }
         now
