@@ -67,14 +67,53 @@ impl ClientParams {
         }
     }
 
-    /// The state of a client that has taken nothing yet.
-    pub(crate) fn fresh_state(&self) -> ClientState {
+    /// The state of a client that has taken nothing yet, as of `since_nanos`: identical to a
+    /// fresh one for any reading from then on, and stricter for earlier readings, so that it is
+    /// at least as strict as any state retired as idle at or before `since_nanos`.
+    pub(crate) fn fresh_state(&self, since_nanos: u64) -> ClientState {
         match self {
-            ClientParams::TokenBucket(_) | ClientParams::FixedWindow(_) => {
-                ClientState::Word(Word::new(0))
+            ClientParams::TokenBucket(params) => {
+                ClientState::Word(Word::new(params.full_since(since_nanos)))
+            }
+            ClientParams::FixedWindow(params) => {
+                ClientState::Word(Word::new(params.empty_since(since_nanos)))
             }
             ClientParams::SlidingWindowLog(params) => {
-                ClientState::Ring(Box::new(LogRing::new(params)))
+                ClientState::Ring(Box::new(LogRing::empty_since(params, since_nanos)))
+            }
+        }
+    }
+
+    /// What a fresh state (as of `since_nanos`) would report, without making one, for a client
+    /// the service does not hold: a peek, or with `zero_permits` an acquire of 0 permits.
+    pub(crate) fn fresh_report(
+        &self,
+        zero_permits: bool,
+        since_nanos: u64,
+        clock: &impl Clock,
+    ) -> Decision {
+        let word = |initial| Word::new(initial);
+        match self {
+            ClientParams::TokenBucket(params) => {
+                let tat = word(params.full_since(since_nanos));
+                if zero_permits {
+                    params.acquire(&tat, 0, clock)
+                } else {
+                    params.peek(&tat, clock)
+                }
+            }
+            ClientParams::FixedWindow(params) => {
+                let window = word(params.empty_since(since_nanos));
+                if zero_permits {
+                    params.acquire(&window, 0, clock)
+                } else {
+                    params.peek(&window, clock)
+                }
+            }
+            // A ring is an allocation (up to 512 KiB), not to be made for a client that may never
+            // come back.
+            ClientParams::SlidingWindowLog(params) => {
+                params.fresh_report(zero_permits, since_nanos, clock)
             }
         }
     }

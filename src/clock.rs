@@ -6,9 +6,10 @@
 //! its clones, which share the origin) never go backwards on one thread; across threads two
 //! readings may be slightly out of order (cores' counters are not perfectly in step, and a reading
 //! is stale by the time it is used). Every limiter in this crate is written for that: all time
-//! arithmetic saturates, and a reading earlier than what a limiter has already seen is treated as
-//! "no time has passed". It is never a panic and never grants a permit that a later reading would
-//! not.
+//! arithmetic saturates, and a reading earlier than what a limiter has already seen never panics
+//! and never grants a permit that a later reading would not. The window methods count it as
+//! no time having passed; the token bucket sees a debt not yet repaid (so it may deny what the
+//! later reading would still allow).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -15,6 +15,7 @@ use crate::clock::Clock;
 use crate::decision::{Decision, Rejection};
 use crate::error::RuleError;
 use crate::sync::{AtomicWord, Ordering, Word};
+use crate::token_bucket::RETIRE_ORDERING;
 use crate::{Algorithm, Limiter, Rule};
 
 /// Set on a word retired for eviction; no permit is granted from it.
@@ -63,7 +64,16 @@ impl WindowParams {
     /// Chooses the layout for `rule`, or explains why it would not last.
     pub fn new(rule: Rule) -> Result<WindowParams, RuleError> {
         let limit = rule.limit();
-        let count_bits = u64::BITS - (limit.saturating_add(COUNT_HEADROOM)).leading_zeros();
+        // The count field, with its headroom, must leave the top bit for the retired flag.
+        let max_limit = (RETIRED - 1) - COUNT_HEADROOM;
+        if limit > max_limit {
+            return Err(RuleError::LimitTooLarge {
+                algorithm: Algorithm::FixedWindow,
+                limit,
+                max: max_limit,
+            });
+        }
+        let count_bits = u64::BITS - (limit + COUNT_HEADROOM).leading_zeros();
         let index_bits = 63u32.saturating_sub(count_bits);
         let max_index = (1u64 << index_bits) - 1;
         let horizon_nanos = (max_index as u128 + 1) * rule.window_nanos() as u128;
@@ -105,6 +115,13 @@ impl WindowParams {
     #[inline]
     fn pack(&self, index: u64, count: u64) -> u64 {
         (index << self.count_bits) | count
+    }
+
+    /// The word of a window that is empty from `since_nanos` on: the window then current, with
+    /// nothing granted; an earlier reading is counted in it. At least as strict as any word whose
+    /// window was over at `since_nanos`. A service seeds new clients with it.
+    pub fn empty_since(&self, since_nanos: u64) -> u64 {
+        self.pack(self.index_at(since_nanos), 0)
     }
 
     #[inline]
@@ -194,7 +211,11 @@ impl WindowParams {
         }
         let (index, count) = self.unpack(previous);
         let limit = self.rule.limit();
-        let until_end = self.until_end_of(index, now_nanos);
+        // If the add landed in a newer window than `now_nanos` is in, that window has at most its
+        // whole length left.
+        let until_end = self
+            .until_end_of(index, now_nanos)
+            .min(self.rule.window_nanos());
         if count < limit {
             Decision::allowed(self.rule, limit - count - 1, until_end)
         } else {
@@ -219,13 +240,14 @@ impl WindowParams {
     /// Retires the word whatever its state (for a client that moved to another rule). Returns
     /// whether this call did it (false if it already was).
     pub fn retire_now<A: AtomicWord>(word: &A) -> bool {
-        // Relaxed: see `acquire`.
+        // Relaxed load: the exchange below decides.
         let mut current = word.load(Ordering::Relaxed);
         while current & RETIRED == 0 {
+            // Release: see `RETIRE_ORDERING`.
             match word.compare_exchange_weak(
                 current,
                 current | RETIRED,
-                Ordering::Relaxed,
+                RETIRE_ORDERING,
                 Ordering::Relaxed,
             ) {
                 Ok(_) => return true,
@@ -239,18 +261,14 @@ impl WindowParams {
     /// fresh one). Returns whether it did. Retiring and acquiring are read-modify-writes of the
     /// same word, so exactly one of them wins.
     pub fn retire_if_idle<A: AtomicWord>(&self, word: &A, now_nanos: u64) -> bool {
-        // Relaxed: see `acquire`.
+        // Relaxed load: the exchange below decides.
         let current = word.load(Ordering::Relaxed);
         let (index, count) = self.unpack(current);
         current & RETIRED == 0
             && (index < self.index_at(now_nanos) || count == 0)
+            // Release: see `RETIRE_ORDERING`.
             && word
-                .compare_exchange(
-                    current,
-                    current | RETIRED,
-                    Ordering::Relaxed,
-                    Ordering::Relaxed,
-                )
+                .compare_exchange(current, current | RETIRED, RETIRE_ORDERING, Ordering::Relaxed)
                 .is_ok()
     }
 }

@@ -119,27 +119,9 @@ pub(crate) struct PlanTable<P> {
     change: Mutex<()>,
 }
 
-/// The most plans a service may have: the plan's index shares a word with its version in each
-/// client's entry.
+/// The most plans a service may have: a client's key in the map carries its plan's index in 16
+/// bits.
 pub(crate) const MAX_PLANS: usize = 1 << 16;
-
-/// Versions wrap at 2^48; a client entry compares only that many bits.
-const VERSION_MASK: u64 = (1 << 48) - 1;
-
-/// Which plan, and which version of its constants, a client's state was made for: the plan's
-/// index in the high 16 bits, the version in the low 48.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct PlanVersion(u64);
-
-impl PlanVersion {
-    fn new(index: usize, version: u64) -> Self {
-        PlanVersion(((index as u64) << 48) | (version & VERSION_MASK))
-    }
-
-    pub(crate) fn index(self) -> usize {
-        (self.0 >> 48) as usize
-    }
-}
 
 impl<P: Eq> PlanTable<P> {
     /// A table of `plans`, each already checked against `algorithm`. At most [`MAX_PLANS`].
@@ -183,9 +165,10 @@ impl<P: Eq> PlanTable<P> {
         self.plans.iter().map(|entry| &entry.plan)
     }
 
-    /// The current constants of the plan at `index`, and their version.
+    /// The current constants of the plan at `index`, and their version (which changes with
+    /// every rule change).
     #[inline]
-    pub(crate) fn read(&self, index: usize) -> (PlanVersion, ClientParams) {
+    pub(crate) fn read(&self, index: usize) -> (u64, ClientParams) {
         let entry = &self.plans[index];
         loop {
             // Acquire: pairs with the Release store of a change, so the copy it points to is
@@ -210,7 +193,7 @@ impl<P: Eq> PlanTable<P> {
             if before == after
                 && let Some(params) = ClientParams::from_words(self.algorithm, words)
             {
-                return (PlanVersion::new(index, version), params);
+                return (version, params);
             }
         }
     }

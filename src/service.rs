@@ -1,36 +1,66 @@
-//! [`RateLimiterService`]: one limiter per client, made on the client's first request.
+//! [`RateLimiterService`]: one limiter per client and plan, made on the client's first request.
 
 use std::borrow::Borrow;
 use std::fmt;
-use std::hash::{BuildHasher, Hash, RandomState};
+use std::hash::{BuildHasher, Hash, Hasher, RandomState};
+use std::sync::atomic::fence;
 
 use papaya::ResizeMode;
 
 use crate::client_state::{ClientParams, ClientState};
 use crate::clock::Clock;
 use crate::error::ServiceError;
-use crate::plan_table::{MAX_PLANS, PlanTable, PlanVersion};
+use crate::plan_table::{MAX_PLANS, PlanTable};
+use crate::sync::{Ordering, Word};
 use crate::{Algorithm, Decision, MonotonicClock, PlanStats, Rule};
 
-/// One client's entry in the map: which plan (and version of its rule) the state follows, and
-/// the state.
+/// The map's key: a client under one plan.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct ClientKey<K> {
+    client: K,
+    plan: u16,
+}
+
+/// A borrowed [`ClientKey`], so a lookup copies nothing. Hashes exactly as the key does (the
+/// derived `Hash` hashes the fields in order, and `K: Borrow<Q>` promises equal hashes).
+struct ClientQuery<'a, Q: ?Sized> {
+    client: &'a Q,
+    plan: u16,
+}
+
+impl<Q: Hash + ?Sized> Hash for ClientQuery<'_, Q> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.client.hash(state);
+        self.plan.hash(state);
+    }
+}
+
+impl<K: Borrow<Q>, Q: Eq + ?Sized> papaya::Equivalent<ClientKey<K>> for ClientQuery<'_, Q> {
+    fn equivalent(&self, key: &ClientKey<K>) -> bool {
+        self.plan == key.plan && *self.client == *key.client.borrow()
+    }
+}
+
+/// One client's limiter under one plan: the state, and the version of the plan's rule it was
+/// made under.
 #[derive(Debug)]
 struct ClientEntry {
-    plan: PlanVersion,
+    version: u64,
     state: ClientState,
 }
 
-/// How many times one request replaces a client's entry that follows another plan before it
-/// settles for the entry as it is. Only requests that name different plans for one client at
-/// the same moment get there.
-const MAX_PLAN_CONFLICTS: u32 = 4;
-
 /// Rate limits many clients, each by the rule of its plan.
 ///
-/// The service owns one limiter per client, made on the client's first request (exactly one,
-/// even when first requests race), with the method the service was built for and the rule of the
-/// plan the request names. Clients are kept in a lock-free [`papaya::HashMap`]; a request for a
+/// The service owns one limiter per client and plan, made on the client's first request under
+/// that plan (exactly one, even when first requests race), with the method the service was built
+/// for and the plan's rule. Limiters are kept in a lock-free [`papaya::HashMap`]; a request for a
 /// known client is a lookup and the limiter's own lock-free decision.
+///
+/// A client's plan is the one its request names. A client moved to another plan starts afresh
+/// under it, from its next request; what it used under the old plan stays with the old plan's
+/// limiter (until that is evicted as idle), so moving back and forth never grants more than each
+/// plan's own limit. A change of a plan's rule ([`RateLimiterService::set_rule`]) starts each of
+/// its clients afresh under the new rule.
 ///
 /// - `K`: the client key (an IP address, an API key...). Requests look it up by any borrowed form
 ///   (`&str` for `String` keys) without copying; the key is copied once, on the first request.
@@ -61,7 +91,11 @@ const MAX_PLAN_CONFLICTS: u32 = 4;
 pub struct RateLimiterService<K, P, C = MonotonicClock, S = RandomState> {
     plans: PlanTable<P>,
     clock: C,
-    clients: papaya::HashMap<K, ClientEntry, S>,
+    clients: papaya::HashMap<ClientKey<K>, ClientEntry, S>,
+    /// The latest clock reading any sweep retired limiters at. New limiters are made as of it,
+    /// so that one replacing a retired limiter is at least as strict for every reading, even one
+    /// older than the sweep's (a clock stepped back, or another core's counter slightly behind).
+    evicted_up_to: Word,
 }
 
 impl<K, P, C, S> fmt::Debug for RateLimiterService<K, P, C, S>
@@ -186,12 +220,8 @@ where
 
     /// Takes `n` permits for `client` under `plan`'s rule, all or nothing (see
     /// [`Limiter::try_acquire_n`](crate::Limiter::try_acquire_n) for `n = 0` and `n` above the
-    /// limit).
-    ///
-    /// A client's plan is the one its requests name: a request naming another plan than the
-    /// client's last one moves the client to it, and the client starts afresh under the new rule
-    /// (as after [`RateLimiterService::set_rule`]). Requests for one client that name different
-    /// plans at the same moment are decided under one of those plans.
+    /// limit). An attempt of 0 permits does not make a limiter for a client the service does not
+    /// hold.
     #[inline]
     pub fn acquire<Q>(&self, client: &Q, plan: &P, n: u64) -> Result<Decision, ServiceError>
     where
@@ -200,56 +230,58 @@ where
     {
         let index = self.plan_index(plan)?;
         let (mut version, mut params) = self.plans.read(index);
+        let query = ClientQuery {
+            client,
+            plan: index as u16,
+        };
         let clients = self.clients.pin();
-        let mut conflicts = 0;
         loop {
-            let entry = match clients.get(client) {
+            let entry = match clients.get(&query) {
                 Some(entry) => entry,
+                None if n == 0 => {
+                    return Ok(params.fresh_report(true, self.made_as_of(), &self.clock));
+                }
                 // Two first requests may both get here; the map keeps exactly one entry, and
                 // both use it.
-                None => clients.get_or_insert_with(client.to_owned(), || ClientEntry {
-                    plan: version,
-                    state: params.fresh_state(),
-                }),
-            };
-            let (entry_version, entry_params) = if entry.plan == version {
-                (version, params)
-            } else {
-                // The entry follows another plan, or another version of this plan's rule.
-                (version, params) = self.plans.read(index);
-                let entry_current = self.plans.read(entry.plan.index());
-                if entry.plan == version {
-                    // Our reading of the plan was older than the entry.
-                    (version, params)
-                } else if conflicts >= MAX_PLAN_CONFLICTS && entry_current.0 == entry.plan {
-                    // Other requests keep moving this client to another plan at this very
-                    // moment: settle for the entry's plan rather than retry without end.
-                    entry_current
-                } else {
-                    // Retire first, so no request still holding the entry can be granted on it,
-                    // then make way for a fresh entry under our plan's current rule.
-                    params.retire_now(&entry.state);
-                    Self::remove_entry(&clients, client, entry);
-                    conflicts += 1;
-                    continue;
+                None => {
+                    let key = ClientKey {
+                        client: client.to_owned(),
+                        plan: query.plan,
+                    };
+                    clients.get_or_insert_with(key, || ClientEntry {
+                        version,
+                        state: params.fresh_state(self.made_as_of()),
+                    })
                 }
             };
-            let decision = entry_params.acquire(&entry.state, n, &self.clock);
+            if entry.version != version {
+                (version, params) = self.plans.read(index);
+                if entry.version != version {
+                    // Made under an earlier rule of the plan: retire it, so that no request still
+                    // holding it can be granted on it, and start afresh under the current rule.
+                    params.retire_now(&entry.state);
+                    Self::remove_entry(&clients, &query, entry);
+                    continue;
+                }
+            }
+            let decision = params.acquire(&entry.state, n, &self.clock);
             if decision.is_retired() {
+                // Acquire: pairs with the Release of the retiring exchange, so the sweep's
+                // `evicted_up_to` is seen when the fresh limiter is made.
+                fence(Ordering::Acquire);
                 // Evicted under our feet: drop the retired entry (if no one has yet) and use a
                 // fresh one. The retired state granted nothing, so nothing is counted twice.
-                Self::remove_entry(&clients, client, entry);
+                Self::remove_entry(&clients, &query, entry);
                 continue;
             }
-            self.plans
-                .record(entry_version.index(), decision.is_allowed());
+            self.plans.record(index, decision.is_allowed());
             return Ok(decision);
         }
     }
 
     /// Reports, taking nothing, what one permit for `client` under `plan` would get now. A client
-    /// the service does not hold (or holds under another plan or rule) is reported as fresh, and
-    /// nothing is added or changed.
+    /// the service does not hold under `plan` (or holds under an earlier rule) is reported as
+    /// fresh, and nothing is added or changed.
     pub fn peek<Q>(&self, client: &Q, plan: &P) -> Result<Decision, ServiceError>
     where
         K: Borrow<Q>,
@@ -257,34 +289,50 @@ where
     {
         let index = self.plan_index(plan)?;
         let (version, params) = self.plans.read(index);
+        let query = ClientQuery {
+            client,
+            plan: index as u16,
+        };
         let clients = self.clients.pin();
-        if let Some(entry) = clients.get(client)
-            && entry.plan == version
+        if let Some(entry) = clients.get(&query)
+            && entry.version == version
         {
             let decision = params.peek(&entry.state, &self.clock);
             if !decision.is_retired() {
                 return Ok(decision);
             }
         }
-        Ok(params.peek(&params.fresh_state(), &self.clock))
+        Ok(params.fresh_report(false, self.made_as_of(), &self.clock))
     }
 
-    /// Removes every client whose limiter is indistinguishable from a fresh one (a full bucket,
-    /// a window that is over, a log whose entries have all expired), and every client whose plan's
-    /// rule has changed since its last request; returns how many.
+    /// The instant new limiters are made as of (see `evicted_up_to`).
+    #[inline]
+    fn made_as_of(&self) -> u64 {
+        // Relaxed: a thread replacing a retired limiter has already synchronized with the retiring
+        // sweep (see `acquire`); any other thread may see an older value, which only matters for
+        // readings older than a sweep it has not met.
+        self.evicted_up_to.load(Ordering::Relaxed)
+    }
+
+    /// Removes every limiter that is indistinguishable from a fresh one (a full bucket, a window
+    /// that is over, a log whose entries have all expired), and every one made under an earlier
+    /// rule of its plan; returns how many.
     ///
     /// Invisible to clients: each limiter is first *retired* by an exchange on its own state, the
     /// same word(s) an acquire changes, so a limiter that is admitting is never removed, and an
-    /// acquire that meets a retired limiter moves to a fresh one, which answers exactly as the
-    /// retired one would have. Memory therefore stays bounded by the clients active within one
+    /// acquire that meets a retired limiter moves to a fresh one, made as of this sweep's clock
+    /// reading, which answers as the retired one would have (and no more generously to a reading
+    /// older than the sweep's). Memory therefore stays bounded by the clients active within one
     /// window, however many distinct clients pass through.
     pub fn sweep(&self) -> usize {
         let now = self.clock.now_nanos();
+        // Relaxed: published to acquirers by the Release of each retiring exchange below.
+        self.evicted_up_to.fetch_max(now, Ordering::Relaxed);
         let clients = self.clients.pin();
         let mut removed = 0;
-        for (client, entry) in clients.iter() {
-            let (version, params) = self.plans.read(entry.plan.index());
-            let retired = if version == entry.plan {
+        for (key, entry) in clients.iter() {
+            let (version, params) = self.plans.read(usize::from(key.plan));
+            let retired = if version == entry.version {
                 params.retire_if_idle(&entry.state, now)
             } else {
                 // Its next request would start it afresh anyway.
@@ -292,24 +340,33 @@ where
                 true
             };
             if retired {
-                Self::remove_entry(&clients, client, entry);
-                removed += 1;
+                let query = ClientQuery {
+                    client: key.client.borrow(),
+                    plan: key.plan,
+                };
+                if Self::remove_entry(&clients, &query, entry) {
+                    removed += 1;
+                }
             }
         }
         removed
     }
 
-    /// Removes `entry` for `client`, if it is still the one in the map.
+    /// Removes `entry`, if it is still the one in the map under `query`; returns whether it was.
     fn remove_entry<Q, G: papaya::Guard>(
-        clients: &papaya::HashMapRef<'_, K, ClientEntry, S, G>,
-        client: &Q,
+        clients: &papaya::HashMapRef<'_, ClientKey<K>, ClientEntry, S, G>,
+        query: &ClientQuery<'_, Q>,
         entry: &ClientEntry,
-    ) where
+    ) -> bool
+    where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
         // Pointer identity: another thread may already have put a fresh entry in its place.
-        let _ = clients.remove_if(client, |_, current| std::ptr::eq(current, entry));
+        matches!(
+            clients.remove_if(query, |_, current| std::ptr::eq(current, entry)),
+            Ok(Some(_))
+        )
     }
 }
 
@@ -414,6 +471,7 @@ impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher> ServiceBuilder<P, C, S> {
             .resize_mode(ResizeMode::Blocking)
             .build();
         Ok(RateLimiterService {
+            evicted_up_to: Word::new(0),
             plans: PlanTable::new(self.algorithm, plans),
             clock: self.clock,
             clients,
@@ -440,6 +498,7 @@ impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher> ServiceBuilder<P, C, S> {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug)]
+#[must_use = "the sweeper stops as soon as this handle is dropped"]
 pub struct Sweeper {
     stop: Option<std::sync::mpsc::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -447,7 +506,8 @@ pub struct Sweeper {
 
 impl Sweeper {
     /// Starts sweeping `service` every `interval`. The thread holds only a weak reference, so it
-    /// never keeps the service alive. Errors only when the OS refuses a new thread.
+    /// never keeps the service alive. Errors when `interval` is zero (the thread would spin) or
+    /// the OS refuses a new thread.
     pub fn start<K, P, C, S>(
         service: &std::sync::Arc<RateLimiterService<K, P, C, S>>,
         interval: std::time::Duration,
@@ -458,6 +518,12 @@ impl Sweeper {
         C: Clock + 'static,
         S: BuildHasher + Send + Sync + 'static,
     {
+        if interval.is_zero() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "sweep interval 0s is invalid: it must be at least 1ns (1ms is typical)",
+            ));
+        }
         let service = std::sync::Arc::downgrade(service);
         let (stop, stopped) = std::sync::mpsc::channel::<()>();
         let thread = std::thread::Builder::new()

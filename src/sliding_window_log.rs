@@ -44,9 +44,17 @@ pub struct LogRing<A> {
 impl<A: AtomicWord> LogRing<A> {
     /// An empty ring for `params`: every slot expired, in the lap before the first.
     pub fn new(params: &LogParams) -> LogRing<A> {
+        Self::empty_since(params, 0)
+    }
+
+    /// A ring that is empty from `since_nanos` on: every slot expires then, so an earlier reading
+    /// is denied until then. At least as strict as any ring whose admissions had all expired by
+    /// `since_nanos`. A service seeds new clients with it. (The lap mark 0 is lap -1's.)
+    pub fn empty_since(params: &LogParams, since_nanos: u64) -> LogRing<A> {
+        let expiry = since_nanos.min(params.latest_time);
         LogRing {
             head: A::new(0),
-            slots: (0..params.capacity).map(|_| A::new(0)).collect(),
+            slots: (0..params.capacity).map(|_| A::new(expiry)).collect(),
         }
     }
 
@@ -90,14 +98,17 @@ impl<A: AtomicWord> LogRing<A> {
         loop {
             // Acquire on `head`: pairs with the AcqRel exchange that moved it, so the slot it
             // passed (the latest admission) is seen as claimed, with its time. That keeps each
-            // admission's time at or after the previous one's, which the exactness of the ring
-            // needs (the bound on admissions needs only the slot exchange).
+            // admission's time at or after the previous one's (the ring's order, which the
+            // exactness and `remaining` rely on), and keeps a stale lap's slot from being taken
+            // for this lap's, which would let a helper move `head` past an unclaimed slot. The
+            // bound on admissions itself needs only the slot exchange.
             let head = self.head.load(Ordering::Acquire);
             // Acquire on the slots: pairs with the AcqRel claims that wrote them.
             let slot = self.slot(head).load(Ordering::Acquire);
             let latest = self.slot(head.wrapping_sub(1)).load(Ordering::Acquire);
-            // Acquire: the re-read is ordered after the slot loads; an unchanged head means both
-            // slots were read at the same head, not one lap apart.
+            // The slot loads' Acquire keeps this re-read after them; an unchanged head means both
+            // slots were read at the same head, not a lap apart. (Acquire here too, for the same
+            // pairing as the first head load.)
             if self.head.load(Ordering::Acquire) == head {
                 return Snapshot { head, slot, latest };
             }
@@ -216,17 +227,7 @@ impl LogParams {
         match n {
             0 => return self.peek_at(ring, clock.now_nanos(), true),
             1 => {}
-            _ => {
-                let rejection = if n > self.rule.limit() {
-                    Rejection::ExceedsLimit {
-                        requested: n,
-                        limit: self.rule.limit(),
-                    }
-                } else {
-                    Rejection::BatchUnsupported { requested: n }
-                };
-                return Decision::rejected(self.rule, rejection);
-            }
+            _ => return self.reject(n),
         }
         loop {
             let Snapshot { head, slot, latest } = ring.snapshot();
@@ -297,6 +298,37 @@ impl LogParams {
         low
     }
 
+    /// What a ring that is empty since `since_nanos` would report, without making one: a peek,
+    /// or with `zero_permits` an acquire of 0 permits.
+    pub fn fresh_report(
+        &self,
+        zero_permits: bool,
+        since_nanos: u64,
+        clock: &impl Clock,
+    ) -> Decision {
+        let now = clock.now_nanos();
+        let expiry = since_nanos.min(self.latest_time);
+        if now >= expiry {
+            Decision::allowed(self.rule, self.capacity, 0)
+        } else if zero_permits {
+            Decision::allowed(self.rule, 0, expiry - now)
+        } else {
+            Decision::denied(self.rule, 0, expiry - now, expiry - now)
+        }
+    }
+
+    fn reject(&self, n: u64) -> Decision {
+        let rejection = if n > self.rule.limit() {
+            Rejection::ExceedsLimit {
+                requested: n,
+                limit: self.rule.limit(),
+            }
+        } else {
+            Rejection::BatchUnsupported { requested: n }
+        };
+        Decision::rejected(self.rule, rejection)
+    }
+
     /// What one permit would get now, taking nothing.
     #[inline]
     pub fn peek<A: AtomicWord>(&self, ring: &LogRing<A>, clock: &impl Clock) -> Decision {
@@ -316,11 +348,11 @@ impl LogParams {
             return Decision::retired(self.rule);
         }
         // If the slot at head was already claimed in this lap, the ring is one admission further
-        // on than `head` says; its oldest entry is the next slot.
-        let oldest = if slot & LAP_MARK == ring.lap_mark(head) {
-            head + 1
+        // on than `head` says: that slot holds the latest admission, the next one the oldest.
+        let (oldest, latest) = if slot & LAP_MARK == ring.lap_mark(head) {
+            (head + 1, slot)
         } else {
-            head
+            (head, latest)
         };
         let latest_time = (latest & EXPIRY_MASK).saturating_sub(self.rule.window_nanos());
         let time = now.max(latest_time).min(self.latest_time);

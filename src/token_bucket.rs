@@ -20,6 +20,15 @@ use crate::{Algorithm, Limiter, Rule};
 /// The TAT of a retired bucket: no acquire can succeed from it (see `GcraParams::retire_if_full`).
 const RETIRED: u64 = u64::MAX;
 
+/// The ordering of a retiring exchange. Release: a service writes the instant it retired at before
+/// retiring, and an acquirer that meets the retired word (and then an Acquire fence) must see it
+/// when it makes the replacement (see `RateLimiterService::sweep`).
+pub(crate) const RETIRE_ORDERING: Ordering = Ordering::Release;
+
+/// The fallback mode's rounding may make the refill at most 1/1000 slower than the rule; a rule
+/// it would round more (above about 10^7 permits per second of window) is refused.
+const MAX_SLOWDOWN_DENOMINATOR: u128 = 1_000;
+
 /// The largest full bucket, in ticks.
 const MAX_BURST_TICKS: u64 = 1 << 62;
 
@@ -91,29 +100,37 @@ impl GcraParams {
             });
         }
 
-        // Fallback: nanosecond ticks, each token rounded up so the bucket never refills faster
-        // than the rule.
-        if limit > window {
-            return Err(RuleError::RateTooHigh {
-                algorithm: Algorithm::TokenBucket,
-                limit,
-                window: rule.window(),
+        // Fallback: the finest tick that still lasts the horizon, each token rounded up to whole
+        // ticks so the bucket never refills faster than the rule.
+        let max_ticks_per_nano = HORIZON_TICKS / min_horizon;
+        for ticks_per_nano in (1..=max_ticks_per_nano).rev() {
+            let window_ticks = u128::from(window) * u128::from(ticks_per_nano);
+            let token_ticks = window_ticks.div_ceil(u128::from(limit));
+            let burst = token_ticks * u128::from(limit);
+            // How much slower than the rule the rounding makes the refill. It only grows as the
+            // tick coarsens, so failing at the finest tick fails at all.
+            if (burst - window_ticks) * MAX_SLOWDOWN_DENOMINATOR > window_ticks {
+                return Err(RuleError::RateTooHigh {
+                    algorithm: Algorithm::TokenBucket,
+                    limit,
+                    window: rule.window(),
+                });
+            }
+            if burst > u128::from(MAX_BURST_TICKS) {
+                continue;
+            }
+            return Ok(GcraParams {
+                rule,
+                ticks_per_nano,
+                // Both fit: burst <= 2^62.
+                token_ticks: token_ticks as u64,
+                burst_ticks: burst as u64,
             });
         }
-        let token_ticks = window.div_ceil(limit);
-        let burst = token_ticks.saturating_mul(limit);
-        if burst > MAX_BURST_TICKS {
-            // Only windows over 146 years get here.
-            return Err(RuleError::WindowTooLong {
-                window: rule.window(),
-                max: std::time::Duration::from_nanos(MAX_BURST_TICKS),
-            });
-        }
-        Ok(GcraParams {
-            rule,
-            ticks_per_nano: 1,
-            token_ticks,
-            burst_ticks: burst,
+        // Even one tick per nanosecond overflows: only windows over 146 years get here.
+        Err(RuleError::WindowTooLong {
+            window: rule.window(),
+            max: std::time::Duration::from_nanos(MAX_BURST_TICKS),
         })
     }
 
@@ -126,6 +143,13 @@ impl GcraParams {
     /// The rule these parameters enforce.
     pub fn rule(&self) -> Rule {
         self.rule
+    }
+
+    /// The TAT of a bucket that is full from `since_nanos` on, and holds any earlier reading to
+    /// what it would have been owed by then: at least as strict as any bucket that was full at
+    /// `since_nanos`. A service seeds new clients with it (see `RateLimiterService::sweep`).
+    pub fn full_since(&self, since_nanos: u64) -> u64 {
+        self.now_ticks(since_nanos)
     }
 
     #[inline]
@@ -155,6 +179,13 @@ impl GcraParams {
         // A TAT ahead of `now` is the debt still being refilled; one behind is a full bucket.
         let base = tat.max(now);
         let debt = base - now;
+        if n == 0 {
+            // Takes nothing, so it is granted and writes nothing, even when a clock that stepped
+            // back makes the debt exceed a full bucket.
+            let available = self.burst_ticks.saturating_sub(debt) / self.token_ticks;
+            let decision = Decision::allowed(self.rule, available, self.ticks_to_nanos_ceil(debt));
+            return (decision, None);
+        }
         // n <= N, so n*T <= N*T <= 2^62, and debt <= N*T unless the clock stepped back:
         // saturating only matters for a corrupt word, and then it denies.
         let new_debt = debt.saturating_add(n * self.token_ticks);
@@ -162,9 +193,7 @@ impl GcraParams {
             let remaining = (self.burst_ticks - new_debt) / self.token_ticks;
             let decision =
                 Decision::allowed(self.rule, remaining, self.ticks_to_nanos_ceil(new_debt));
-            // n = 0 takes nothing, so it writes nothing.
-            let new_tat = (n > 0).then_some(now + new_debt);
-            (decision, new_tat)
+            (decision, Some(now + new_debt))
         } else {
             let remaining = self.burst_ticks.saturating_sub(debt) / self.token_ticks;
             let retry_after = self.ticks_to_nanos_ceil(new_debt - self.burst_ticks);
@@ -217,11 +246,11 @@ impl GcraParams {
     /// Retires the bucket whatever its state (for a client that moved to another rule). Returns
     /// whether this call did it (false if it already was).
     pub fn retire_now<A: AtomicWord>(tat: &A) -> bool {
-        // Relaxed: as in `acquire`.
+        // Relaxed load: the exchange below decides.
         let mut current = tat.load(Ordering::Relaxed);
         while current != RETIRED {
-            match tat.compare_exchange_weak(current, RETIRED, Ordering::Relaxed, Ordering::Relaxed)
-            {
+            // Release: see `RETIRE_ORDERING`.
+            match tat.compare_exchange_weak(current, RETIRED, RETIRE_ORDERING, Ordering::Relaxed) {
                 Ok(_) => return true,
                 Err(actual) => current = actual,
             }
@@ -236,12 +265,12 @@ impl GcraParams {
     /// acquire either lands before (the bucket is no longer full, retiring fails) or meets the
     /// retired word and moves to a fresh bucket, which is equivalent.
     pub fn retire_if_full<A: AtomicWord>(&self, tat: &A, now_nanos: u64) -> bool {
-        // Relaxed: as in `acquire`; the map removal that follows is ordered by the map itself.
+        // Relaxed load: the exchange below decides.
         let current = tat.load(Ordering::Relaxed);
         current != RETIRED
             && current <= self.now_ticks(now_nanos)
             && tat
-                .compare_exchange(current, RETIRED, Ordering::Relaxed, Ordering::Relaxed)
+                .compare_exchange(current, RETIRED, RETIRE_ORDERING, Ordering::Relaxed)
                 .is_ok()
     }
 }
@@ -268,8 +297,10 @@ impl GcraParams {
 /// Time is kept in integer *ticks* so that T is exact: with `g = gcd(N, W_ns)`, one tick is
 /// `g/N` ns, one token is `T = W_ns/g` ticks and a full bucket `N*T` ticks. When that scale would
 /// overflow within [`RuleError::MIN_HORIZON`] of uptime (an N that shares few factors with W, such
-/// as 999 per second), the bucket falls back to nanosecond ticks with `T = ceil(W_ns / N)`: it may
-/// then refill a hair slower than the rule, never faster. [`TokenBucket::is_exact`] says which.
+/// as 999 per second), the bucket falls back to the finest tick that lasts that long (1/29 ns),
+/// with each token's refill rounded up to whole ticks: it may then refill slower than the rule,
+/// by at most 1/1000 (rules that would round more are refused), never faster.
+/// [`TokenBucket::is_exact`] says which mode a bucket is in.
 ///
 /// # Examples
 ///

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use tollgate::{
     Algorithm, AnyLimiter, FakeClock, Limiter, LimiterFactory, RateLimiterService, Rejection, Rule,
-    RuleError, ServiceError,
+    RuleError, ServiceError, TokenBucket,
 };
 
 fn limiter(algorithm: Algorithm, rule: Rule, clock: &FakeClock) -> AnyLimiter<FakeClock> {
@@ -368,6 +368,80 @@ fn a_client_moved_to_another_plan_follows_the_new_rule_from_its_next_request() {
         };
         assert_eq!(burst(Tier::Free), 2, "{algorithm}");
         assert_eq!(burst(Tier::Pro), 5, "{algorithm}: upgraded");
-        assert_eq!(service.len(), 1);
+        assert_eq!(
+            burst(Tier::Free),
+            0,
+            "{algorithm}: back, with its use under Free kept"
+        );
+        assert_eq!(service.len(), 2, "one limiter per client and plan");
     }
+}
+
+#[test]
+fn a_zero_permit_probe_is_granted_even_after_the_clock_steps_back() {
+    for algorithm in Algorithm::ALL {
+        let clock = FakeClock::starting_at(Duration::from_secs(1));
+        let limiter = limiter(algorithm, Rule::per_second(5).unwrap(), &clock);
+        assert_eq!(burst(&limiter, 5), 5);
+        clock.set(Duration::ZERO);
+        let probe = limiter.try_acquire_n(0);
+        assert!(probe.is_allowed(), "{algorithm}");
+        assert_eq!(probe.remaining(), 0, "{algorithm}");
+    }
+}
+
+#[test]
+fn a_fixed_window_refuses_limits_whose_count_would_reach_its_flag_bit() {
+    let rule = Rule::new(
+        (1 << 63) - (1 << 20),
+        Duration::from_secs(20 * 365 * 86_400),
+    )
+    .unwrap();
+    let error = LimiterFactory::new(Algorithm::FixedWindow)
+        .check(rule)
+        .unwrap_err();
+    assert!(
+        matches!(error, RuleError::LimitTooLarge { .. }),
+        "{error:?}"
+    );
+}
+
+#[test]
+fn an_inexact_token_bucket_refills_at_most_a_thousandth_slower_and_never_faster() {
+    for (limit, window) in [
+        (999, Duration::from_secs(1)),
+        (31, Duration::from_nanos(1_000_003)),
+        (1_000_003, Duration::from_secs(3)),
+    ] {
+        let clock = FakeClock::new();
+        let bucket = TokenBucket::new(Rule::new(limit, window).unwrap(), clock.clone()).unwrap();
+        assert!(!bucket.is_exact(), "{limit} per {window:?}");
+        // Drain, then let 100 windows pass one token's time at a time.
+        while bucket.try_acquire() {}
+        let mut granted = 0u64;
+        let steps = 100 * limit.min(10_000);
+        let step = window * 100 / steps as u32;
+        for _ in 0..steps {
+            clock.advance(step);
+            while bucket.try_acquire() {
+                granted += 1;
+            }
+        }
+        let owed = 100 * limit;
+        assert!(
+            granted <= owed,
+            "{limit} per {window:?}: {granted} > {owed}"
+        );
+        assert!(
+            granted * 1_000 >= owed * 999 - 1_000,
+            "{limit} per {window:?}: {granted} of {owed}"
+        );
+    }
+    let refused = LimiterFactory::new(Algorithm::TokenBucket)
+        .check(Rule::new(600_000_001, Duration::from_secs(1)).unwrap())
+        .unwrap_err();
+    assert!(
+        matches!(refused, RuleError::RateTooHigh { .. }),
+        "{refused:?}"
+    );
 }
