@@ -211,11 +211,9 @@ impl WindowParams {
         }
         let (index, count) = self.unpack(previous);
         let limit = self.rule.limit();
-        // If the add landed in a newer window than `now_nanos` is in, that window has at most its
-        // whole length left.
-        let until_end = self
-            .until_end_of(index, now_nanos)
-            .min(self.rule.window_nanos());
+        // As `decide` reports it: the end of the window the permit was counted in, from this
+        // reading (so both paths answer alike for the same word and reading).
+        let until_end = self.until_end_of(index, now_nanos);
         if count < limit {
             Decision::allowed(self.rule, limit - count - 1, until_end)
         } else {

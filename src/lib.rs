@@ -104,6 +104,12 @@ pub mod loom_support {
     pub use crate::sliding_window_log::{LogParams, LogRing};
     pub use crate::sync::AtomicWord;
     pub use crate::token_bucket::GcraParams;
+
+    /// Whether `decision` came from a retired state (which the service answers by moving to a
+    /// fresh one; public limiters are never retired).
+    pub fn is_retired(decision: &crate::Decision) -> bool {
+        decision.is_retired()
+    }
 }
 
 // The README's examples are compiled and run as doc tests.

@@ -1,0 +1,373 @@
+//! Negative controls: each checker, run on a variant broken in one racy step, must fail. A model
+//! that passes for the real code but also for a broken variant would prove nothing.
+//!
+//! Every broken variant copies the real step it stands for and changes only the step that makes
+//! it racy, and runs through the very scenario the real code passes (the same `static`). Its
+//! blind writes are `swap`s whose result is ignored, not `store`s: the same write, but loom keeps
+//! a swap in one total order with the compare-and-swaps on the word, where it may let a plain
+//! store race a compare-and-swap in ways no real machine can (and the control should fail for
+//! the reason it claims, not for an artifact of the checker).
+//!
+//! | checker | broken variant | scenario |
+//! |---|---|---|
+//! | bound, token bucket | TAT: load, decide, write | `token_bucket::THREE_AT_ONE_INSTANT` |
+//! | bound, fixed window | word: load, decide, write | `fixed_window::ROLL_WITH_LATE_READING` |
+//! | bound, sliding log | claim by CAS on head, then write the slot | `sliding_window_log::LAP_WRAP_OF_ONE_SLOT` |
+//! | linearizability | TAT: load, decide, write | `token_bucket::BOTH_TOKENS_AT_ONE_INSTANT` |
+//! | acquire racing retire | retire: load, check idle, write | `fixed_window::RETIRE_RACING_ROLL` |
+//! | first requests | map insert: load, write if empty | `service::TWO_FIRST_REQUESTS` |
+//! | sweep racing requests | map removal without the identity check | `service::SWEEP_THEN_REQUESTS` |
+//! | sweep, lagging clock | no Acquire fence before reading the sweep's instant | `service::SWEEP_WITH_LAGGING_CLOCK` |
+
+use loom::sync::atomic::{AtomicU64, Ordering};
+use tollgate::loom_support::{GcraParams, WindowParams};
+use tollgate::{Decision, Rule};
+
+use crate::fixed_window::{self, window};
+use crate::service::{self, CasSlot, ClientSlot, Fence};
+use crate::sliding_window_log;
+use crate::support::{
+    Admission, Answer, Bound, Evictable, Method, OneWord, WINDOW, answer, counted_time, rule,
+};
+use crate::token_bucket::{self, bucket};
+
+/// `GcraParams::acquire` with its compare-and-swap replaced by a blind write: two threads that
+/// load the same TAT both take from it, and one update is lost.
+#[derive(Debug, Clone, Copy)]
+struct BlindWriteTokenBucket(GcraParams);
+
+impl Method for BlindWriteTokenBucket {
+    type State = AtomicU64;
+    const BOUND: Bound = Bound::RefillRate;
+
+    fn rule(&self) -> Rule {
+        self.0.rule()
+    }
+
+    fn fresh_state(&self) -> AtomicU64 {
+        AtomicU64::new(0)
+    }
+
+    fn acquire(&self, state: &AtomicU64, n: u64, now: u64) -> Answer {
+        answer(&self.acquire_decision(state, n, now), n, now)
+    }
+}
+
+impl OneWord for BlindWriteTokenBucket {
+    fn acquire_decision(&self, tat: &AtomicU64, n: u64, now: u64) -> Decision {
+        let current = tat.load(Ordering::Relaxed);
+        let (decision, new) = self.0.decide(current, now, n);
+        if let Some(new) = new {
+            // The racy step: a blind write where `acquire` has a compare-and-swap.
+            tat.swap(new, Ordering::Relaxed);
+        }
+        decision
+    }
+
+    fn decide(&self, tat: u64, now: u64, n: u64) -> (Decision, Option<u64>) {
+        self.0.decide(tat, now, n)
+    }
+}
+
+#[test]
+#[should_panic(expected = "over-admitted")]
+fn token_bucket_with_blind_write_fails_concurrent_acquire_model() {
+    token_bucket::THREE_AT_ONE_INSTANT.check(BlindWriteTokenBucket(bucket(2)));
+}
+
+#[test]
+#[should_panic(expected = "not linearizable")]
+fn token_bucket_with_blind_write_fails_linearizability_model() {
+    // Both threads win here, which the limit allows; only the lost update tells.
+    token_bucket::BOTH_TOKENS_AT_ONE_INSTANT.check(BlindWriteTokenBucket(bucket(2)));
+}
+
+/// The fixed window's retired flag (bit 63 of the word, as `FixedWindow`'s docs lay out).
+const WINDOW_RETIRED: u64 = 1 << 63;
+
+/// `WindowParams::acquire` with the compare-and-swap of its general path replaced by a blind
+/// write. The fast path is kept as it is, expressed through the pure `decide`: the word is in the
+/// reading's window (its decision's reset comes within one window) and one permit would add
+/// exactly one to its count; then a `fetch_add` grants iff the count it replaced was below the
+/// limit, which is what `decide` answers for the word it returns.
+#[derive(Debug, Clone, Copy)]
+struct BlindWriteFixedWindow(WindowParams);
+
+impl Method for BlindWriteFixedWindow {
+    type State = AtomicU64;
+    const BOUND: Bound = Bound::PerAlignedWindow;
+
+    fn rule(&self) -> Rule {
+        self.0.rule()
+    }
+
+    fn fresh_state(&self) -> AtomicU64 {
+        AtomicU64::new(0)
+    }
+
+    fn acquire(&self, word: &AtomicU64, n: u64, now: u64) -> Answer {
+        let current = word.load(Ordering::Relaxed);
+        if current & WINDOW_RETIRED != 0 {
+            return Answer::Retired;
+        }
+        let (decision, new) = self.0.decide(current, now, n);
+        let in_current_window = decision.reset_after() <= decision.window();
+        if n == 1 && in_current_window && new == Some(current + 1) {
+            let previous = word.fetch_add(1, Ordering::Relaxed);
+            if previous & WINDOW_RETIRED != 0 {
+                return Answer::Retired;
+            }
+            let (decision, _) = self.0.decide(previous, now, 1);
+            return answer(&decision, n, counted_time(&decision, now));
+        }
+        if let Some(new) = new {
+            // The racy step: a blind write where `acquire` has a compare-and-swap.
+            word.swap(new, Ordering::Relaxed);
+        }
+        answer(&decision, n, counted_time(&decision, now))
+    }
+}
+
+#[test]
+#[should_panic(expected = "over-admitted")]
+fn fixed_window_with_blind_write_fails_window_roll_model() {
+    fixed_window::ROLL_WITH_LATE_READING.check(BlindWriteFixedWindow(window(2)));
+}
+
+/// The real fixed window, retired by a blind write instead of a compare-and-swap: an admission
+/// that lands between the evictor's check and its write is overwritten, and the fresh state that
+/// replaces the retired one grants its permit again.
+#[derive(Debug, Clone, Copy)]
+struct BlindRetireFixedWindow(WindowParams);
+
+impl Method for BlindRetireFixedWindow {
+    type State = AtomicU64;
+    const BOUND: Bound = Bound::PerAlignedWindow;
+
+    fn rule(&self) -> Rule {
+        self.0.rule()
+    }
+
+    fn fresh_state(&self) -> AtomicU64 {
+        AtomicU64::new(0)
+    }
+
+    fn acquire(&self, word: &AtomicU64, n: u64, now: u64) -> Answer {
+        Method::acquire(&self.0, word, n, now)
+    }
+}
+
+impl Evictable for BlindRetireFixedWindow {
+    fn retire_if_idle(&self, word: &AtomicU64, now: u64) -> bool {
+        let current = word.load(Ordering::Relaxed);
+        // Idle exactly when a whole window's permits are available: the window is over, or
+        // nothing was taken in it.
+        let idle = current & WINDOW_RETIRED == 0
+            && self
+                .0
+                .decide(current, now, self.0.rule().limit())
+                .0
+                .is_allowed();
+        if idle {
+            // The racy step: a blind write where `retire_if_idle` has a compare-and-swap (with
+            // the same Release ordering).
+            word.swap(current | WINDOW_RETIRED, Ordering::Release);
+        }
+        idle
+    }
+
+    fn retire_now(&self, word: &AtomicU64) -> bool {
+        self.0.retire_now(word)
+    }
+
+    fn fresh_state_since(&self, since: u64) -> AtomicU64 {
+        self.0.fresh_state_since(since)
+    }
+
+    fn state_is_retired(&self, word: &AtomicU64, now: u64) -> bool {
+        self.0.state_is_retired(word, now)
+    }
+}
+
+#[test]
+#[should_panic(expected = "over-admitted")]
+fn fixed_window_with_blind_retire_fails_acquire_racing_retire_model() {
+    fixed_window::RETIRE_RACING_ROLL.check(BlindRetireFixedWindow(window(1)));
+}
+
+/// The sliding log's slot layout, `[63] lap mark · [62 .. 0] expiry`, as `SlidingWindowLog`'s
+/// docs lay out.
+const LAP_MARK: u64 = 1 << 63;
+const EXPIRY_MASK: u64 = LAP_MARK - 1;
+
+/// A ring whose claim is the compare-and-swap on `head`, with the slot written after it. Until
+/// the write lands, the slot still holds the admission one lap older, which the next lap skips as
+/// claimed and the lap after reads as free and expired: a thread that gets that far round the
+/// ring admits into the very slot the pending claim is for, two admissions within one window.
+#[derive(Debug, Clone, Copy)]
+struct HeadClaimedLog {
+    limit: u64,
+}
+
+#[derive(Debug)]
+struct HeadClaimedRing {
+    head: AtomicU64,
+    slots: Vec<AtomicU64>,
+}
+
+impl HeadClaimedRing {
+    fn slot(&self, position: u64) -> &AtomicU64 {
+        &self.slots[(position % self.slots.len() as u64) as usize]
+    }
+}
+
+impl HeadClaimedLog {
+    fn lap_mark(&self, position: u64) -> u64 {
+        if (position / self.limit) & 1 == 0 {
+            LAP_MARK
+        } else {
+            0
+        }
+    }
+
+    /// The real ring's snapshot: head, the slot at head and the latest admission, all read at
+    /// one head.
+    fn snapshot(&self, ring: &HeadClaimedRing) -> (u64, u64, u64) {
+        loop {
+            let head = ring.head.load(Ordering::Acquire);
+            let slot = ring.slot(head).load(Ordering::Acquire);
+            let latest = ring.slot(head.wrapping_sub(1)).load(Ordering::Acquire);
+            if ring.head.load(Ordering::Acquire) == head {
+                return (head, slot, latest);
+            }
+        }
+    }
+}
+
+impl Method for HeadClaimedLog {
+    type State = HeadClaimedRing;
+    const BOUND: Bound = Bound::EverySpanOfOneWindow;
+
+    fn rule(&self) -> Rule {
+        rule(self.limit)
+    }
+
+    fn fresh_state(&self) -> HeadClaimedRing {
+        HeadClaimedRing {
+            head: AtomicU64::new(0),
+            slots: (0..self.limit).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// `LogParams::acquire` for one permit, but for the claim, and without the retirement marks
+    /// and the far-future clamp, which these models never reach.
+    fn acquire(&self, ring: &HeadClaimedRing, n: u64, now: u64) -> Answer {
+        assert_eq!(n, 1, "the ring grants one permit per attempt");
+        loop {
+            let (head, slot, latest) = self.snapshot(ring);
+            let mark = self.lap_mark(head);
+            if slot & LAP_MARK == mark {
+                let _ =
+                    ring.head
+                        .compare_exchange(head, head + 1, Ordering::AcqRel, Ordering::Relaxed);
+                continue;
+            }
+            let latest_time = (latest & EXPIRY_MASK).saturating_sub(WINDOW);
+            let time = now.max(latest_time);
+            if slot & EXPIRY_MASK > time {
+                return Answer::Denied;
+            }
+            // The racy step: the claim is the exchange on head, and the slot is written after it.
+            if ring
+                .head
+                .compare_exchange(head, head + 1, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                ring.slot(head)
+                    .swap(mark | (time + WINDOW), Ordering::AcqRel);
+                return Answer::Admitted(Admission { time, permits: 1 });
+            }
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "over-admitted")]
+fn sliding_log_claimed_by_head_fails_lap_wrap_model() {
+    sliding_window_log::LAP_WRAP_OF_ONE_SLOT.check(HeadClaimedLog { limit: 1 });
+}
+
+/// The map's insert-if-absent as a load and a store: two first requests that both find the slot
+/// empty both insert, and each uses its own limiter.
+#[derive(Debug)]
+struct BlindInsertSlot(CasSlot);
+
+impl ClientSlot for BlindInsertSlot {
+    fn empty() -> Self {
+        BlindInsertSlot(CasSlot::empty())
+    }
+
+    fn get(&self) -> Option<usize> {
+        self.0.get()
+    }
+
+    fn get_or_insert(&self, candidate: usize) -> usize {
+        match self.0.get() {
+            Some(existing) => existing,
+            None => {
+                // The racy step: a blind write where the map has a compare-and-swap.
+                self.0.0.swap(service::encode(candidate), Ordering::AcqRel);
+                candidate
+            }
+        }
+    }
+
+    fn remove_if_same(&self, entry: usize) {
+        self.0.remove_if_same(entry);
+    }
+}
+
+#[test]
+#[should_panic(expected = "more than one limiter")]
+fn service_with_blind_insert_fails_first_requests_model() {
+    service::TWO_FIRST_REQUESTS.check::<_, BlindInsertSlot>(bucket(1));
+}
+
+/// The map's removal without the identity check (`remove` where the service calls `remove_if`):
+/// a sweeper that retired one limiter removes the fresh one a request has put in its place, and
+/// the next request starts a third.
+#[derive(Debug)]
+struct BlindRemoveSlot(CasSlot);
+
+impl ClientSlot for BlindRemoveSlot {
+    fn empty() -> Self {
+        BlindRemoveSlot(CasSlot::empty())
+    }
+
+    fn get(&self) -> Option<usize> {
+        self.0.get()
+    }
+
+    fn get_or_insert(&self, candidate: usize) -> usize {
+        self.0.get_or_insert(candidate)
+    }
+
+    fn remove_if_same(&self, _entry: usize) {
+        // The racy step: whatever entry is there now goes.
+        self.0.0.swap(0, Ordering::AcqRel);
+    }
+}
+
+#[test]
+#[should_panic(expected = "over-admitted")]
+fn service_with_blind_removal_fails_sweep_model() {
+    service::SWEEP_THEN_REQUESTS.check::<_, BlindRemoveSlot>(bucket(1));
+}
+
+#[test]
+#[should_panic(expected = "over-admitted")]
+fn service_without_acquire_fence_fails_sweep_model() {
+    // Without the fence, the request that meets the retired limiter may read the sweep's instant
+    // from before the sweep and make a replacement that grants its lagging reading.
+    service::SWEEP_WITH_LAGGING_CLOCK.check_with::<_, CasSlot>(bucket(1), Fence::Omitted);
+}
