@@ -14,6 +14,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crossbeam_utils::CachePadded;
+
 use crate::sync::{Ordering, Word};
 
 /// A source of monotonic time: nanoseconds since the clock's origin.
@@ -157,55 +159,61 @@ impl Clock for FakeClock {
 /// in steps of `interval`, and a window boundary is seen up to `interval` late. Every guarantee
 /// of the limiters still holds (they never assume fresh readings), only later.
 ///
-/// The upkeep thread is shared by all clones and stops when the last clone is dropped. Only one
-/// upkeep thread can run per process (a limit of [`quanta`]); [`CoarseClock::start`] returns an
-/// error when another is already running.
+/// The refreshing thread is shared by all clones; it holds no strong reference, and stops within
+/// one `interval` of the last clone being dropped.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::{Clock, CoarseClock};
+///
+/// let clock = CoarseClock::start(Duration::from_millis(1))?;
+/// let a = clock.now_nanos();
+/// std::thread::sleep(Duration::from_millis(5));
+/// assert!(clock.now_nanos() > a);
+/// # Ok::<(), std::io::Error>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct CoarseClock {
-    clock: quanta::Clock,
-    origin: quanta::Instant,
-    _upkeep: Arc<quanta::Handle>,
+    nanos: Arc<CachePadded<Word>>,
 }
-
-/// The coarse clock's upkeep thread could not be started.
-#[derive(Debug)]
-pub struct CoarseClockError(quanta::Error);
-
-impl std::fmt::Display for CoarseClockError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "the coarse clock's upkeep thread could not start: {}",
-            self.0
-        )
-    }
-}
-
-impl std::error::Error for CoarseClockError {}
 
 impl CoarseClock {
-    /// Starts the upkeep thread, refreshing the reading every `interval` (1 ms is typical).
-    pub fn start(interval: Duration) -> Result<Self, CoarseClockError> {
-        let handle = quanta::Upkeep::new(interval)
-            .start()
-            .map_err(CoarseClockError)?;
-        let clock = quanta::Clock::new();
-        let origin = clock.recent();
-        Ok(CoarseClock {
-            clock,
-            origin,
-            _upkeep: Arc::new(handle),
-        })
+    /// Starts the refreshing thread, updating the reading every `interval` (1 ms is typical)
+    /// from a [`MonotonicClock`]. Errors when `interval` is zero (the thread would spin) or the
+    /// OS refuses a thread.
+    pub fn start(interval: Duration) -> std::io::Result<Self> {
+        if interval.is_zero() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "coarse clock interval 0s is invalid: it must be at least 1ns (1ms is typical)",
+            ));
+        }
+        let source = MonotonicClock::new();
+        let nanos = Arc::new(CachePadded::new(Word::new(source.now_nanos())));
+        let shared = Arc::downgrade(&nanos);
+        std::thread::Builder::new()
+            .name("tollgate-coarse-clock".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(interval);
+                    let Some(nanos) = shared.upgrade() else {
+                        return;
+                    };
+                    // Relaxed: the reading publishes no other memory; readers need only it.
+                    nanos.store(source.now_nanos(), Ordering::Relaxed);
+                }
+            })?;
+        Ok(CoarseClock { nanos })
     }
 }
 
 impl Clock for CoarseClock {
     #[inline]
     fn now_nanos(&self) -> u64 {
-        // `saturating_duration_since` is 0 for a reading before the origin; the cast cannot
-        // truncate before 584 years of uptime, and saturates rather than wraps after.
-        let elapsed = self.clock.recent().saturating_duration_since(self.origin);
-        duration_to_nanos(elapsed)
+        // Relaxed: see `start`.
+        self.nanos.load(Ordering::Relaxed)
     }
 }
 

@@ -78,7 +78,7 @@ mod sync;
 mod token_bucket;
 
 pub use algorithm::{Algorithm, UnknownAlgorithm};
-pub use clock::{Clock, CoarseClock, CoarseClockError, FakeClock, MonotonicClock};
+pub use clock::{Clock, CoarseClock, FakeClock, MonotonicClock};
 pub use decision::{Decision, Rejection};
 pub use error::{RuleError, ServiceError};
 pub use factory::{AnyLimiter, LimiterFactory};

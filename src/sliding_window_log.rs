@@ -58,26 +58,36 @@ impl<A: AtomicWord> LogRing<A> {
         }
     }
 
+    /// The slot at `index` (below the capacity, as every index the ring computes is).
     #[inline]
-    fn slot(&self, position: u64) -> &A {
-        // `position % len` is in bounds; `len` is the capacity, at least 1.
-        &self.slots[(position % self.slots.len() as u64) as usize]
+    fn slot(&self, index: usize) -> &A {
+        &self.slots[index]
     }
 
-    /// Slots in the ring: the rule's limit, at least 1.
+    /// The slot a position names.
     #[inline]
-    fn capacity(&self) -> u64 {
-        self.slots.len() as u64
+    fn slot_at(&self, position: u64) -> &A {
+        self.slot(index_of(position))
     }
 
-    /// The lap mark that admission number `position` writes. Lap 0 writes 1, so a zeroed slot
-    /// reads as claimed in lap -1: free for lap 0.
+    /// The position after `position`: the next slot, or the first slot of the next lap.
     #[inline]
-    fn lap_mark(&self, position: u64) -> u64 {
-        if (position / self.capacity()) & 1 == 0 {
-            LAP_MARK
+    fn next(&self, position: u64) -> u64 {
+        if index_of(position) + 1 == self.slots.len() {
+            (position & !INDEX_MASK).wrapping_add(1 << LAP_SHIFT)
         } else {
-            0
+            position + 1
+        }
+    }
+
+    /// The index `steps` slots after `index`, wrapping (`steps` below the capacity).
+    #[inline]
+    fn index_after(&self, index: usize, steps: usize) -> usize {
+        let index = index + steps;
+        if index >= self.slots.len() {
+            index - self.slots.len()
+        } else {
+            index
         }
     }
 
@@ -87,9 +97,9 @@ impl<A: AtomicWord> LogRing<A> {
         // AcqRel: publishes nothing new, but keeps the slot -> head -> reader chain (see
         // `snapshot`) intact for whoever reads the head this exchange writes. Failure: another
         // thread moved it already.
-        let _ = self
-            .head
-            .compare_exchange(head, head + 1, Ordering::AcqRel, Ordering::Relaxed);
+        let _ =
+            self.head
+                .compare_exchange(head, self.next(head), Ordering::AcqRel, Ordering::Relaxed);
     }
 
     /// A consistent view of the ring at `head`: the slot to claim and the latest admission.
@@ -104,8 +114,10 @@ impl<A: AtomicWord> LogRing<A> {
             // bound on admissions itself needs only the slot exchange.
             let head = self.head.load(Ordering::Acquire);
             // Acquire on the slots: pairs with the AcqRel claims that wrote them.
-            let slot = self.slot(head).load(Ordering::Acquire);
-            let latest = self.slot(head.wrapping_sub(1)).load(Ordering::Acquire);
+            let index = index_of(head);
+            let slot = self.slot(index).load(Ordering::Acquire);
+            let latest_index = self.index_after(index, self.slots.len() - 1);
+            let latest = self.slot(latest_index).load(Ordering::Acquire);
             // The slot loads' Acquire keeps this re-read after them; an unchanged head means both
             // slots were read at the same head, not a lap apart. (Acquire here too, for the same
             // pairing as the first head load.)
@@ -129,7 +141,7 @@ impl<A: AtomicWord> LogRing<A> {
             if is_retired(slot) || is_retired(latest) {
                 return false;
             }
-            let mark = self.lap_mark(head);
+            let mark = lap_mark(head);
             if slot & LAP_MARK == mark {
                 // An admission just claimed the slot at `head`: the ring is not idle.
                 if idle_at.is_some() {
@@ -146,7 +158,7 @@ impl<A: AtomicWord> LogRing<A> {
             }
             // AcqRel: as for an admission's claim.
             let retired = mark | RETIRED_EXPIRY;
-            match self.slot(head).compare_exchange(
+            match self.slot_at(head).compare_exchange(
                 slot,
                 retired,
                 Ordering::AcqRel,
@@ -234,14 +246,10 @@ impl LogParams {
             if is_retired(latest) || is_retired(slot) {
                 return Decision::retired(self.rule);
             }
-            let mark = ring.lap_mark(head);
+            let mark = lap_mark(head);
             if slot & LAP_MARK == mark {
                 // Claimed in this lap already; `head` lags behind the claim. Help it on.
-                // AcqRel: publishes nothing new, but keeps the slot -> head -> reader chain
-                // (see `snapshot`) intact for whoever reads the head this exchange writes.
-                let _ =
-                    ring.head
-                        .compare_exchange(head, head + 1, Ordering::AcqRel, Ordering::Relaxed);
+                ring.help_head_past(head);
                 continue;
             }
             let now = clock.now_nanos();
@@ -258,37 +266,37 @@ impl LogParams {
             // through it or through `head` (see `snapshot`). Failure: another thread claimed the
             // slot first; start over from a fresh snapshot.
             if ring
-                .slot(head)
+                .slot_at(head)
                 .compare_exchange(slot, claimed, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
             {
-                // AcqRel: see the helping exchange above. A failure means a helper did it.
-                let _ =
-                    ring.head
-                        .compare_exchange(head, head + 1, Ordering::AcqRel, Ordering::Relaxed);
-                let remaining = self.expired_after(ring, head + 1, self.capacity - 1, time);
+                // A failure to move `head` on means a helper did it.
+                ring.help_head_past(head);
+                let oldest = ring.index_after(index_of(head), 1);
+                let remaining = self.expired_after(ring, oldest, self.capacity - 1, time);
                 let reset_after = (time + self.rule.window_nanos()).saturating_sub(now);
                 return Decision::allowed(self.rule, remaining, reset_after);
             }
         }
     }
 
-    /// How many of the `count` slots from `position` on (in ring order, oldest first) have
+    /// How many of the `count` slots from index `start` on (in ring order, oldest first) have
     /// expired at `time`. The slots are sorted by expiry, so a binary search finds the first live
     /// one. A snapshot: concurrent claims may change the answer right after.
     #[inline]
     fn expired_after<A: AtomicWord>(
         &self,
         ring: &LogRing<A>,
-        position: u64,
+        start: usize,
         count: u64,
         time: u64,
     ) -> u64 {
         let (mut low, mut high) = (0, count);
         while low < high {
             let middle = low + (high - low) / 2;
+            let index = ring.index_after(start, middle as usize);
             // Relaxed: an advisory count; no decision rests on it.
-            let expiry = ring.slot(position + middle).load(Ordering::Relaxed) & EXPIRY_MASK;
+            let expiry = ring.slot(index).load(Ordering::Relaxed) & EXPIRY_MASK;
             if expiry <= time {
                 low = middle + 1;
             } else {
@@ -349,10 +357,10 @@ impl LogParams {
         }
         // If the slot at head was already claimed in this lap, the ring is one admission further
         // on than `head` says: that slot holds the latest admission, the next one the oldest.
-        let (oldest, latest) = if slot & LAP_MARK == ring.lap_mark(head) {
-            (head + 1, slot)
+        let (oldest, latest) = if slot & LAP_MARK == lap_mark(head) {
+            (ring.index_after(index_of(head), 1), slot)
         } else {
-            (head, latest)
+            (index_of(head), latest)
         };
         let latest_time = (latest & EXPIRY_MASK).saturating_sub(self.rule.window_nanos());
         let time = now.max(latest_time).min(self.latest_time);
@@ -368,6 +376,27 @@ impl LogParams {
     /// Retires the ring if every admission has expired at `now_nanos`; see [`LogRing::retire`].
     pub fn retire_if_idle<A: AtomicWord>(&self, ring: &LogRing<A>, now_nanos: u64) -> bool {
         ring.retire(Some(now_nanos))
+    }
+}
+
+/// Positions (`head`) are a lap count in the high 32 bits and a slot index in the low 32, so
+/// finding a slot takes no division. Laps wrap at 2^32, which keeps their parity.
+const LAP_SHIFT: u32 = 32;
+const INDEX_MASK: u64 = (1 << LAP_SHIFT) - 1;
+
+#[inline]
+fn index_of(position: u64) -> usize {
+    (position & INDEX_MASK) as usize
+}
+
+/// The lap mark that an admission at `position` writes. Lap 0 writes 1, so a slot whose mark is
+/// 0 reads as claimed in lap -1: free for lap 0.
+#[inline]
+fn lap_mark(position: u64) -> u64 {
+    if (position >> LAP_SHIFT) & 1 == 0 {
+        LAP_MARK
+    } else {
+        0
     }
 }
 
@@ -397,8 +426,9 @@ struct Snapshot {
 ///
 /// # How
 ///
-/// The ring has L = N slots; `head` counts admissions. Admission number `h` lives in slot
-/// `h % L`, where it replaces admission `h - L`. Each slot word is
+/// The ring has L = N slots; `head` is the position of the next admission (its lap and slot).
+/// The admission at slot `i` of lap `k` replaces the one at slot `i` of lap `k - 1`. Each slot
+/// word is
 ///
 /// ```text
 /// [63] lap mark · [62 .. 0] expiry: the admission's time + W, in nanoseconds
