@@ -55,7 +55,7 @@
 //!
 //! ## Features
 //!
-//! - `serde`: [`Settings`](crate::Settings), a service described in a TOML or JSON settings file.
+//! - `serde`: `Settings`, a service described in a TOML or JSON settings file.
 //! - `loom`: adds the model-checking instantiations used by the `loom-tests` target
 //!   (`cargo test --features loom`). Additive: the public types do not change.
 
