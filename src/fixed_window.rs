@@ -349,3 +349,38 @@ impl<C: Clock> Limiter for FixedWindow<C> {
         self.params.rule()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn params(limit: u64, window: Duration) -> WindowParams {
+        WindowParams::new(Rule::new(limit, window).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn the_count_field_leaves_headroom_above_the_limit() {
+        let window = params(5, Duration::from_secs(1));
+        assert_eq!(window.count_bits, 21); // 5 + 2^20 needs 21 bits
+        assert_eq!(window.max_index, (1 << 42) - 1);
+        let word = window.pack(123_456, 5);
+        assert_eq!(window.unpack(word), (123_456, 5));
+        assert_eq!(window.unpack(word | RETIRED), (123_456, 5));
+    }
+
+    #[test]
+    fn a_stale_reading_is_counted_in_the_newest_window() {
+        let window = params(2, Duration::from_secs(1));
+        let stored = window.pack(5, 2);
+        // A reading in window 4 (behind the stored window 5) neither resets nor escapes the count.
+        let (stale, new) = window.decide(stored, 4_500_000_000, 1);
+        assert!(stale.is_denied());
+        assert_eq!(new, None);
+        // A reading in window 6 starts it afresh.
+        let (fresh, new) = window.decide(stored, 6_000_000_000, 1);
+        assert!(fresh.is_allowed());
+        assert_eq!(new, Some(window.pack(6, 1)));
+    }
+}

@@ -502,3 +502,37 @@ impl<C: Clock> Limiter for SlidingWindowLog<C> {
         self.params.rule()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::sync::Word;
+
+    #[test]
+    fn positions_wrap_into_the_next_lap_and_flip_the_mark() {
+        let params = LogParams::new(Rule::new(3, Duration::from_secs(1)).unwrap()).unwrap();
+        let ring: LogRing<Word> = LogRing::new(&params);
+        let mut position = 0;
+        let mut seen = Vec::new();
+        for _ in 0..7 {
+            seen.push((index_of(position), lap_mark(position) == LAP_MARK));
+            position = ring.next(position);
+        }
+        assert_eq!(
+            seen,
+            [
+                (0, true),
+                (1, true),
+                (2, true),
+                (0, false),
+                (1, false),
+                (2, false),
+                (0, true)
+            ]
+        );
+        assert_eq!(ring.index_after(2, 2), 1);
+        assert_eq!(ring.index_after(0, 2), 2);
+    }
+}

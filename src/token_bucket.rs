@@ -358,3 +358,72 @@ impl<C: Clock> Limiter for TokenBucket<C> {
         self.params.rule()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn params(limit: u64, window: Duration) -> GcraParams {
+        GcraParams::new(Rule::new(limit, window).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn ticks_are_nanoseconds_when_the_limit_divides_the_window() {
+        let five_per_second = params(5, Duration::from_secs(1));
+        assert_eq!(five_per_second.ticks_per_nano, 1);
+        assert_eq!(five_per_second.token_ticks, 200_000_000);
+        assert_eq!(five_per_second.burst_ticks, 1_000_000_000);
+        assert!(five_per_second.is_exact());
+    }
+
+    #[test]
+    fn ticks_are_finer_when_it_does_not() {
+        // 3 per second: one tick is a third of a nanosecond, one token a second of ticks.
+        let three_per_second = params(3, Duration::from_secs(1));
+        assert_eq!(three_per_second.ticks_per_nano, 3);
+        assert_eq!(three_per_second.token_ticks, 1_000_000_000);
+        assert!(three_per_second.is_exact());
+    }
+
+    #[test]
+    fn the_fallback_uses_the_finest_tick_that_lasts_the_horizon() {
+        let odd = params(999, Duration::from_secs(1));
+        assert_eq!(odd.ticks_per_nano, 29);
+        assert_eq!(odd.token_ticks, 29_029_030); // ceil(29e9 / 999)
+        assert!(!odd.is_exact());
+        let horizon = Duration::from_nanos(HORIZON_TICKS / odd.ticks_per_nano);
+        assert!(horizon >= RuleError::MIN_HORIZON);
+    }
+
+    #[test]
+    fn decide_moves_the_arrival_time_by_one_token_per_permit() {
+        let bucket = params(5, Duration::from_secs(1));
+        let (first, tat) = bucket.decide(0, 0, 5);
+        assert!(first.is_allowed());
+        assert_eq!(first.remaining(), 0);
+        assert_eq!(tat, Some(1_000_000_000));
+        let (denied, unchanged) = bucket.decide(1_000_000_000, 0, 1);
+        assert!(denied.is_denied());
+        assert_eq!(unchanged, None, "a denial writes nothing");
+        assert_eq!(denied.retry_after(), Duration::from_millis(200));
+        let (later, tat) = bucket.decide(1_000_000_000, 200_000_000, 1);
+        assert!(later.is_allowed());
+        assert_eq!(tat, Some(1_200_000_000));
+    }
+
+    #[test]
+    fn a_reading_past_the_horizon_stands_still_instead_of_wrapping() {
+        let bucket = params(5, Duration::from_secs(1));
+        let mut tat = 0;
+        let mut granted = 0;
+        for _ in 0..10 {
+            let (decision, new) = bucket.decide(tat, u64::MAX, 1);
+            granted += u64::from(decision.is_allowed());
+            tat = new.unwrap_or(tat);
+        }
+        assert_eq!(granted, 5);
+        assert!(tat < RETIRED);
+    }
+}
