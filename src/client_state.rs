@@ -118,8 +118,17 @@ impl ClientParams {
         }
     }
 
+    /// Takes `n` permits from `state`. `count_remaining: false` lets the sliding log skip counting
+    /// the permits left (an allowed decision then reports 0), for callers that only ask
+    /// "allowed?".
     #[inline]
-    pub(crate) fn acquire(&self, state: &ClientState, n: u64, clock: &impl Clock) -> Decision {
+    pub(crate) fn acquire(
+        &self,
+        state: &ClientState,
+        n: u64,
+        clock: &impl Clock,
+        count_remaining: bool,
+    ) -> Decision {
         match (self, state) {
             (ClientParams::TokenBucket(params), ClientState::Word(word)) => {
                 params.acquire(word, n, clock)
@@ -128,7 +137,7 @@ impl ClientParams {
                 params.acquire(word, n, clock)
             }
             (ClientParams::SlidingWindowLog(params), ClientState::Ring(ring)) => {
-                params.acquire(ring, n, clock)
+                params.acquire_counting(ring, n, clock, count_remaining)
             }
             // A state of another method's shape: treat it as retired so the service replaces it.
             _ => Decision::retired(self.rule()),

@@ -1,6 +1,7 @@
 //! [`Decision`]: the answer to one attempt, with what a response header needs.
 
 use std::fmt;
+use std::num::NonZeroU64;
 use std::time::Duration;
 
 use crate::Rule;
@@ -27,15 +28,64 @@ use crate::Rule;
 /// assert_eq!(second.retry_after().as_millis(), 500);
 /// # Ok::<(), tollgate::RuleError>(())
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy)]
 #[must_use = "a decision says whether the request may proceed"]
 pub struct Decision {
     outcome: Outcome,
-    limit: u64,
-    window_nanos: u64,
+    rule: Rule,
+    // The figures below are kept in the deciding limiter's own units and divided only when asked
+    // for: a caller that only checks `is_allowed` pays for no division (a division can panic on
+    // a zero divisor, so the compiler could not drop an unused one; the divisors here are
+    // `NonZeroU64`, and the divisions happen in the accessors).
+    /// Permits left, times `scale.permit`.
     remaining: u64,
-    retry_after_nanos: u64,
-    reset_after_nanos: u64,
+    /// In ticks of `scale.ticks_per_nano`.
+    retry_after: u64,
+    /// In ticks of `scale.ticks_per_nano`.
+    reset_after: u64,
+    scale: Scale,
+}
+
+/// The units a limiter reports in: how many ticks make a nanosecond, and how many units of
+/// `remaining` make a permit. Both 1 for the window methods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Scale {
+    pub(crate) ticks_per_nano: NonZeroU64,
+    pub(crate) permit: NonZeroU64,
+}
+
+impl Scale {
+    /// Nanoseconds and whole permits.
+    pub(crate) const UNIT: Scale = Scale {
+        ticks_per_nano: NonZeroU64::MIN,
+        permit: NonZeroU64::MIN,
+    };
+}
+
+impl PartialEq for Decision {
+    /// Decisions are equal when they report the same: the same outcome, rule and figures, in
+    /// whatever units each limiter keeps them.
+    fn eq(&self, other: &Self) -> bool {
+        self.outcome == other.outcome
+            && self.rule == other.rule
+            && self.remaining() == other.remaining()
+            && self.retry_after() == other.retry_after()
+            && self.reset_after() == other.reset_after()
+    }
+}
+
+impl Eq for Decision {}
+
+impl fmt::Debug for Decision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Decision")
+            .field("outcome", &self.outcome)
+            .field("rule", &self.rule)
+            .field("remaining", &self.remaining())
+            .field("retry_after", &self.retry_after())
+            .field("reset_after", &self.reset_after())
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,18 +137,31 @@ impl fmt::Display for Rejection {
 impl std::error::Error for Rejection {}
 
 impl Decision {
+    /// Allowed, with figures in nanoseconds and whole permits.
     #[inline]
     pub(crate) fn allowed(rule: Rule, remaining: u64, reset_after_nanos: u64) -> Decision {
+        Decision::allowed_in(rule, Scale::UNIT, remaining, reset_after_nanos)
+    }
+
+    /// Allowed, with figures in `scale`'s units.
+    #[inline]
+    pub(crate) fn allowed_in(
+        rule: Rule,
+        scale: Scale,
+        remaining: u64,
+        reset_after: u64,
+    ) -> Decision {
         Decision {
             outcome: Outcome::Allowed,
-            limit: rule.limit(),
-            window_nanos: rule.window_nanos(),
+            rule,
             remaining,
-            retry_after_nanos: 0,
-            reset_after_nanos,
+            retry_after: 0,
+            reset_after,
+            scale,
         }
     }
 
+    /// Denied, with figures in nanoseconds and whole permits.
     #[inline]
     pub(crate) fn denied(
         rule: Rule,
@@ -106,14 +169,32 @@ impl Decision {
         retry_after_nanos: u64,
         reset_after_nanos: u64,
     ) -> Decision {
+        Decision::denied_in(
+            rule,
+            Scale::UNIT,
+            remaining,
+            retry_after_nanos,
+            reset_after_nanos,
+        )
+    }
+
+    /// Denied, with figures in `scale`'s units.
+    #[inline]
+    pub(crate) fn denied_in(
+        rule: Rule,
+        scale: Scale,
+        remaining: u64,
+        retry_after: u64,
+        reset_after: u64,
+    ) -> Decision {
         Decision {
             outcome: Outcome::Denied,
-            limit: rule.limit(),
-            window_nanos: rule.window_nanos(),
+            rule,
             remaining,
             // A denial always asks for a wait: a zero would invite a tight retry loop.
-            retry_after_nanos: retry_after_nanos.max(1),
-            reset_after_nanos,
+            retry_after: retry_after.max(1),
+            reset_after,
+            scale,
         }
     }
 
@@ -121,11 +202,11 @@ impl Decision {
     pub(crate) fn rejected(rule: Rule, rejection: Rejection) -> Decision {
         Decision {
             outcome: Outcome::Rejected(rejection),
-            limit: rule.limit(),
-            window_nanos: rule.window_nanos(),
+            rule,
             remaining: 0,
-            retry_after_nanos: 0,
-            reset_after_nanos: 0,
+            retry_after: 0,
+            reset_after: 0,
+            scale: Scale::UNIT,
         }
     }
 
@@ -133,11 +214,11 @@ impl Decision {
     pub(crate) fn retired(rule: Rule) -> Decision {
         Decision {
             outcome: Outcome::Retired,
-            limit: rule.limit(),
-            window_nanos: rule.window_nanos(),
+            rule,
             remaining: 0,
-            retry_after_nanos: 0,
-            reset_after_nanos: 0,
+            retry_after: 0,
+            reset_after: 0,
+            scale: Scale::UNIT,
         }
     }
 
@@ -169,17 +250,22 @@ impl Decision {
 
     /// The limit of the rule that decided.
     pub fn limit(&self) -> u64 {
-        self.limit
+        self.rule.limit()
     }
 
     /// The window of the rule that decided.
     pub fn window(&self) -> Duration {
-        Duration::from_nanos(self.window_nanos)
+        self.rule.window()
     }
 
     /// Permits left right after this decision (a snapshot: other threads may take them).
     pub fn remaining(&self) -> u64 {
-        self.remaining
+        self.remaining / self.scale.permit
+    }
+
+    /// Ticks to nanoseconds, rounded up (a client told to wait must not come back early).
+    fn nanos(&self, ticks: u64) -> Duration {
+        Duration::from_nanos(ticks.div_ceil(self.scale.ticks_per_nano.get()))
     }
 
     /// How long to wait before the same request could be granted: zero when allowed,
@@ -188,13 +274,13 @@ impl Decision {
         if let Outcome::Rejected(_) = self.outcome {
             return Duration::MAX;
         }
-        Duration::from_nanos(self.retry_after_nanos)
+        self.nanos(self.retry_after)
     }
 
     /// How long until the quota is whole again if nothing more is taken: for the fixed window,
     /// the end of the current window; for the token bucket, until the bucket is full; for the
     /// sliding log, until the newest admission leaves the window.
     pub fn reset_after(&self) -> Duration {
-        Duration::from_nanos(self.reset_after_nanos)
+        self.nanos(self.reset_after)
     }
 }

@@ -129,6 +129,25 @@ impl WindowParams {
         (now_nanos / self.rule.window_nanos()).min(self.max_index)
     }
 
+    /// Whether `now_nanos` lies in window `index`: two multiplications' worth, no division.
+    #[inline]
+    fn is_within(&self, index: u64, now_nanos: u64) -> bool {
+        let start = index.saturating_mul(self.rule.window_nanos());
+        now_nanos >= start && now_nanos - start < self.rule.window_nanos()
+    }
+
+    /// The window of `now_nanos`, if it is later than window `stored` (clamped at the horizon,
+    /// where time stands still).
+    #[inline]
+    fn newer_index(&self, stored: u64, now_nanos: u64) -> Option<u64> {
+        let stored_end = (stored + 1).saturating_mul(self.rule.window_nanos());
+        if now_nanos < stored_end {
+            return None;
+        }
+        let now_index = self.index_at(now_nanos);
+        (now_index > stored).then_some(now_index)
+    }
+
     /// Nanoseconds from `now_nanos` to the end of window `index`.
     #[inline]
     fn until_end_of(&self, index: u64, now_nanos: u64) -> u64 {
@@ -150,13 +169,12 @@ impl WindowParams {
             return (Decision::rejected(self.rule, rejection), None);
         }
         let (stored_index, count) = self.unpack(word);
-        let now_index = self.index_at(now_nanos);
         // A reading in an older window than the stored one (a stale or stepped-back clock) is
-        // counted in the stored window: it never resets the count.
-        let (index, used) = if now_index > stored_index {
-            (now_index, 0)
-        } else {
-            (stored_index, count.min(limit))
+        // counted in the stored window: it never resets the count. Only a reading past the
+        // stored window's end pays for a division.
+        let (index, used) = match self.newer_index(stored_index, now_nanos) {
+            Some(now_index) => (now_index, 0),
+            None => (stored_index, count.min(limit)),
         };
         let until_end = self.until_end_of(index, now_nanos);
         if used + n > limit {
@@ -178,7 +196,7 @@ impl WindowParams {
         let now = clock.now_nanos();
         if n == 1 && current & RETIRED == 0 {
             let (index, count) = self.unpack(current);
-            if index == self.index_at(now) && count < self.rule.limit() {
+            if count < self.rule.limit() && self.is_within(index, now) {
                 return self.acquire_one_in_current_window(word, now);
             }
         }

@@ -6,6 +6,9 @@ use std::time::Duration;
 use crate::clock::duration_to_nanos;
 use crate::error::RuleError;
 
+/// [`Rule::MAX_WINDOW`] in nanoseconds.
+const MAX_WINDOW_NANOS: u64 = 1 << 63;
+
 /// A limit per window: at most `limit` permits per `window`.
 ///
 /// A rule is valid for every method once [`Rule::new`] accepts it; a method may still refuse a
@@ -32,7 +35,7 @@ pub struct Rule {
 impl Rule {
     /// The longest window a rule may have: `u64::MAX` nanoseconds halved, about 292 years, so
     /// that adding one window to any timestamp within a limiter's horizon cannot overflow.
-    pub const MAX_WINDOW: Duration = Duration::from_nanos(1 << 63);
+    pub const MAX_WINDOW: Duration = Duration::from_nanos(MAX_WINDOW_NANOS);
 
     /// At most `limit` permits per `window`.
     ///
@@ -87,9 +90,14 @@ impl Rule {
         self.window_nanos
     }
 
-    /// A rule from its two numbers, if they make a valid one.
+    /// A rule from its two numbers, if they make a valid one. Cheap enough for every decision
+    /// (no `Duration` conversion): the plan table rebuilds its rules from plain words.
+    #[inline]
     pub(crate) fn from_parts(limit: u64, window_nanos: u64) -> Option<Rule> {
-        Rule::new(limit, Duration::from_nanos(window_nanos)).ok()
+        (limit > 0 && window_nanos > 0 && window_nanos <= MAX_WINDOW_NANOS).then_some(Rule {
+            limit,
+            window_nanos,
+        })
     }
 }
 

@@ -214,7 +214,7 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.acquire(client, plan, 1)
+        self.decide(client, plan, 1, false)
             .map(|decision| decision.is_allowed())
     }
 
@@ -224,6 +224,23 @@ where
     /// hold.
     #[inline]
     pub fn acquire<Q>(&self, client: &Q, plan: &P, n: u64) -> Result<Decision, ServiceError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.decide(client, plan, n, true)
+    }
+
+    /// [`RateLimiterService::acquire`]; `count_remaining: false` skips what only the decision's
+    /// `remaining` needs (see `ClientParams::acquire`).
+    #[inline]
+    fn decide<Q>(
+        &self,
+        client: &Q,
+        plan: &P,
+        n: u64,
+        count_remaining: bool,
+    ) -> Result<Decision, ServiceError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -264,7 +281,7 @@ where
                     continue;
                 }
             }
-            let decision = params.acquire(&entry.state, n, &self.clock);
+            let decision = params.acquire(&entry.state, n, &self.clock, count_remaining);
             if decision.is_retired() {
                 // Acquire: pairs with the Release of the retiring exchange, so the sweep's
                 // `evicted_up_to` is seen when the fresh limiter is made.

@@ -236,6 +236,20 @@ impl LogParams {
         n: u64,
         clock: &impl Clock,
     ) -> Decision {
+        self.acquire_counting(ring, n, clock, true)
+    }
+
+    /// [`LogParams::acquire`], counting the permits left after an admission only if
+    /// `count_remaining` (a binary search over the ring: a cost a caller that only asks "allowed?"
+    /// need not pay). Without it an allowed decision reports 0 remaining.
+    #[inline]
+    pub fn acquire_counting<A: AtomicWord>(
+        &self,
+        ring: &LogRing<A>,
+        n: u64,
+        clock: &impl Clock,
+        count_remaining: bool,
+    ) -> Decision {
         match n {
             0 => return self.peek_at(ring, clock.now_nanos(), true),
             1 => {}
@@ -272,8 +286,12 @@ impl LogParams {
             {
                 // A failure to move `head` on means a helper did it.
                 ring.help_head_past(head);
-                let oldest = ring.index_after(index_of(head), 1);
-                let remaining = self.expired_after(ring, oldest, self.capacity - 1, time);
+                let remaining = if count_remaining {
+                    let oldest = ring.index_after(index_of(head), 1);
+                    self.expired_after(ring, oldest, self.capacity - 1, time)
+                } else {
+                    0
+                };
                 let reset_after = (time + self.rule.window_nanos()).saturating_sub(now);
                 return Decision::allowed(self.rule, remaining, reset_after);
             }
@@ -488,6 +506,13 @@ impl<C: Clock> SlidingWindowLog<C> {
 }
 
 impl<C: Clock> Limiter for SlidingWindowLog<C> {
+    #[inline]
+    fn try_acquire(&self) -> bool {
+        self.params
+            .acquire_counting(&self.ring, 1, &self.clock, false)
+            .is_allowed()
+    }
+
     #[inline]
     fn try_acquire_n(&self, n: u64) -> Decision {
         self.params.acquire(&self.ring, n, &self.clock)

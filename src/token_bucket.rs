@@ -9,10 +9,12 @@
 // The parameter types and `AtomicWord` are public only for the `loom` feature's re-exports.
 #![cfg_attr(not(feature = "loom"), allow(unreachable_pub))]
 
+use std::num::NonZeroU64;
+
 use crossbeam_utils::CachePadded;
 
 use crate::clock::Clock;
-use crate::decision::{Decision, Rejection};
+use crate::decision::{Decision, Rejection, Scale};
 use crate::error::RuleError;
 use crate::sync::{AtomicWord, Ordering, Word};
 use crate::{Algorithm, Limiter, Rule};
@@ -159,9 +161,15 @@ impl GcraParams {
             .min(HORIZON_TICKS)
     }
 
+    /// The units decisions report in: ticks, and token-sized parts of the bucket (divided only
+    /// when a caller asks for the figures; see [`Decision`]).
     #[inline]
-    fn ticks_to_nanos_ceil(&self, ticks: u64) -> u64 {
-        ticks.div_ceil(self.ticks_per_nano)
+    fn scale(&self) -> Scale {
+        // Both are at least 1 by construction; `MIN` (1) stands in should a word ever say 0.
+        Scale {
+            ticks_per_nano: NonZeroU64::new(self.ticks_per_nano).unwrap_or(NonZeroU64::MIN),
+            permit: NonZeroU64::new(self.token_ticks).unwrap_or(NonZeroU64::MIN),
+        }
     }
 
     /// The pure decision: what taking `n` permits at `now_nanos` from a bucket whose TAT is `tat`
@@ -182,27 +190,22 @@ impl GcraParams {
         if n == 0 {
             // Takes nothing, so it is granted and writes nothing, even when a clock that stepped
             // back makes the debt exceed a full bucket.
-            let available = self.burst_ticks.saturating_sub(debt) / self.token_ticks;
-            let decision = Decision::allowed(self.rule, available, self.ticks_to_nanos_ceil(debt));
+            let available = self.burst_ticks.saturating_sub(debt);
+            let decision = Decision::allowed_in(self.rule, self.scale(), available, debt);
             return (decision, None);
         }
         // n <= N, so n*T <= N*T <= 2^62, and debt <= N*T unless the clock stepped back:
         // saturating only matters for a corrupt word, and then it denies.
         let new_debt = debt.saturating_add(n * self.token_ticks);
         if new_debt <= self.burst_ticks {
-            let remaining = (self.burst_ticks - new_debt) / self.token_ticks;
-            let decision =
-                Decision::allowed(self.rule, remaining, self.ticks_to_nanos_ceil(new_debt));
+            let remaining = self.burst_ticks - new_debt;
+            let decision = Decision::allowed_in(self.rule, self.scale(), remaining, new_debt);
             (decision, Some(now + new_debt))
         } else {
-            let remaining = self.burst_ticks.saturating_sub(debt) / self.token_ticks;
-            let retry_after = self.ticks_to_nanos_ceil(new_debt - self.burst_ticks);
-            let decision = Decision::denied(
-                self.rule,
-                remaining,
-                retry_after,
-                self.ticks_to_nanos_ceil(debt),
-            );
+            let remaining = self.burst_ticks.saturating_sub(debt);
+            let retry_after = new_debt - self.burst_ticks;
+            let decision =
+                Decision::denied_in(self.rule, self.scale(), remaining, retry_after, debt);
             (decision, None)
         }
     }
