@@ -1,0 +1,199 @@
+//! The per-client service: tollgate's [`RateLimiterService`] (token bucket, `u64` client keys)
+//! against governor's keyed limiter (a `DashMap` of GCRA words) and the seed design's
+//! `Mutex<HashMap<client, reference bucket>>`, all three with a randomly seeded SipHash hasher.
+//!
+//! - `service_lookup/token_bucket/{implementation}/{clients}`: a request from a known client,
+//!   picked at random among 10 000 or 1 000 000 pre-populated ones, so the larger map is mostly
+//!   cache misses.
+//! - `service_first_request/token_bucket/{implementation}`: a request from a client the map has
+//!   never seen, which makes its limiter. Each batch of 10 000 goes into a fresh, default-sized
+//!   map, so the cost includes the map's growth, and does not depend on how many iterations
+//!   criterion asks for.
+
+use std::cell::OnceCell;
+use std::collections::HashMap;
+use std::hint::black_box;
+use std::sync::{Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, BenchmarkId, Criterion, Throughput};
+use tollgate::{Algorithm, MonotonicClock, RateLimiterService, Rule};
+
+use crate::peers::{self, GovernorKeyed};
+use crate::reference::RefTokenBucket;
+use crate::workload::{self, Workload};
+
+const CLIENT_COUNTS: [u64; 2] = [10_000, 1_000_000];
+
+/// First requests timed per fresh map (see the module docs).
+const FIRST_REQUEST_BATCH: u64 = 10_000;
+
+pub(crate) fn bench(c: &mut Criterion) {
+    let rule = workload::rule(Algorithm::TokenBucket, Workload::AllowHeavy);
+
+    let mut group = c.benchmark_group("service_lookup/token_bucket");
+    group.throughput(Throughput::Elements(1));
+    for clients in CLIENT_COUNTS {
+        bench_lookup(&mut group, "tollgate", clients, || {
+            TollgateService::new(Algorithm::TokenBucket, rule)
+        });
+        bench_lookup(&mut group, "governor", clients, || {
+            GovernorKeyed::keyed(peers::quota(rule))
+        });
+        bench_lookup(&mut group, "mutex", clients, || MutexMap::new(rule));
+    }
+    group.finish();
+
+    let mut group = c.benchmark_group("service_first_request/token_bucket");
+    group.throughput(Throughput::Elements(1));
+    bench_first_request(&mut group, "tollgate", || {
+        TollgateService::new(Algorithm::TokenBucket, rule)
+    });
+    bench_first_request(&mut group, "governor", || {
+        GovernorKeyed::keyed(peers::quota(rule))
+    });
+    bench_first_request(&mut group, "mutex", || MutexMap::new(rule));
+    group.finish();
+}
+
+fn bench_lookup<M: KeyedLimiter>(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    implementation: &str,
+    clients: u64,
+    make: impl Fn() -> M,
+) {
+    // Made on the first sample, not before: a filtered-out benchmark never pays for a million
+    // inserts. Dropped with the closure when this benchmark is done.
+    let populated = OnceCell::new();
+    group.bench_function(BenchmarkId::new(implementation, clients), move |b| {
+        let map = populated.get_or_init(|| {
+            let map = make();
+            let admitted = (0..clients).filter(|&client| map.allow(client)).count();
+            assert_eq!(admitted as u64, clients, "every first request is admitted");
+            map
+        });
+        let mut picker = ClientPicker::new(clients);
+        b.iter(|| map.allow(picker.next_client()));
+    });
+}
+
+fn bench_first_request<M: KeyedLimiter>(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    implementation: &str,
+    make: impl Fn() -> M,
+) {
+    group.bench_function(implementation, |b| {
+        b.iter_custom(|iterations| {
+            let batches = iterations.div_ceil(FIRST_REQUEST_BATCH);
+            let mut timed = Duration::ZERO;
+            for _ in 0..batches {
+                let map = make();
+                let start = Instant::now();
+                for client in 0..FIRST_REQUEST_BATCH {
+                    black_box(map.allow(client));
+                }
+                timed += start.elapsed();
+                // Dropping the map is not part of a first request.
+                drop(map);
+            }
+            // Every batch is full; scale to the iterations asked for.
+            timed.mul_f64(iterations as f64 / (batches * FIRST_REQUEST_BATCH) as f64)
+        });
+    });
+}
+
+/// A limiter keyed by client: one request from `client`, allowed or not.
+pub(crate) trait KeyedLimiter: Sync {
+    fn allow(&self, client: u64) -> bool;
+}
+
+/// The plan every benchmark client is on.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Plan {
+    Standard,
+}
+
+/// tollgate's service with one plan, on the production clock and the default hasher.
+pub(crate) struct TollgateService(RateLimiterService<u64, Plan, MonotonicClock>);
+
+impl TollgateService {
+    pub(crate) fn new(algorithm: Algorithm, rule: Rule) -> Self {
+        let service =
+            RateLimiterService::new(algorithm, [(Plan::Standard, rule)], MonotonicClock::new())
+                .expect("the benchmark rules are valid for every method");
+        TollgateService(service)
+    }
+}
+
+impl KeyedLimiter for TollgateService {
+    #[inline]
+    fn allow(&self, client: u64) -> bool {
+        self.0
+            .allow(&client, &Plan::Standard)
+            .expect("the plan has a rule")
+    }
+}
+
+impl KeyedLimiter for GovernorKeyed {
+    #[inline]
+    fn allow(&self, client: u64) -> bool {
+        self.check_key(&client).is_ok()
+    }
+}
+
+/// The seed design's service: one lock around the map, and one around each client's bucket.
+pub(crate) struct MutexMap {
+    rule: Rule,
+    clients: Mutex<HashMap<u64, RefTokenBucket<&'static MonotonicClock>>>,
+}
+
+impl MutexMap {
+    pub(crate) fn new(rule: Rule) -> Self {
+        MutexMap {
+            rule,
+            clients: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl KeyedLimiter for MutexMap {
+    #[inline]
+    fn allow(&self, client: u64) -> bool {
+        // One clock for every bucket, as in the other two, rather than a copy per client.
+        static CLOCK: OnceLock<MonotonicClock> = OnceLock::new();
+        let clock = CLOCK.get_or_init(MonotonicClock::new);
+        let mut clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
+        clients
+            .entry(client)
+            .or_insert_with(|| RefTokenBucket::new(self.rule, clock))
+            .try_acquire()
+    }
+}
+
+/// Picks clients uniformly from `0..clients` with xorshift64*, a few cycles and no memory: the
+/// pick must not cost more than the lookup it feeds, nor miss the cache itself.
+struct ClientPicker {
+    state: u64,
+    clients: u64,
+}
+
+impl ClientPicker {
+    fn new(clients: u64) -> Self {
+        // Any non-zero seed; fixed so that every implementation sees the same sequence.
+        ClientPicker {
+            state: 0x9E37_79B9_7F4A_7C15,
+            clients,
+        }
+    }
+
+    #[inline]
+    fn next_client(&mut self) -> u64 {
+        self.state ^= self.state >> 12;
+        self.state ^= self.state << 25;
+        self.state ^= self.state >> 27;
+        let random = self.state.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        // Lemire's multiply-shift: uniform in 0..clients without a division.
+        ((u128::from(random) * u128::from(self.clients)) >> 64) as u64
+    }
+}

@@ -1,0 +1,674 @@
+//! Writes `BENCHMARKS.md` from the results of `cargo bench`: criterion's estimates under
+//! `target/criterion` and the memory table the suite writes beside them (`memory.json`).
+//!
+//! ```text
+//! cargo bench
+//! cargo run --release --features serde --example bench_report [-- <criterion dir> [<output>]]
+//! ```
+//!
+//! Every figure is criterion's median over its samples (the machine this runs on is shared and
+//! noisy; the median shrugs off the samples a neighbour disturbed). Ratios compare figures from
+//! the same run. The targets at the end are the project's performance goals; each is checked
+//! against this run's figures.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+const METHODS: [(&str, &str); 3] = [
+    ("token_bucket", "token bucket"),
+    ("fixed_window", "fixed window"),
+    ("sliding_window_log", "sliding window log"),
+];
+const THREAD_COUNTS: [u64; 3] = [1, 2, 4];
+const CLIENT_COUNTS: [u64; 2] = [10_000, 1_000_000];
+
+type Error = Box<dyn std::error::Error>;
+
+fn main() -> Result<(), Error> {
+    let mut args = std::env::args().skip(1);
+    let criterion_dir = args
+        .next()
+        .map_or_else(|| PathBuf::from("target/criterion"), PathBuf::from);
+    let output = args
+        .next()
+        .map_or_else(|| PathBuf::from("BENCHMARKS.md"), PathBuf::from);
+
+    let results = Results::load(&criterion_dir)?;
+    if results.by_id.is_empty() {
+        return Err(format!(
+            "no criterion results under {}: run `cargo bench` first",
+            criterion_dir.display()
+        )
+        .into());
+    }
+    let memory = std::fs::read_to_string(criterion_dir.join("memory.json"))
+        .ok()
+        .map(|text| serde_json::from_str::<Value>(&text))
+        .transpose()?;
+
+    let conditions = std::fs::read_to_string(criterion_dir.join("run.json"))
+        .ok()
+        .map(|text| serde_json::from_str::<Value>(&text))
+        .transpose()?;
+
+    let report = Report {
+        results: &results,
+        memory: memory.as_ref(),
+        conditions: conditions.as_ref(),
+    };
+    std::fs::write(&output, report.render())?;
+    println!(
+        "wrote {} from {} benchmarks",
+        output.display(),
+        results.by_id.len()
+    );
+    Ok(())
+}
+
+/// One benchmark's result.
+#[derive(Debug, Clone, Copy)]
+struct Measurement {
+    /// Median time of one iteration.
+    nanos_per_iteration: f64,
+    /// Decisions per iteration (the thread count, for the contended benchmarks).
+    decisions_per_iteration: f64,
+}
+
+impl Measurement {
+    fn nanos_per_decision(self) -> f64 {
+        self.nanos_per_iteration / self.decisions_per_iteration
+    }
+
+    fn decisions_per_second(self) -> f64 {
+        self.decisions_per_iteration * 1e9 / self.nanos_per_iteration
+    }
+}
+
+/// Every benchmark criterion has a result for, by its full id (`group/function[/value]`).
+struct Results {
+    by_id: HashMap<String, Measurement>,
+}
+
+impl Results {
+    fn load(criterion_dir: &Path) -> Result<Results, Error> {
+        let mut by_id = HashMap::new();
+        let mut pending = vec![criterion_dir.to_path_buf()];
+        while let Some(dir) = pending.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for entry in entries {
+                let path = entry?.path();
+                if path.is_dir() {
+                    pending.push(path);
+                } else if path
+                    .file_name()
+                    .is_some_and(|name| name == "benchmark.json")
+                    && path.parent().and_then(Path::file_name) == Some("new".as_ref())
+                {
+                    let (id, measurement) = read_measurement(&path)?;
+                    by_id.insert(id, measurement);
+                }
+            }
+        }
+        Ok(Results { by_id })
+    }
+
+    fn get(&self, id: &str) -> Option<Measurement> {
+        self.by_id.get(id).copied()
+    }
+}
+
+/// Reads `new/benchmark.json` (the id and throughput) and `new/estimates.json` beside it.
+fn read_measurement(benchmark_json: &Path) -> Result<(String, Measurement), Error> {
+    let benchmark: Value = serde_json::from_str(&std::fs::read_to_string(benchmark_json)?)?;
+    let estimates: Value = serde_json::from_str(&std::fs::read_to_string(
+        benchmark_json.with_file_name("estimates.json"),
+    )?)?;
+    let id = benchmark["full_id"]
+        .as_str()
+        .ok_or_else(|| format!("{}: no full_id", benchmark_json.display()))?
+        .to_owned();
+    let nanos_per_iteration = estimates["median"]["point_estimate"]
+        .as_f64()
+        .ok_or_else(|| format!("{id}: no median estimate"))?;
+    let decisions_per_iteration = benchmark["throughput"]["Elements"].as_f64().unwrap_or(1.0);
+    Ok((
+        id,
+        Measurement {
+            nanos_per_iteration,
+            decisions_per_iteration,
+        },
+    ))
+}
+
+/// A performance goal, checked against one ratio or figure of the run.
+struct Target {
+    goal: String,
+    measured: Option<f64>,
+    /// How the measured figure reads (`1.23x`, `4.5 ns`...).
+    unit: &'static str,
+    bound: Bound,
+    /// For a multi-threaded target: the lowest share of time on a core among the lock-free
+    /// measurements it rests on (see [`DISTURBED_BELOW`]).
+    on_cpu_share: Option<f64>,
+}
+
+/// Below this share of time on a core, the threads of a lock-free measurement (which never
+/// sleep) were kept off their cores by something else: the figure is flagged as disturbed.
+/// (A mutex's threads sleep while they wait for the lock, so its own share says nothing.)
+const DISTURBED_BELOW: f64 = 0.85;
+
+#[derive(Clone, Copy)]
+enum Bound {
+    AtMost(f64),
+    AtLeast(f64),
+}
+
+impl Target {
+    fn met(&self) -> Option<bool> {
+        Some(match self.bound {
+            Bound::AtMost(bound) => self.measured? <= bound,
+            Bound::AtLeast(bound) => self.measured? >= bound,
+        })
+    }
+
+    fn verdict(&self) -> String {
+        let verdict = match self.met() {
+            None => "not measured",
+            Some(true) => "met",
+            Some(false) => "**missed**",
+        };
+        match self.on_cpu_share {
+            Some(share) if share < DISTURBED_BELOW => format!(
+                "{verdict} (disturbed: threads on a core {:.0}% of the time)",
+                share * 100.0
+            ),
+            _ => verdict.to_owned(),
+        }
+    }
+}
+
+struct Report<'a> {
+    results: &'a Results,
+    memory: Option<&'a Value>,
+    /// `run.json`: the machine's load at the start and end of the run.
+    conditions: Option<&'a Value>,
+}
+
+impl Report<'_> {
+    fn render(&self) -> String {
+        let mut out = String::new();
+        self.header(&mut out);
+        self.targets(&mut out);
+        self.clocks(&mut out);
+        self.single_thread(&mut out);
+        self.contended(&mut out);
+        self.service(&mut out);
+        self.memory(&mut out);
+        out
+    }
+
+    fn nanos(&self, id: &str) -> Option<f64> {
+        self.results.get(id).map(Measurement::nanos_per_decision)
+    }
+
+    /// The share of its threads' time a contended benchmark spent on a core (`run.json`).
+    fn on_cpu_share(&self, id: &str) -> Option<f64> {
+        self.conditions?["on_cpu_share"][id].as_f64()
+    }
+
+    fn per_second(&self, id: &str) -> Option<f64> {
+        self.results.get(id).map(Measurement::decisions_per_second)
+    }
+
+    fn header(&self, out: &mut String) {
+        let cpu = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|info| {
+                info.lines()
+                    .find_map(|line| line.strip_prefix("model name"))
+                    .map(|model| model.trim_start_matches([' ', '\t', ':']).to_owned())
+            })
+            .unwrap_or_else(|| "unknown CPU".to_owned());
+        let cpus = std::thread::available_parallelism().map_or(0, usize::from);
+        let _ = writeln!(
+            out,
+            "# Benchmarks\n\n\
+             Generated from one run of `cargo bench` by \
+             `cargo run --release --features serde --example bench_report`; do not edit by hand.\n\n\
+             Machine: {cpu}, {cpus} logical CPUs. Source: {}. Figures are criterion's medians. \
+             *tollgate* is this crate, *mutex* the seed design's limiters behind a \
+             `std::sync::Mutex` (`tests/support/reference.rs`), *governor* the governor crate \
+             (GCRA, the same algorithm as the token bucket). Everything reads the CPU's counter \
+             through `quanta` unless marked *coarse* (`CoarseClock`, refreshed every 1 ms).\n",
+            self.conditions
+                .and_then(|conditions| conditions["source"].as_str())
+                .unwrap_or("unknown")
+        );
+        if let Some(conditions) = self.conditions {
+            let snapshots: Vec<String> = conditions["snapshots"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|snapshot| {
+                    let load = snapshot["load_average"]
+                        .as_f64()
+                        .map_or_else(|| "unknown".to_owned(), |load| format!("{load:.2}"));
+                    format!(
+                        "| {} | {load} | {:.2}x |",
+                        snapshot["when"].as_str().unwrap_or("?"),
+                        snapshot["parallel_speedup"].as_f64().unwrap_or(f64::NAN)
+                    )
+                })
+                .collect();
+            let _ = writeln!(
+                out,
+                "Run conditions: this machine is shared, and a neighbour's load changes the \
+                 figures, the multi-threaded ones most. *Two threads vs one* is how much faster \
+                 two threads did independent work than one thread: 2.00x when both cores were \
+                 free, 1.00x when the threads had to take turns on one. The multi-threaded \
+                 figures mean most when it is near 2 on both sides of them; a snapshot cannot \
+                 show a disturbance that came and went between two of them.\n\n\
+                 | when | load average (1 min) | two threads vs one |\n|---|---:|---:|\n{}\n",
+                snapshots.join("\n")
+            );
+        }
+    }
+
+    fn targets(&self, out: &mut String) {
+        let single = |workload: &str, implementation: &str| {
+            self.nanos(&format!(
+                "single_thread_{workload}/token_bucket/{implementation}"
+            ))
+        };
+        let contended = |workload: &str, method: &str, implementation: &str, threads: u64| {
+            self.per_second(&format!(
+                "contended_{workload}/{method}/{implementation}/{threads}"
+            ))
+        };
+        let lookup = |implementation: &str, clients: u64| {
+            self.nanos(&format!(
+                "service_lookup/token_bucket/{implementation}/{clients}"
+            ))
+        };
+        let first_request = |implementation: &str| {
+            self.nanos(&format!(
+                "service_first_request/token_bucket/{implementation}"
+            ))
+        };
+
+        let lowest_share = |ids: &[String]| {
+            ids.iter()
+                .map(|id| self.on_cpu_share(id))
+                .collect::<Option<Vec<f64>>>()
+                .and_then(|shares| shares.into_iter().reduce(f64::min))
+        };
+
+        let mut targets = Vec::new();
+        for workload in ["allow", "deny"] {
+            targets.push(Target {
+                goal: format!("token bucket, one thread, {workload}: time vs governor"),
+                measured: ratio(single(workload, "tollgate"), single(workload, "governor")),
+                unit: "x",
+                bound: Bound::AtMost(1.0),
+                on_cpu_share: None,
+            });
+        }
+        for (workload, speedup) in [("allow", 1.3), ("deny", 2.0)] {
+            targets.push(Target {
+                goal: format!("token bucket, one thread, {workload}: speed-up over mutex"),
+                measured: ratio(single(workload, "mutex"), single(workload, "tollgate")),
+                unit: "x",
+                bound: Bound::AtLeast(speedup),
+                on_cpu_share: None,
+            });
+        }
+        // governor is a token bucket; the fixed window, one `fetch_add` per admission, is held
+        // to more. (The sliding log does more per admission than either, and has no target here.)
+        for ((method, name), over_governor) in METHODS.into_iter().take(2).zip([1.2, 2.0]) {
+            targets.push(Target {
+                goal: format!("{name}, 2 threads, allow: throughput vs governor"),
+                measured: ratio(
+                    contended("allow", method, "tollgate", 2),
+                    contended("allow", "token_bucket", "governor", 2),
+                ),
+                unit: "x",
+                bound: Bound::AtLeast(over_governor),
+                on_cpu_share: lowest_share(&[
+                    format!("contended_allow/{method}/tollgate/2"),
+                    "contended_allow/token_bucket/governor/2".to_owned(),
+                ]),
+            });
+        }
+        for (method, name) in METHODS {
+            targets.push(Target {
+                goal: format!("{name}, 2 threads, deny: throughput vs its own 1 thread"),
+                measured: ratio(
+                    contended("deny", method, "tollgate", 2),
+                    contended("deny", method, "tollgate", 1),
+                ),
+                unit: "x",
+                bound: Bound::AtLeast(1.8),
+                on_cpu_share: lowest_share(&[format!("contended_deny/{method}/tollgate/2")]),
+            });
+            targets.push(Target {
+                goal: format!("{name}, 2 threads, deny: throughput vs mutex"),
+                measured: ratio(
+                    contended("deny", method, "tollgate", 2),
+                    contended("deny", method, "mutex", 2),
+                ),
+                unit: "x",
+                bound: Bound::AtLeast(10.0),
+                on_cpu_share: lowest_share(&[format!("contended_deny/{method}/tollgate/2")]),
+            });
+        }
+        for clients in CLIENT_COUNTS {
+            targets.push(Target {
+                goal: format!("service lookup, {clients} clients: time vs governor keyed"),
+                measured: ratio(lookup("tollgate", clients), lookup("governor", clients)),
+                unit: "x",
+                bound: Bound::AtMost(0.8),
+                on_cpu_share: None,
+            });
+        }
+        targets.push(Target {
+            goal: "service first request: time vs governor keyed".to_owned(),
+            measured: ratio(first_request("tollgate"), first_request("governor")),
+            unit: "x",
+            bound: Bound::AtMost(0.5),
+            on_cpu_share: None,
+        });
+        targets.push(Target {
+            goal: "memory per idle client (token bucket): vs governor keyed".to_owned(),
+            measured: ratio(
+                self.memory_per_client("token_bucket", "tollgate", "requested_bytes_per_client"),
+                self.memory_per_client("token_bucket", "governor", "requested_bytes_per_client"),
+            ),
+            unit: "x",
+            bound: Bound::AtMost(1.0),
+            on_cpu_share: None,
+        });
+        for (workload, bound) in [("allow", 10.0), ("deny", 2.0)] {
+            targets.push(Target {
+                goal: format!("token bucket, coarse clock, {workload}: ns per decision"),
+                measured: single(workload, "tollgate_coarse"),
+                unit: " ns",
+                bound: Bound::AtMost(bound),
+                on_cpu_share: None,
+            });
+        }
+
+        let met = targets.iter().filter(|t| t.met() == Some(true)).count();
+        let _ = writeln!(
+            out,
+            "## Targets\n\n{met} of {} met in this run. Ratios of time: lower is better; \
+             ratios of throughput and speed-ups: higher is better.\n",
+            targets.len()
+        );
+        let _ = writeln!(
+            out,
+            "| target | measured | goal | verdict |\n|---|---:|---:|---|"
+        );
+        for target in &targets {
+            let (relation, bound) = match target.bound {
+                Bound::AtMost(bound) => ("≤", bound),
+                Bound::AtLeast(bound) => ("≥", bound),
+            };
+            let _ = writeln!(
+                out,
+                "| {} | {} | {relation} {bound}{} | {} |",
+                target.goal,
+                target
+                    .measured
+                    .map_or_else(|| "—".to_owned(), |v| format!("{v:.2}{}", target.unit)),
+                target.unit,
+                target.verdict()
+            );
+        }
+        out.push('\n');
+    }
+
+    fn clocks(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "## Clocks\n\nOne reading, the floor under every decision that takes one.\n\n\
+             | clock | ns per reading |\n|---|---:|"
+        );
+        for (id, name) in [
+            (
+                "tollgate_monotonic",
+                "tollgate `MonotonicClock` (quanta counter)",
+            ),
+            ("tollgate_coarse", "tollgate `CoarseClock` (1 ms upkeep)"),
+            ("governor_quanta", "governor `QuantaClock`"),
+            ("std_instant", "`std::time::Instant::now`"),
+        ] {
+            let _ = writeln!(
+                out,
+                "| {name} | {} |",
+                ns(self.nanos(&format!("clock/{id}")))
+            );
+        }
+        out.push('\n');
+    }
+
+    fn single_thread(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "## One limiter, one thread\n\n\
+             ns per decision (`try_acquire`). *allow*: a rule so generous nothing is denied \
+             (10⁹ per second; the sliding log, capped at 65 536 slots, 1 024 per µs so that its \
+             slots have always expired when the ring comes round). *deny*: a limiter exhausted \
+             for an hour (100 per hour).\n"
+        );
+        for workload in ["allow", "deny"] {
+            let _ = writeln!(
+                out,
+                "### {workload}\n\n\
+                 | method | tollgate | mutex | governor | speed-up over mutex | time vs governor |\n\
+                 |---|---:|---:|---:|---:|---:|"
+            );
+            for (method, name) in METHODS {
+                let id = |implementation: &str| {
+                    self.nanos(&format!(
+                        "single_thread_{workload}/{method}/{implementation}"
+                    ))
+                };
+                let (tollgate, mutex, governor) = (id("tollgate"), id("mutex"), id("governor"));
+                let _ = writeln!(
+                    out,
+                    "| {name} | {} | {} | {} | {} | {} |",
+                    ns(tollgate),
+                    ns(mutex),
+                    ns(governor),
+                    times(ratio(mutex, tollgate)),
+                    times(ratio(tollgate, governor)),
+                );
+                if method == "token_bucket" {
+                    for (variant, label) in [
+                        ("tollgate_coarse", "token bucket, coarse clock"),
+                        ("tollgate_decision", "token bucket, full `Decision`"),
+                    ] {
+                        let value = id(variant);
+                        let _ = writeln!(
+                            out,
+                            "| {label} | {} | | | {} | {} |",
+                            ns(value),
+                            times(ratio(mutex, value)),
+                            times(ratio(value, governor)),
+                        );
+                    }
+                }
+            }
+            out.push('\n');
+        }
+    }
+
+    fn contended(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "## One limiter shared by threads\n\n\
+             Aggregate decisions per second (millions), all threads on one limiter; each \
+             sample spawns its threads once, starts them together, and counts the slowest. \
+             With 4 threads on fewer cores, threads also wait for a core. *On a core, 2 \
+             threads*: the share of the two threads' time they spent running; near 100% for a \
+             lock-free limiter on a quiet machine, below {:.0}% a sign that a neighbour took a \
+             core (a mutex's threads sleep while they wait, so theirs is lower anyway).\n",
+            DISTURBED_BELOW * 100.0
+        );
+        for workload in ["allow", "deny"] {
+            let _ = writeln!(
+                out,
+                "### {workload}\n\n\
+                 | method | implementation | 1 thread | 2 threads | 4 threads | on a core, 2 threads \
+                 | 2 threads vs 1 | 2 threads vs mutex | 2 threads vs governor |\n\
+                 |---|---|---:|---:|---:|---:|---:|---:|---:|"
+            );
+            let governor_2 =
+                self.per_second(&format!("contended_{workload}/token_bucket/governor/2"));
+            for (method, name) in METHODS {
+                let implementations: &[&str] = if method == "token_bucket" {
+                    &["tollgate", "mutex", "governor"]
+                } else {
+                    &["tollgate", "mutex"]
+                };
+                let mutex_2 = self.per_second(&format!("contended_{workload}/{method}/mutex/2"));
+                for implementation in implementations {
+                    let at = |threads: u64| {
+                        self.per_second(&format!(
+                            "contended_{workload}/{method}/{implementation}/{threads}"
+                        ))
+                    };
+                    let per_thread_count = THREAD_COUNTS.map(|threads| millions(at(threads)));
+                    let (vs_mutex, vs_governor) = if *implementation == "tollgate" {
+                        (
+                            times(ratio(at(2), mutex_2)),
+                            times(ratio(at(2), governor_2)),
+                        )
+                    } else {
+                        (String::new(), String::new())
+                    };
+                    let on_cpu = self
+                        .on_cpu_share(&format!("contended_{workload}/{method}/{implementation}/2"))
+                        .map_or_else(String::new, |share| format!("{:.0}%", share * 100.0));
+                    let _ = writeln!(
+                        out,
+                        "| {name} | {implementation} | {} | {} | {} | {on_cpu} | {} | {vs_mutex} \
+                         | {vs_governor} |",
+                        per_thread_count[0],
+                        per_thread_count[1],
+                        per_thread_count[2],
+                        times(ratio(at(2), at(1))),
+                    );
+                }
+            }
+            out.push('\n');
+        }
+    }
+
+    fn service(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "## The per-client service\n\n\
+             ns per request, token bucket, `u64` client keys, every map with a randomly seeded \
+             SipHash. *tollgate*: `RateLimiterService` (papaya map); *governor*: its keyed \
+             limiter (`DashMap`); *mutex*: `Mutex<HashMap<u64, mutex bucket>>`. A lookup is a \
+             request from a known client picked at random; a first request makes the client's \
+             limiter, in batches of 10 000 into a fresh default-sized map (growth included).\n\n\
+             | case | tollgate | governor | mutex | time vs governor | speed-up over mutex |\n\
+             |---|---:|---:|---:|---:|---:|"
+        );
+        let mut cases: Vec<(String, String)> = CLIENT_COUNTS
+            .iter()
+            .map(|clients| {
+                (
+                    format!("lookup, {clients} clients"),
+                    format!("service_lookup/token_bucket/{{}}/{clients}"),
+                )
+            })
+            .collect();
+        cases.push((
+            "first request".to_owned(),
+            "service_first_request/token_bucket/{}".to_owned(),
+        ));
+        for (case, pattern) in cases {
+            let id = |implementation: &str| self.nanos(&pattern.replace("{}", implementation));
+            let (tollgate, governor, mutex) = (id("tollgate"), id("governor"), id("mutex"));
+            let _ = writeln!(
+                out,
+                "| {case} | {} | {} | {} | {} | {} |",
+                ns(tollgate),
+                ns(governor),
+                ns(mutex),
+                times(ratio(tollgate, governor)),
+                times(ratio(mutex, tollgate)),
+            );
+        }
+        out.push('\n');
+    }
+
+    fn memory_per_client(&self, method: &str, implementation: &str, field: &str) -> Option<f64> {
+        self.memory?["rows"].as_array()?.iter().find_map(|row| {
+            (row["method"] == method && row["implementation"] == implementation)
+                .then(|| row[field].as_f64())
+                .flatten()
+        })
+    }
+
+    fn memory(&self, out: &mut String) {
+        let Some(memory) = self.memory else {
+            let _ = writeln!(out, "## Memory per client\n\nNot measured in this run.\n");
+            return;
+        };
+        let _ = writeln!(
+            out,
+            "## Memory per client\n\n\
+             Heap per idle client: the growth of a default-sized map while {} clients of rule \
+             *{}* make one request each, divided by their number (the map's table included). \
+             *with malloc headers* adds glibc's per-allocation header and rounding, which \
+             designs that allocate per client pay and designs with inline entries do not.\n\n\
+             | method | implementation | bytes requested | with malloc headers | allocations |\n\
+             |---|---|---:|---:|---:|",
+            memory["idle_clients"],
+            memory["rule"].as_str().unwrap_or("?"),
+        );
+        for row in memory["rows"].as_array().into_iter().flatten() {
+            let method = row["method"].as_str().unwrap_or("?");
+            let name = METHODS
+                .iter()
+                .find(|(id, _)| *id == method)
+                .map_or(method, |(_, name)| name);
+            let _ = writeln!(
+                out,
+                "| {name} | {} | {:.1} | {:.1} | {:.2} |",
+                row["implementation"].as_str().unwrap_or("?"),
+                row["requested_bytes_per_client"]
+                    .as_f64()
+                    .unwrap_or(f64::NAN),
+                row["malloc_bytes_per_client"].as_f64().unwrap_or(f64::NAN),
+                row["allocations_per_client"].as_f64().unwrap_or(f64::NAN),
+            );
+        }
+        out.push('\n');
+    }
+}
+
+fn ratio(numerator: Option<f64>, denominator: Option<f64>) -> Option<f64> {
+    Some(numerator? / denominator?)
+}
+
+fn ns(value: Option<f64>) -> String {
+    value.map_or_else(|| "—".to_owned(), |v| format!("{v:.1} ns"))
+}
+
+fn millions(value: Option<f64>) -> String {
+    value.map_or_else(|| "—".to_owned(), |v| format!("{:.1}", v / 1e6))
+}
+
+fn times(value: Option<f64>) -> String {
+    value.map_or_else(String::new, |v| format!("{v:.2}x"))
+}
