@@ -9,7 +9,7 @@
 // The parameter types and `AtomicWord` are public only for the `loom` feature's re-exports.
 #![cfg_attr(not(feature = "loom"), allow(unreachable_pub))]
 
-use crossbeam_utils::CachePadded;
+use crossbeam_utils::{Backoff, CachePadded};
 
 use crate::clock::Clock;
 use crate::decision::{Decision, Rejection};
@@ -200,7 +200,8 @@ impl WindowParams {
                 return self.acquire_one_in_current_window(word, now);
             }
         }
-        let mut now = now;
+        // One clock reading per attempt, kept on a retry (see `GcraParams::acquire`).
+        let backoff = Backoff::new();
         loop {
             if current & RETIRED != 0 {
                 return Decision::retired(self.rule);
@@ -213,7 +214,7 @@ impl WindowParams {
                 Ok(_) => return decision,
                 Err(actual) => current = actual,
             }
-            now = clock.now_nanos();
+            backoff.spin();
         }
     }
 
