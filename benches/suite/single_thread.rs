@@ -20,8 +20,8 @@ const COARSE_INTERVAL: Duration = Duration::from_millis(1);
 
 pub(crate) fn bench(c: &mut Criterion) {
     let clock = MonotonicClock::new();
-    // quanta runs at most one upkeep thread per process, so one coarse clock serves every
-    // measurement; without it the coarse rows are left out rather than failing the run.
+    // One coarse clock (one refreshing thread) serves every measurement; should its thread not
+    // start, the coarse rows are left out rather than failing the run.
     let coarse = match CoarseClock::start(COARSE_INTERVAL) {
         Ok(coarse) => Some(coarse),
         Err(error) => {
