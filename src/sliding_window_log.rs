@@ -8,7 +8,7 @@
 // The parameter types and `AtomicWord` are public only for the `loom` feature's re-exports.
 #![cfg_attr(not(feature = "loom"), allow(unreachable_pub))]
 
-use crossbeam_utils::CachePadded;
+use crossbeam_utils::{Backoff, CachePadded};
 
 use crate::clock::Clock;
 use crate::decision::{Decision, Rejection};
@@ -255,6 +255,10 @@ impl LogParams {
             1 => {}
             _ => return self.reject(n),
         }
+        // One clock reading per attempt, kept on a retry (see `GcraParams::acquire`): the
+        // admission's time is at least the latest admission's anyway.
+        let now = clock.now_nanos();
+        let backoff = Backoff::new();
         loop {
             let Snapshot { head, slot, latest } = ring.snapshot();
             if is_retired(latest) || is_retired(slot) {
@@ -266,7 +270,6 @@ impl LogParams {
                 ring.help_head_past(head);
                 continue;
             }
-            let now = clock.now_nanos();
             let latest_time = (latest & EXPIRY_MASK).saturating_sub(self.rule.window_nanos());
             let time = now.max(latest_time).min(self.latest_time);
             let expiry = slot & EXPIRY_MASK;
@@ -295,6 +298,7 @@ impl LogParams {
                 let reset_after = (time + self.rule.window_nanos()).saturating_sub(now);
                 return Decision::allowed(self.rule, remaining, reset_after);
             }
+            backoff.spin();
         }
     }
 
