@@ -84,7 +84,7 @@ impl ClientParams {
         }
     }
 
-    /// What a fresh state (as of `since_nanos`) would report, without making one, for a client
+    /// What a fresh state (as of `since_nanos`) would report, without keeping one, for a client
     /// the service does not hold: a peek, or with `zero_permits` an acquire of 0 permits.
     pub(crate) fn fresh_report(
         &self,
@@ -92,29 +92,16 @@ impl ClientParams {
         since_nanos: u64,
         clock: &impl Clock,
     ) -> Decision {
-        let word = |initial| Word::new(initial);
-        match self {
-            ClientParams::TokenBucket(params) => {
-                let tat = word(params.full_since(since_nanos));
-                if zero_permits {
-                    params.acquire(&tat, 0, clock)
-                } else {
-                    params.peek(&tat, clock)
-                }
-            }
-            ClientParams::FixedWindow(params) => {
-                let window = word(params.empty_since(since_nanos));
-                if zero_permits {
-                    params.acquire(&window, 0, clock)
-                } else {
-                    params.peek(&window, clock)
-                }
-            }
-            // A ring is an allocation (up to 512 KiB), not to be made for a client that may never
-            // come back.
-            ClientParams::SlidingWindowLog(params) => {
-                params.fresh_report(zero_permits, since_nanos, clock)
-            }
+        // A ring is an allocation (up to 512 KiB), not to be made for a client that may never
+        // come back; the one-word states cost nothing to make and ask.
+        if let ClientParams::SlidingWindowLog(params) = self {
+            return params.fresh_report(zero_permits, since_nanos, clock);
+        }
+        let state = self.fresh_state(since_nanos);
+        if zero_permits {
+            self.acquire(&state, 0, clock, true)
+        } else {
+            self.peek(&state, clock)
         }
     }
 
