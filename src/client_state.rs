@@ -12,6 +12,9 @@ use crate::sync::Word;
 use crate::token_bucket::GcraParams;
 use crate::{Algorithm, Decision, Rule};
 
+/// How many words a plan's constants take in the plan table (see `ClientParams::to_words`).
+pub(crate) const PARAM_WORDS: usize = 6;
+
 /// One plan's constants, for the service's method.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ClientParams {
@@ -30,16 +33,28 @@ pub(crate) enum ClientState {
 }
 
 impl ClientParams {
-    pub(crate) fn new(algorithm: Algorithm, rule: Rule) -> Result<ClientParams, RuleError> {
+    /// The constants of `rule` for `algorithm`, with a timeline that starts at the clock reading
+    /// `start_nanos` (the service's start), or why the method cannot honour the rule.
+    pub(crate) fn new(
+        algorithm: Algorithm,
+        rule: Rule,
+        start_nanos: u64,
+    ) -> Result<ClientParams, RuleError> {
         Ok(match algorithm {
-            Algorithm::TokenBucket => ClientParams::TokenBucket(GcraParams::new(rule)?),
-            Algorithm::FixedWindow => ClientParams::FixedWindow(WindowParams::new(rule)?),
-            Algorithm::SlidingWindowLog => ClientParams::SlidingWindowLog(LogParams::new(rule)?),
+            Algorithm::TokenBucket => {
+                ClientParams::TokenBucket(GcraParams::new(rule)?.starting_at(start_nanos))
+            }
+            Algorithm::FixedWindow => {
+                ClientParams::FixedWindow(WindowParams::new(rule)?.starting_at(start_nanos))
+            }
+            Algorithm::SlidingWindowLog => {
+                ClientParams::SlidingWindowLog(LogParams::new(rule)?.starting_at(start_nanos))
+            }
         })
     }
 
     /// The constants as plain words, for the plan table.
-    pub(crate) fn to_words(self) -> [u64; 5] {
+    pub(crate) fn to_words(self) -> [u64; PARAM_WORDS] {
         match self {
             ClientParams::TokenBucket(params) => params.to_words(),
             ClientParams::FixedWindow(params) => params.to_words(),
@@ -49,7 +64,10 @@ impl ClientParams {
 
     /// The inverse of [`ClientParams::to_words`], for `algorithm`.
     #[inline]
-    pub(crate) fn from_words(algorithm: Algorithm, words: [u64; 5]) -> Option<ClientParams> {
+    pub(crate) fn from_words(
+        algorithm: Algorithm,
+        words: [u64; PARAM_WORDS],
+    ) -> Option<ClientParams> {
         Some(match algorithm {
             Algorithm::TokenBucket => ClientParams::TokenBucket(GcraParams::from_words(words)?),
             Algorithm::FixedWindow => ClientParams::FixedWindow(WindowParams::from_words(words)?),

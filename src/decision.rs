@@ -198,15 +198,14 @@ impl Decision {
         }
     }
 
+    /// The same figures (what the limiter holds), rejected for good with `rejection`: a request
+    /// that can never be granted still reports the real quota.
     #[inline]
-    pub(crate) fn rejected(rule: Rule, rejection: Rejection) -> Decision {
+    pub(crate) fn into_rejected(self, rejection: Rejection) -> Decision {
         Decision {
             outcome: Outcome::Rejected(rejection),
-            rule,
-            remaining: 0,
             retry_after: 0,
-            reset_after: 0,
-            scale: Scale::UNIT,
+            ..self
         }
     }
 

@@ -29,8 +29,9 @@ pub enum RuleError {
         /// The largest limit the method accepts.
         max: u64,
     },
-    /// The rule is finer than the method's time resolution allows: more than one permit per
-    /// nanosecond of window, in a mode that cannot represent it exactly.
+    /// The rule is finer than the method's time resolution allows: no tick scale that lasts
+    /// [`RuleError::MIN_HORIZON`] represents its refill within 1/1000 (roughly, more than one
+    /// permit per 35 ns of window, with a limit that shares few factors with the window).
     RateTooHigh {
         /// The method.
         algorithm: Algorithm,
@@ -53,8 +54,9 @@ pub enum RuleError {
 }
 
 impl RuleError {
-    /// The shortest uptime (from the clock's origin) a limiter must be able to run for: ten
-    /// years, so that no deployment meets a wrap.
+    /// The shortest uptime a limiter must be able to run for, counted from its own start (a
+    /// service's: from when it was built), wherever its clock's origin lies: ten years, so that
+    /// no deployment meets a wrap.
     pub const MIN_HORIZON: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 }
 
@@ -100,8 +102,10 @@ impl fmt::Display for RuleError {
                 window,
             } => write!(
                 f,
-                "limit {limit} per window {window:?} is too fine for the {algorithm}: \
-                 at most 1 permit per nanosecond of window"
+                "limit {limit} per window {window:?} is too fine for the {algorithm}: at every \
+                 tick that lasts {:?}, rounding would slow the refill by more than 1/1000 \
+                 (roughly, more than 1 permit per 35ns of window)",
+                RuleError::MIN_HORIZON
             ),
             RuleError::HorizonTooShort {
                 algorithm,
@@ -151,6 +155,13 @@ pub enum ServiceError {
         /// The most allowed.
         max: usize,
     },
+    /// A service was built with a larger initial capacity than it allocates up front.
+    CapacityTooLarge {
+        /// The capacity asked for.
+        capacity: usize,
+        /// The most allowed.
+        max: usize,
+    },
 }
 
 impl fmt::Display for ServiceError {
@@ -176,6 +187,13 @@ impl fmt::Display for ServiceError {
             }
             ServiceError::TooManyPlans { count, max } => {
                 write!(f, "{count} plans given: a service holds at most {max}")
+            }
+            ServiceError::CapacityTooLarge { capacity, max } => {
+                write!(
+                    f,
+                    "capacity {capacity} is too large: at most {max} clients are allocated up \
+                     front (the map grows past its capacity as clients arrive)"
+                )
             }
         }
     }

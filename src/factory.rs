@@ -88,7 +88,7 @@ impl LimiterFactory {
 
     /// Checks that the method can honour `rule`, without making a limiter.
     pub fn check(&self, rule: Rule) -> Result<(), RuleError> {
-        crate::client_state::ClientParams::new(self.algorithm, rule).map(|_| ())
+        crate::client_state::ClientParams::new(self.algorithm, rule, 0).map(|_| ())
     }
 
     /// A fresh limiter for `rule`, reading time from `clock`.

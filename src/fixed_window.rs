@@ -11,6 +11,7 @@
 
 use crossbeam_utils::{Backoff, CachePadded};
 
+use crate::client_state::PARAM_WORDS;
 use crate::clock::Clock;
 use crate::decision::{Decision, Rejection};
 use crate::error::RuleError;
@@ -36,11 +37,15 @@ pub struct WindowParams {
     count_bits: u32,
     /// The largest window index the word can hold; later windows are clamped to it.
     max_index: u64,
+    /// The clock reading window 0 starts at: the start of the window the limiter (or service)
+    /// started in, so that windows stay aligned to the clock's origin while the horizon is
+    /// counted from the limiter's start.
+    origin_nanos: u64,
 }
 
 impl WindowParams {
     /// The parameters as plain words, for the service's plan table.
-    pub(crate) fn to_words(self) -> [u64; 5] {
+    pub(crate) fn to_words(self) -> [u64; PARAM_WORDS] {
         let rule = self.rule;
         let count_bits = u64::from(self.count_bits);
         [
@@ -48,17 +53,37 @@ impl WindowParams {
             rule.window_nanos(),
             count_bits,
             self.max_index,
+            self.origin_nanos,
             0,
         ]
     }
 
     /// The inverse of [`WindowParams::to_words`].
-    pub(crate) fn from_words(words: [u64; 5]) -> Option<WindowParams> {
+    pub(crate) fn from_words(words: [u64; PARAM_WORDS]) -> Option<WindowParams> {
         Some(WindowParams {
             rule: Rule::from_parts(words[0], words[1])?,
             count_bits: u32::try_from(words[2]).ok()?,
             max_index: words[3],
+            origin_nanos: words[4],
         })
+    }
+
+    /// The same parameters for a window whose timeline starts at the clock reading
+    /// `start_nanos` (its own start): window 0 is the one that reading falls in, aligned to the
+    /// clock's origin, and the horizon lies [`RuleError::MIN_HORIZON`] or more after it.
+    pub fn starting_at(self, start_nanos: u64) -> WindowParams {
+        let window = self.rule.window_nanos();
+        WindowParams {
+            origin_nanos: start_nanos / window * window,
+            ..self
+        }
+    }
+
+    /// A clock reading as nanoseconds since window 0 starts; readings before it count as its
+    /// start.
+    #[inline]
+    fn elapsed(&self, now_nanos: u64) -> u64 {
+        now_nanos.saturating_sub(self.origin_nanos)
     }
 
     /// Chooses the layout for `rule`, or explains why it would not last.
@@ -91,6 +116,7 @@ impl WindowParams {
             rule,
             count_bits,
             max_index,
+            origin_nanos: 0,
         })
     }
 
@@ -121,7 +147,7 @@ impl WindowParams {
     /// nothing granted; an earlier reading is counted in it. At least as strict as any word whose
     /// window was over at `since_nanos`. A service seeds new clients with it.
     pub fn empty_since(&self, since_nanos: u64) -> u64 {
-        self.pack(self.index_at(since_nanos), 0)
+        self.pack(self.index_at(self.elapsed(since_nanos)), 0)
     }
 
     #[inline]
@@ -160,23 +186,30 @@ impl WindowParams {
     /// word to store if it must change. `word` must not be retired.
     #[inline]
     pub fn decide(&self, word: u64, now_nanos: u64, n: u64) -> (Decision, Option<u64>) {
+        self.decide_elapsed(word, self.elapsed(now_nanos), n)
+    }
+
+    /// [`WindowParams::decide`], for a reading already counted from window 0.
+    #[inline]
+    fn decide_elapsed(&self, word: u64, now: u64, n: u64) -> (Decision, Option<u64>) {
         let limit = self.rule.limit();
+        let (stored_index, count) = self.unpack(word);
+        // A reading in an older window than the stored one (a stale or stepped-back clock) is
+        // counted in the stored window: it never resets the count. Only a reading past the
+        // stored window's end pays for a division.
+        let (index, used) = match self.newer_index(stored_index, now) {
+            Some(now_index) => (now_index, 0),
+            None => (stored_index, count.min(limit)),
+        };
+        let until_end = self.until_end_of(index, now);
         if n > limit {
             let rejection = Rejection::ExceedsLimit {
                 requested: n,
                 limit,
             };
-            return (Decision::rejected(self.rule, rejection), None);
+            let quota = Decision::allowed(self.rule, limit - used, until_end);
+            return (quota.into_rejected(rejection), None);
         }
-        let (stored_index, count) = self.unpack(word);
-        // A reading in an older window than the stored one (a stale or stepped-back clock) is
-        // counted in the stored window: it never resets the count. Only a reading past the
-        // stored window's end pays for a division.
-        let (index, used) = match self.newer_index(stored_index, now_nanos) {
-            Some(now_index) => (now_index, 0),
-            None => (stored_index, count.min(limit)),
-        };
-        let until_end = self.until_end_of(index, now_nanos);
         if used + n > limit {
             let decision = Decision::denied(self.rule, limit - used, until_end, until_end);
             return (decision, None);
@@ -193,7 +226,7 @@ impl WindowParams {
         // read-modify-writes of one word are totally ordered, so each grant sees every earlier
         // one. No other memory is published through it.
         let mut current = word.load(Ordering::Relaxed);
-        let now = clock.now_nanos();
+        let now = self.elapsed(clock.now_nanos());
         if n == 1 && current & RETIRED == 0 {
             let (index, count) = self.unpack(current);
             if count < self.rule.limit() && self.is_within(index, now) {
@@ -206,7 +239,7 @@ impl WindowParams {
             if current & RETIRED != 0 {
                 return Decision::retired(self.rule);
             }
-            let (decision, new) = self.decide(current, now, n);
+            let (decision, new) = self.decide_elapsed(current, now, n);
             let Some(new) = new else {
                 return decision;
             };
@@ -248,9 +281,9 @@ impl WindowParams {
         if current & RETIRED != 0 {
             return Decision::retired(self.rule);
         }
-        let now = clock.now_nanos();
-        let (available, _) = self.decide(current, now, 0);
-        let (one, _) = self.decide(current, now, 1);
+        let now = self.elapsed(clock.now_nanos());
+        let (available, _) = self.decide_elapsed(current, now, 0);
+        let (one, _) = self.decide_elapsed(current, now, 1);
         if one.is_allowed() { available } else { one }
     }
 
@@ -282,7 +315,7 @@ impl WindowParams {
         let current = word.load(Ordering::Relaxed);
         let (index, count) = self.unpack(current);
         current & RETIRED == 0
-            && (index < self.index_at(now_nanos) || count == 0)
+            && (index < self.index_at(self.elapsed(now_nanos)) || count == 0)
             // Release: see `RETIRE_ORDERING`.
             && word
                 .compare_exchange(current, current | RETIRED, RETIRE_ORDERING, Ordering::Relaxed)
@@ -340,9 +373,10 @@ pub struct FixedWindow<C = crate::MonotonicClock> {
 impl<C: Clock> FixedWindow<C> {
     /// An empty window for `rule`, reading time from `clock`.
     pub fn new(rule: Rule, clock: C) -> Result<Self, RuleError> {
+        let params = WindowParams::new(rule)?.starting_at(clock.now_nanos());
         Ok(FixedWindow {
             word: CachePadded::new(Word::new(0)),
-            params: WindowParams::new(rule)?,
+            params,
             clock,
         })
     }

@@ -36,9 +36,13 @@
 //! | [`SlidingWindowLog`] | at most N in every span of one window, wherever it starts | N `AtomicU64`s (N ≤ 65 536) |
 //!
 //! Every method is lock-free: the state lives in atomics updated by compare-and-swap loops (the
-//! fixed window takes a single `fetch_add` for one permit in the current window), a denied attempt
-//! only reads, and no decision path takes a lock. Each module documents its guarantee and why it
-//! holds under any interleaving.
+//! fixed window takes a single `fetch_add` for one permit in the current window), and no decision
+//! path takes a lock. A denied attempt changes nothing that any answer depends on: the token
+//! bucket and the sliding log only read their state; the fixed window's single-permit path adds to
+//! a count that racing grants already filled, which the count's headroom absorbs. (The service
+//! also counts each decision in a per-thread shard, and may retire and replace a client's limiter
+//! made under an earlier rule, on any call, even one of 0 permits.) Each module documents its
+//! guarantee and why it holds under any interleaving.
 //!
 //! ## Time
 //!
@@ -70,6 +74,7 @@ mod headers;
 mod limiter;
 mod plan_table;
 mod rule;
+mod seqlock;
 mod service;
 #[cfg(feature = "serde")]
 mod settings;
@@ -101,6 +106,7 @@ pub use token_bucket::TokenBucket;
 #[doc(hidden)]
 pub mod loom_support {
     pub use crate::fixed_window::WindowParams;
+    pub use crate::seqlock::VersionedWords;
     pub use crate::sliding_window_log::{LogParams, LogRing};
     pub use crate::sync::AtomicWord;
     pub use crate::token_bucket::GcraParams;

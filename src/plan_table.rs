@@ -2,39 +2,18 @@
 //! counts.
 //!
 //! Requests read a plan's constants on every decision, so reads take no lock and never wait for
-//! a writer: each plan keeps two copies of its constants and a version number; a change writes the
-//! copy that readers are *not* directed to, then moves the version. Each copy is guarded by a
-//! sequence number, so the rare reader still on a copy that a second change is rewriting sees the
-//! sequence move, and retries on the newer version. Changes are rare and serialized by a mutex that
+//! a writer: the constants sit in a [`VersionedWords`], whose every read returns one version's
+//! constants whole with that version's number. Changes are rare and serialized by a mutex that
 //! readers never touch.
 
 use std::sync::Mutex;
-use std::sync::atomic::fence;
 
 use crossbeam_utils::CachePadded;
 
-use crate::client_state::ClientParams;
+use crate::client_state::{ClientParams, PARAM_WORDS};
+use crate::seqlock::VersionedWords;
 use crate::sync::{Ordering, Word};
 use crate::{Algorithm, Rule, RuleError};
-
-/// How many words a plan's constants take (see `ClientParams::to_words`).
-const PARAM_WORDS: usize = 5;
-
-/// One copy of a plan's constants, guarded by a sequence number that is odd while it is written.
-#[derive(Debug)]
-struct ParamsCopy {
-    sequence: Word,
-    words: [Word; PARAM_WORDS],
-}
-
-impl ParamsCopy {
-    fn new(words: [u64; PARAM_WORDS]) -> Self {
-        ParamsCopy {
-            sequence: Word::new(0),
-            words: words.map(Word::new),
-        }
-    }
-}
 
 /// Counts of decisions for one plan, spread over cache-line-sized shards so that threads do not
 /// write one shared line on every decision.
@@ -104,9 +83,7 @@ pub struct PlanStats {
 #[derive(Debug)]
 struct PlanEntry<P> {
     plan: P,
-    /// The version of the plan's constants; they live in `copies[version % 2]`.
-    version: Word,
-    copies: [ParamsCopy; 2],
+    params: VersionedWords<Word, PARAM_WORDS>,
     counts: DecisionCounts,
 }
 
@@ -114,6 +91,9 @@ struct PlanEntry<P> {
 #[derive(Debug)]
 pub(crate) struct PlanTable<P> {
     algorithm: Algorithm,
+    /// The clock reading the service started at: every rule's timeline starts there (see
+    /// `ClientParams::new`).
+    start_nanos: u64,
     plans: Box<[PlanEntry<P>]>,
     /// Serializes rule changes; never taken on a decision.
     change: Mutex<()>,
@@ -124,23 +104,25 @@ pub(crate) struct PlanTable<P> {
 pub(crate) const MAX_PLANS: usize = 1 << 16;
 
 impl<P: Eq> PlanTable<P> {
-    /// A table of `plans`, each already checked against `algorithm`. At most [`MAX_PLANS`].
-    pub(crate) fn new(algorithm: Algorithm, plans: Vec<(P, ClientParams)>) -> Self {
+    /// A table of `plans`, each already checked against `algorithm` with timelines starting at
+    /// `start_nanos`. At most [`MAX_PLANS`].
+    pub(crate) fn new(
+        algorithm: Algorithm,
+        start_nanos: u64,
+        plans: Vec<(P, ClientParams)>,
+    ) -> Self {
         let shards = std::thread::available_parallelism()
             .map_or(4, |cores| cores.get())
             .saturating_mul(2)
             .next_power_of_two();
         PlanTable {
             algorithm,
+            start_nanos,
             plans: plans
                 .into_iter()
                 .map(|(plan, params)| PlanEntry {
                     plan,
-                    version: Word::new(0),
-                    copies: [
-                        ParamsCopy::new(params.to_words()),
-                        ParamsCopy::new(params.to_words()),
-                    ],
+                    params: VersionedWords::new(params.to_words()),
                     counts: DecisionCounts::new(shards),
                 })
                 .collect(),
@@ -166,64 +148,33 @@ impl<P: Eq> PlanTable<P> {
     }
 
     /// The current constants of the plan at `index`, and their version (which changes with
-    /// every rule change).
+    /// every rule change): always the constants of exactly that version.
     #[inline]
     pub(crate) fn read(&self, index: usize) -> (u64, ClientParams) {
         let entry = &self.plans[index];
         loop {
-            // Acquire: pairs with the Release store of a change, so the copy it points to is
-            // seen whole.
-            let version = entry.version.load(Ordering::Acquire);
-            let copy = &entry.copies[(version & 1) as usize];
-            // Acquire: orders the word loads after it.
-            let before = copy.sequence.load(Ordering::Acquire);
-            if before & 1 == 1 {
-                // A second change is rewriting this copy; the version has moved on.
-                continue;
-            }
-            // Relaxed: validated by the sequence re-read below.
-            let words = copy
-                .words
-                .each_ref()
-                .map(|word| word.load(Ordering::Relaxed));
-            // Acquire fence: if any word came from a later rewrite, the re-read below sees that
-            // rewrite's odd sequence (it pairs with the writer's Release fence).
-            fence(Ordering::Acquire);
-            let after = copy.sequence.load(Ordering::Relaxed);
-            if before == after
-                && let Some(params) = ClientParams::from_words(self.algorithm, words)
-            {
+            let (version, words) = entry.params.read();
+            // Always decodes: every version was written from valid constants of this method.
+            if let Some(params) = ClientParams::from_words(self.algorithm, words) {
                 return (version, params);
             }
         }
     }
 
+    /// The constants `rule` would have in this table, or why the method cannot honour it.
+    pub(crate) fn params_for(&self, rule: Rule) -> Result<ClientParams, RuleError> {
+        ClientParams::new(self.algorithm, rule, self.start_nanos)
+    }
+
     /// Replaces the rule of the plan at `index`. Clients under the plan follow the new rule from
     /// their next request.
     pub(crate) fn set_rule(&self, index: usize, rule: Rule) -> Result<(), RuleError> {
-        let params = ClientParams::new(self.algorithm, rule)?;
-        let entry = &self.plans[index];
+        let params = self.params_for(rule)?;
         let _writer = self
             .change
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        // Relaxed: changes are serialized by the mutex, which orders them.
-        let version = entry.version.load(Ordering::Relaxed);
-        let next = version.wrapping_add(1);
-        let copy = &entry.copies[(next & 1) as usize];
-        let sequence = copy.sequence.load(Ordering::Relaxed);
-        // Relaxed store, then a Release fence: a reader that sees any of the words below also sees
-        // this odd sequence (the reader's Acquire fence pairs with this one).
-        copy.sequence.store(sequence + 1, Ordering::Relaxed);
-        fence(Ordering::Release);
-        for (word, value) in copy.words.iter().zip(params.to_words()) {
-            // Relaxed: published by the Release stores below.
-            word.store(value, Ordering::Relaxed);
-        }
-        // Release: the words are complete before the sequence is even again...
-        copy.sequence.store(sequence + 2, Ordering::Release);
-        // ... and before readers are directed to this copy.
-        entry.version.store(next, Ordering::Release);
+        self.plans[index].params.write(params.to_words());
         Ok(())
     }
 

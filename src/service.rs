@@ -3,7 +3,6 @@
 use std::borrow::Borrow;
 use std::fmt;
 use std::hash::{BuildHasher, Hash, Hasher, RandomState};
-use std::sync::atomic::fence;
 
 use papaya::ResizeMode;
 
@@ -11,7 +10,7 @@ use crate::client_state::{ClientParams, ClientState};
 use crate::clock::Clock;
 use crate::error::ServiceError;
 use crate::plan_table::{MAX_PLANS, PlanTable};
-use crate::sync::{Ordering, Word};
+use crate::sync::{AtomicWord, Ordering, Word};
 use crate::{Algorithm, Decision, MonotonicClock, PlanStats, Rule};
 
 /// The map's key: a client under one plan.
@@ -246,7 +245,6 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let index = self.plan_index(plan)?;
-        let (mut version, mut params) = self.plans.read(index);
         let query = ClientQuery {
             client,
             plan: index as u16,
@@ -255,12 +253,13 @@ where
         loop {
             let entry = match clients.get(&query) {
                 Some(entry) => entry,
-                None if n == 0 => {
-                    return Ok(params.fresh_report(true, self.made_as_of(), &self.clock));
-                }
-                // Two first requests may both get here; the map keeps exactly one entry, and
-                // both use it.
                 None => {
+                    let (version, params) = self.plans.read(index);
+                    if n == 0 {
+                        return Ok(params.fresh_report(true, self.made_as_of(), &self.clock));
+                    }
+                    // Two first requests may both get here; the map keeps exactly one entry,
+                    // and both use it.
                     let key = ClientKey {
                         client: client.to_owned(),
                         plan: query.plan,
@@ -271,21 +270,30 @@ where
                     })
                 }
             };
+            // The plan is read *after* the entry is found (or put) in the map, and the entry is
+            // used only if it was made under the version this read returns. A rule change
+            // retires the client's old entry only after the new version is in place, so an
+            // entry put after that retirement by a request that read the plan before the change
+            // is always seen here as made under an earlier version: it never grants, and the
+            // client cannot start afresh twice across one change.
+            let (version, params) = self.plans.read(index);
             if entry.version != version {
-                (version, params) = self.plans.read(index);
-                if entry.version != version {
-                    // Made under an earlier rule of the plan: retire it, so that no request still
-                    // holding it can be granted on it, and start afresh under the current rule.
+                if entry.version < version {
+                    // Made under an earlier rule of the plan: retire it, so that no request
+                    // still holding it can be granted on it, and start afresh under the current
+                    // rule.
                     params.retire_now(&entry.state);
                     Self::remove_entry(&clients, &query, entry);
-                    continue;
                 }
+                // (A later version than this read cannot be: whoever made the entry read its
+                // version before putting it where this lookup found it. Read again regardless.)
+                continue;
             }
             let decision = params.acquire(&entry.state, n, &self.clock, count_remaining);
             if decision.is_retired() {
                 // Acquire: pairs with the Release of the retiring exchange, so the sweep's
                 // `evicted_up_to` is seen when the fresh limiter is made.
-                fence(Ordering::Acquire);
+                <Word as AtomicWord>::fence(Ordering::Acquire);
                 // Evicted under our feet: drop the retired entry (if no one has yet) and use a
                 // fresh one. The retired state granted nothing, so nothing is counted twice.
                 Self::remove_entry(&clients, &query, entry);
@@ -305,13 +313,15 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let index = self.plan_index(plan)?;
-        let (version, params) = self.plans.read(index);
         let query = ClientQuery {
             client,
             plan: index as u16,
         };
         let clients = self.clients.pin();
-        if let Some(entry) = clients.get(&query)
+        let entry = clients.get(&query);
+        // Read after the lookup, as `acquire` does (see there).
+        let (version, params) = self.plans.read(index);
+        if let Some(entry) = entry
             && entry.version == version
         {
             let decision = params.peek(&entry.state, &self.clock);
@@ -425,6 +435,10 @@ impl<P: Eq + fmt::Debug, C: Clock> ServiceBuilder<P, C> {
 }
 
 impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher> ServiceBuilder<P, C, S> {
+    /// The largest initial capacity a service may be built with: 2^28 clients, whose table
+    /// takes a few GiB up front. Larger maps come from growth, as clients arrive.
+    pub const MAX_CAPACITY: usize = 1 << 28;
+
     /// Adds `plan` with its `rule`.
     pub fn plan(mut self, plan: P, rule: Rule) -> Self {
         self.plans.push((plan, rule));
@@ -448,14 +462,29 @@ impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher> ServiceBuilder<P, C, S> {
         }
     }
 
-    /// Room for `capacity` clients before the map first grows.
+    /// Room for `capacity` clients before the map first grows. The map's table for it is
+    /// allocated when the service is built (about 10 to 20 bytes per client of capacity), so
+    /// [`build`](ServiceBuilder::build) refuses more than [`ServiceBuilder::MAX_CAPACITY`]; the
+    /// map still grows past its capacity as clients arrive.
     pub fn capacity(mut self, capacity: usize) -> Self {
         self.capacity = capacity;
         self
     }
 
-    /// The service, or the first problem with its plans.
+    /// The service, or the first problem with its plans or capacity.
+    ///
+    /// # Errors
+    ///
+    /// [`ServiceError::NoPlans`], [`ServiceError::TooManyPlans`],
+    /// [`ServiceError::DuplicatePlan`], [`ServiceError::InvalidRule`] (naming the plan) or
+    /// [`ServiceError::CapacityTooLarge`].
     pub fn build<K: Hash + Eq>(self) -> Result<RateLimiterService<K, P, C, S>, ServiceError> {
+        if self.capacity > Self::MAX_CAPACITY {
+            return Err(ServiceError::CapacityTooLarge {
+                capacity: self.capacity,
+                max: Self::MAX_CAPACITY,
+            });
+        }
         if self.plans.is_empty() {
             return Err(ServiceError::NoPlans);
         }
@@ -465,6 +494,9 @@ impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher> ServiceBuilder<P, C, S> {
                 max: MAX_PLANS,
             });
         }
+        // Every rule's timeline starts here, so that a limiter's horizon is counted from the
+        // service's start, wherever the clock's origin lies.
+        let start_nanos = self.clock.now_nanos();
         let mut plans: Vec<(P, ClientParams)> = Vec::with_capacity(self.plans.len());
         for (plan, rule) in self.plans {
             if plans.iter().any(|(existing, _)| *existing == plan) {
@@ -472,12 +504,13 @@ impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher> ServiceBuilder<P, C, S> {
                     plan: format!("{plan:?}"),
                 });
             }
-            let params = ClientParams::new(self.algorithm, rule).map_err(|source| {
-                ServiceError::InvalidRule {
-                    plan: format!("{plan:?}"),
-                    source,
-                }
-            })?;
+            let params =
+                ClientParams::new(self.algorithm, rule, start_nanos).map_err(|source| {
+                    ServiceError::InvalidRule {
+                        plan: format!("{plan:?}"),
+                        source,
+                    }
+                })?;
             plans.push((plan, params));
         }
         // Blocking resizes: the default incremental mode, filled by inserts, was measured to leave
@@ -489,7 +522,7 @@ impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher> ServiceBuilder<P, C, S> {
             .build();
         Ok(RateLimiterService {
             evicted_up_to: Word::new(0),
-            plans: PlanTable::new(self.algorithm, plans),
+            plans: PlanTable::new(self.algorithm, start_nanos, plans),
             clock: self.clock,
             clients,
         })

@@ -10,6 +10,7 @@
 
 use crossbeam_utils::{Backoff, CachePadded};
 
+use crate::client_state::PARAM_WORDS;
 use crate::clock::Clock;
 use crate::decision::{Decision, Rejection};
 use crate::error::RuleError;
@@ -31,6 +32,9 @@ pub struct LogParams {
     /// The latest admission time the ring can record; later readings are clamped to it, and
     /// time then stands still (no slot expires), so the ring denies rather than wraps.
     latest_time: u64,
+    /// The clock reading time 0 stands for: the limiter's (or service's) start, so that the
+    /// horizon is counted from there, wherever the clock's own origin lies.
+    origin_nanos: u64,
 }
 
 /// The ring's state: the admission counter and the slots.
@@ -51,11 +55,18 @@ impl<A: AtomicWord> LogRing<A> {
     /// is denied until then. At least as strict as any ring whose admissions had all expired by
     /// `since_nanos`. A service seeds new clients with it. (The lap mark 0 is lap -1's.)
     pub fn empty_since(params: &LogParams, since_nanos: u64) -> LogRing<A> {
-        let expiry = since_nanos.min(params.latest_time);
+        let expiry = params.elapsed(since_nanos).min(params.latest_time);
         LogRing {
             head: A::new(0),
             slots: (0..params.capacity).map(|_| A::new(expiry)).collect(),
         }
+    }
+
+    /// How many slots the ring has. Counts over the ring use this, not a rule's limit, so that
+    /// no index can pass its end whatever constants it is used with.
+    #[inline]
+    fn capacity(&self) -> u64 {
+        self.slots.len() as u64
     }
 
     /// The slot at `index` (below the capacity, as every index the ring computes is).
@@ -175,24 +186,42 @@ impl<A: AtomicWord> LogRing<A> {
 
 impl LogParams {
     /// The parameters as plain words, for the service's plan table.
-    pub(crate) fn to_words(self) -> [u64; 5] {
+    pub(crate) fn to_words(self) -> [u64; PARAM_WORDS] {
         let rule = self.rule;
         [
             rule.limit(),
             rule.window_nanos(),
             self.capacity,
             self.latest_time,
+            self.origin_nanos,
             0,
         ]
     }
 
     /// The inverse of [`LogParams::to_words`].
-    pub(crate) fn from_words(words: [u64; 5]) -> Option<LogParams> {
+    pub(crate) fn from_words(words: [u64; PARAM_WORDS]) -> Option<LogParams> {
         Some(LogParams {
             rule: Rule::from_parts(words[0], words[1])?,
             capacity: words[2],
             latest_time: words[3],
+            origin_nanos: words[4],
         })
+    }
+
+    /// The same parameters for a log whose timeline starts at the clock reading `origin_nanos`
+    /// (its own start): readings before it count as its start, and its horizon lies
+    /// [`RuleError::MIN_HORIZON`] or more after it.
+    pub fn starting_at(self, origin_nanos: u64) -> LogParams {
+        LogParams {
+            origin_nanos,
+            ..self
+        }
+    }
+
+    /// A clock reading as nanoseconds since the log's origin.
+    #[inline]
+    fn elapsed(&self, now_nanos: u64) -> u64 {
+        now_nanos.saturating_sub(self.origin_nanos)
     }
 
     /// The most permits a sliding window log accepts: 65 536 (512 KiB of slots per client).
@@ -220,6 +249,7 @@ impl LogParams {
             rule,
             capacity: rule.limit(),
             latest_time,
+            origin_nanos: 0,
         })
     }
 
@@ -250,14 +280,14 @@ impl LogParams {
         clock: &impl Clock,
         count_remaining: bool,
     ) -> Decision {
-        match n {
-            0 => return self.peek_at(ring, clock.now_nanos(), true),
-            1 => {}
-            _ => return self.reject(n),
-        }
         // One clock reading per attempt, kept on a retry (see `GcraParams::acquire`): the
         // admission's time is at least the latest admission's anyway.
-        let now = clock.now_nanos();
+        let now = self.elapsed(clock.now_nanos());
+        match n {
+            0 => return self.peek_at(ring, now, true),
+            1 => {}
+            _ => return self.reject(ring, n, now),
+        }
         let backoff = Backoff::new();
         loop {
             let Snapshot { head, slot, latest } = ring.snapshot();
@@ -291,7 +321,7 @@ impl LogParams {
                 ring.help_head_past(head);
                 let remaining = if count_remaining {
                     let oldest = ring.index_after(index_of(head), 1);
-                    self.expired_after(ring, oldest, self.capacity - 1, time)
+                    self.expired_after(ring, oldest, ring.capacity() - 1, time)
                 } else {
                     0
                 };
@@ -336,8 +366,8 @@ impl LogParams {
         since_nanos: u64,
         clock: &impl Clock,
     ) -> Decision {
-        let now = clock.now_nanos();
-        let expiry = since_nanos.min(self.latest_time);
+        let now = self.elapsed(clock.now_nanos());
+        let expiry = self.elapsed(since_nanos).min(self.latest_time);
         if now >= expiry {
             Decision::allowed(self.rule, self.capacity, 0)
         } else if zero_permits {
@@ -347,7 +377,9 @@ impl LogParams {
         }
     }
 
-    fn reject(&self, n: u64) -> Decision {
+    /// The answer to `n` permits that can never be granted as asked, reporting what the ring
+    /// holds at `now`.
+    fn reject<A: AtomicWord>(&self, ring: &LogRing<A>, n: u64, now: u64) -> Decision {
         let rejection = if n > self.rule.limit() {
             Rejection::ExceedsLimit {
                 requested: n,
@@ -356,13 +388,13 @@ impl LogParams {
         } else {
             Rejection::BatchUnsupported { requested: n }
         };
-        Decision::rejected(self.rule, rejection)
+        self.peek_at(ring, now, true).into_rejected(rejection)
     }
 
     /// What one permit would get now, taking nothing.
     #[inline]
     pub fn peek<A: AtomicWord>(&self, ring: &LogRing<A>, clock: &impl Clock) -> Decision {
-        self.peek_at(ring, clock.now_nanos(), false)
+        self.peek_at(ring, self.elapsed(clock.now_nanos()), false)
     }
 
     /// `available_only`: report as an allowed `n = 0` attempt (the permits available) even when
@@ -386,7 +418,7 @@ impl LogParams {
         };
         let latest_time = (latest & EXPIRY_MASK).saturating_sub(self.rule.window_nanos());
         let time = now.max(latest_time).min(self.latest_time);
-        let remaining = self.expired_after(ring, oldest, self.capacity, time);
+        let remaining = self.expired_after(ring, oldest, ring.capacity(), time);
         let reset_after = (latest & EXPIRY_MASK).saturating_sub(now);
         if remaining > 0 || available_only {
             return Decision::allowed(self.rule, remaining, reset_after);
@@ -397,7 +429,9 @@ impl LogParams {
 
     /// Retires the ring if every admission has expired at `now_nanos`; see [`LogRing::retire`].
     pub fn retire_if_idle<A: AtomicWord>(&self, ring: &LogRing<A>, now_nanos: u64) -> bool {
-        ring.retire(Some(now_nanos))
+        // Clamped as admissions' times are: at the horizon time stands still, so an admission
+        // made there never expires, and the ring is never idle.
+        ring.retire(Some(self.elapsed(now_nanos).min(self.latest_time)))
     }
 }
 
@@ -495,7 +529,7 @@ impl<C: Clock> SlidingWindowLog<C> {
     /// An empty log for `rule`, reading time from `clock`. Errors when the limit exceeds
     /// [`SlidingWindowLog::MAX_LIMIT`].
     pub fn new(rule: Rule, clock: C) -> Result<Self, RuleError> {
-        let params = LogParams::new(rule)?;
+        let params = LogParams::new(rule)?.starting_at(clock.now_nanos());
         Ok(SlidingWindowLog {
             ring: CachePadded::new(LogRing::new(&params)),
             params,

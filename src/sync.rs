@@ -40,10 +40,15 @@ pub trait AtomicWord: Send + Sync {
     ) -> Result<u64, u64>;
     /// Atomic wrapping add, returning the previous value.
     fn fetch_add(&self, value: u64, order: Ordering) -> u64;
+    /// Atomic store.
+    fn store(&self, value: u64, order: Ordering);
+    /// A memory fence of the same model as this word (loom's under loom, the hardware's
+    /// otherwise), so that protocols built on fences can be model-checked too.
+    fn fence(order: Ordering);
 }
 
 macro_rules! impl_atomic_word {
-    ($ty:ty) => {
+    ($ty:ty, $fence:path) => {
         impl AtomicWord for $ty {
             #[inline]
             fn new(value: u64) -> Self {
@@ -77,10 +82,18 @@ macro_rules! impl_atomic_word {
             fn fetch_add(&self, value: u64, order: Ordering) -> u64 {
                 <$ty>::fetch_add(self, value, order)
             }
+            #[inline]
+            fn store(&self, value: u64, order: Ordering) {
+                <$ty>::store(self, value, order)
+            }
+            #[inline]
+            fn fence(order: Ordering) {
+                $fence(order)
+            }
         }
     };
 }
 
-impl_atomic_word!(portable_atomic::AtomicU64);
+impl_atomic_word!(portable_atomic::AtomicU64, core::sync::atomic::fence);
 #[cfg(feature = "loom")]
-impl_atomic_word!(loom::sync::atomic::AtomicU64);
+impl_atomic_word!(loom::sync::atomic::AtomicU64, loom::sync::atomic::fence);

@@ -13,6 +13,7 @@ use std::num::NonZeroU64;
 
 use crossbeam_utils::{Backoff, CachePadded};
 
+use crate::client_state::PARAM_WORDS;
 use crate::clock::Clock;
 use crate::decision::{Decision, Rejection, Scale};
 use crate::error::RuleError;
@@ -51,6 +52,9 @@ pub struct GcraParams {
     token_ticks: u64,
     /// A full bucket's refill time (`N * T`), in ticks.
     burst_ticks: u64,
+    /// The clock reading tick 0 stands for: the limiter's (or service's) start, so that the
+    /// horizon is counted from there, wherever the clock's own origin lies.
+    origin_nanos: u64,
 }
 
 fn gcd(mut a: u64, mut b: u64) -> u64 {
@@ -62,24 +66,36 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
 
 impl GcraParams {
     /// The parameters as plain words, for the service's plan table.
-    pub(crate) fn to_words(self) -> [u64; 5] {
+    pub(crate) fn to_words(self) -> [u64; PARAM_WORDS] {
         [
             self.rule.limit(),
             self.rule.window_nanos(),
             self.ticks_per_nano,
             self.token_ticks,
             self.burst_ticks,
+            self.origin_nanos,
         ]
     }
 
     /// The inverse of [`GcraParams::to_words`].
-    pub(crate) fn from_words(words: [u64; 5]) -> Option<GcraParams> {
+    pub(crate) fn from_words(words: [u64; PARAM_WORDS]) -> Option<GcraParams> {
         Some(GcraParams {
             rule: Rule::from_parts(words[0], words[1])?,
             ticks_per_nano: words[2],
             token_ticks: words[3],
             burst_ticks: words[4],
+            origin_nanos: words[5],
         })
+    }
+
+    /// The same parameters for a bucket whose timeline starts at the clock reading
+    /// `origin_nanos` (its own start): readings before it count as its start, and its horizon
+    /// lies [`RuleError::MIN_HORIZON`] or more after it.
+    pub fn starting_at(self, origin_nanos: u64) -> GcraParams {
+        GcraParams {
+            origin_nanos,
+            ..self
+        }
     }
 
     /// Derives the tick scale for `rule`, or explains why the bucket cannot honour it.
@@ -99,26 +115,26 @@ impl GcraParams {
                 ticks_per_nano: exact_ticks_per_nano,
                 token_ticks: window / g,
                 burst_ticks: burst,
+                origin_nanos: 0,
             });
         }
 
-        // Fallback: the finest tick that still lasts the horizon, each token rounded up to whole
-        // ticks so the bucket never refills faster than the rule.
+        // Fallback: the finest tick that still lasts the horizon and rounds each token's refill
+        // by at most 1/1000, each token rounded up to whole ticks so the bucket never refills
+        // faster than the rule. The rounding error is not monotonic in the tick (it depends on
+        // `window * ticks mod limit`), so every tick is tried, finest first: at most 29 of them.
         let max_ticks_per_nano = HORIZON_TICKS / min_horizon;
+        let mut bucket_too_large = false;
         for ticks_per_nano in (1..=max_ticks_per_nano).rev() {
             let window_ticks = u128::from(window) * u128::from(ticks_per_nano);
             let token_ticks = window_ticks.div_ceil(u128::from(limit));
             let burst = token_ticks * u128::from(limit);
-            // How much slower than the rule the rounding makes the refill. It only grows as the
-            // tick coarsens, so failing at the finest tick fails at all.
-            if (burst - window_ticks) * MAX_SLOWDOWN_DENOMINATOR > window_ticks {
-                return Err(RuleError::RateTooHigh {
-                    algorithm: Algorithm::TokenBucket,
-                    limit,
-                    window: rule.window(),
-                });
-            }
             if burst > u128::from(MAX_BURST_TICKS) {
+                bucket_too_large = true;
+                continue;
+            }
+            // How much slower than the rule the rounding makes the refill.
+            if (burst - window_ticks) * MAX_SLOWDOWN_DENOMINATOR > window_ticks {
                 continue;
             }
             return Ok(GcraParams {
@@ -127,12 +143,23 @@ impl GcraParams {
                 // Both fit: burst <= 2^62.
                 token_ticks: token_ticks as u64,
                 burst_ticks: burst as u64,
+                origin_nanos: 0,
             });
         }
-        // Even one tick per nanosecond overflows: only windows over 146 years get here.
-        Err(RuleError::WindowTooLong {
+        if bucket_too_large && limit <= window {
+            // Even at one tick per nanosecond the full bucket, each token's refill rounded up
+            // to whole nanoseconds, overflows: only windows over 146 years get here. The longest
+            // window that fits is the largest multiple of the limit within the bound (a rate
+            // above one permit per nanosecond is too fine instead, below).
+            return Err(RuleError::WindowTooLong {
+                window: rule.window(),
+                max: std::time::Duration::from_nanos(MAX_BURST_TICKS / limit * limit),
+            });
+        }
+        Err(RuleError::RateTooHigh {
+            algorithm: Algorithm::TokenBucket,
+            limit,
             window: rule.window(),
-            max: std::time::Duration::from_nanos(MAX_BURST_TICKS),
         })
     }
 
@@ -154,9 +181,11 @@ impl GcraParams {
         self.now_ticks(since_nanos)
     }
 
+    /// A clock reading in ticks since the bucket's origin, clamped to the horizon.
     #[inline]
     fn now_ticks(&self, now_nanos: u64) -> u64 {
         now_nanos
+            .saturating_sub(self.origin_nanos)
             .saturating_mul(self.ticks_per_nano)
             .min(HORIZON_TICKS)
     }
@@ -176,23 +205,23 @@ impl GcraParams {
     /// answers, and the TAT to store if it must change.
     #[inline]
     pub fn decide(&self, tat: u64, now_nanos: u64, n: u64) -> (Decision, Option<u64>) {
-        if n > self.rule.limit() {
-            let rejection = Rejection::ExceedsLimit {
-                requested: n,
-                limit: self.rule.limit(),
-            };
-            return (Decision::rejected(self.rule, rejection), None);
-        }
         let now = self.now_ticks(now_nanos);
         // A TAT ahead of `now` is the debt still being refilled; one behind is a full bucket.
         let base = tat.max(now);
         let debt = base - now;
-        if n == 0 {
-            // Takes nothing, so it is granted and writes nothing, even when a clock that stepped
-            // back makes the debt exceed a full bucket.
+        if n == 0 || n > self.rule.limit() {
+            // Takes nothing, so it writes nothing, even when a clock that stepped back makes the
+            // debt exceed a full bucket; it reports what the bucket holds.
             let available = self.burst_ticks.saturating_sub(debt);
             let decision = Decision::allowed_in(self.rule, self.scale(), available, debt);
-            return (decision, None);
+            if n == 0 {
+                return (decision, None);
+            }
+            let rejection = Rejection::ExceedsLimit {
+                requested: n,
+                limit: self.rule.limit(),
+            };
+            return (decision.into_rejected(rejection), None);
         }
         // n <= N, so n*T <= N*T <= 2^62, and debt <= N*T unless the clock stepped back:
         // saturating only matters for a corrupt word, and then it denies.
@@ -289,7 +318,7 @@ impl GcraParams {
 /// A token bucket: capacity N (the rule's limit), refilled N per window, starting full.
 ///
 /// Lock-free: one `AtomicU64` (on its own cache line) updated by a compare-and-swap loop; a denied
-/// attempt only reads.
+/// attempt only reads it.
 ///
 /// # Guarantee
 ///
@@ -336,9 +365,10 @@ pub struct TokenBucket<C = crate::MonotonicClock> {
 impl<C: Clock> TokenBucket<C> {
     /// A full bucket for `rule`, reading time from `clock`.
     pub fn new(rule: Rule, clock: C) -> Result<Self, RuleError> {
+        let params = GcraParams::new(rule)?.starting_at(clock.now_nanos());
         Ok(TokenBucket {
             tat: CachePadded::new(Word::new(0)),
-            params: GcraParams::new(rule)?,
+            params,
             clock,
         })
     }

@@ -62,3 +62,25 @@ fn more_plans_than_a_service_can_tell_apart_is_an_error() {
         }
     );
 }
+
+#[test]
+fn a_capacity_beyond_what_can_be_allocated_up_front_is_an_error() {
+    for capacity in [
+        usize::MAX,
+        ServiceBuilder::<u32, FakeClock>::MAX_CAPACITY + 1,
+    ] {
+        let error = ServiceBuilder::new(Algorithm::TokenBucket, FakeClock::new())
+            .plan(1u32, Rule::per_second(5).unwrap())
+            .capacity(capacity)
+            .build::<u64>()
+            .unwrap_err();
+        assert_eq!(
+            error,
+            ServiceError::CapacityTooLarge {
+                capacity,
+                max: 1 << 28
+            }
+        );
+        assert!(error.to_string().contains("at most 268435456"), "{error}");
+    }
+}

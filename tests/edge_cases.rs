@@ -412,6 +412,8 @@ fn an_inexact_token_bucket_refills_at_most_a_thousandth_slower_and_never_faster(
         (999, Duration::from_secs(1)),
         (31, Duration::from_nanos(1_000_003)),
         (1_000_003, Duration::from_secs(3)),
+        // The finest tick rounds this one by more than 1/1000, a coarser one does not.
+        (29_029_001, Duration::from_secs(1)),
     ] {
         let clock = FakeClock::new();
         let bucket = TokenBucket::new(Rule::new(limit, window).unwrap(), clock.clone()).unwrap();
@@ -438,10 +440,117 @@ fn an_inexact_token_bucket_refills_at_most_a_thousandth_slower_and_never_faster(
         );
     }
     let refused = LimiterFactory::new(Algorithm::TokenBucket)
-        .check(Rule::new(600_000_001, Duration::from_secs(1)).unwrap())
+        .check(Rule::new(100_000_007, Duration::from_millis(1)).unwrap())
         .unwrap_err();
     assert!(
         matches!(refused, RuleError::RateTooHigh { .. }),
         "{refused:?}"
+    );
+}
+
+#[test]
+fn a_sweeping_service_at_the_horizon_never_admits_more_than_once() {
+    for algorithm in Algorithm::ALL {
+        let clock = FakeClock::new();
+        let service: RateLimiterService<u64, &str, FakeClock> = RateLimiterService::new(
+            algorithm,
+            [("free", Rule::per_second(5).unwrap())],
+            clock.clone(),
+        )
+        .unwrap();
+        clock.set(Duration::MAX); // time stands still there: nothing ever refills
+        let mut granted = 0;
+        for _ in 0..10 {
+            granted += (0..10)
+                .filter(|_| service.allow(&1, &"free").unwrap())
+                .count();
+            service.sweep();
+        }
+        assert_eq!(granted, 5, "{algorithm}: 5 of 100 attempts over 10 sweeps");
+    }
+}
+
+#[test]
+fn a_limiter_on_a_clock_counting_from_the_epoch_keeps_refilling() {
+    let epoch_now = Duration::from_secs(1_700_000_000);
+    for (algorithm, rule, step) in [
+        (
+            Algorithm::TokenBucket,
+            Rule::per_second(7).unwrap(),
+            Duration::from_secs(1),
+        ),
+        (
+            Algorithm::TokenBucket,
+            Rule::per_second(999).unwrap(),
+            Duration::from_secs(1),
+        ),
+        (
+            Algorithm::FixedWindow,
+            Rule::new(1, Duration::from_micros(100)).unwrap(),
+            Duration::from_micros(100),
+        ),
+        (
+            Algorithm::SlidingWindowLog,
+            Rule::per_second(7).unwrap(),
+            Duration::from_secs(1),
+        ),
+    ] {
+        let clock = FakeClock::starting_at(epoch_now);
+        let limiter = limiter(algorithm, rule, &clock);
+        for round in 0..5 {
+            let granted = burst(&limiter, 2_000) as u64;
+            assert!(
+                granted == rule.limit() || (round > 0 && granted + 1 >= rule.limit()),
+                "{algorithm} {rule}, round {round}: {granted}"
+            );
+            let denied = limiter.try_acquire_n(1);
+            assert!(denied.is_denied());
+            assert!(denied.retry_after() <= step, "{algorithm}: {denied:?}");
+            clock.advance(step);
+        }
+    }
+}
+
+#[test]
+fn a_request_above_the_limit_reports_the_real_quota() {
+    for algorithm in Algorithm::ALL {
+        let clock = FakeClock::new();
+        let limiter = limiter(algorithm, Rule::per_second(100).unwrap(), &clock);
+        let untouched = limiter.try_acquire_n(101);
+        assert!(untouched.rejection().is_some(), "{algorithm}");
+        assert_eq!(untouched.remaining(), 100, "{algorithm}: {untouched:?}");
+        assert_eq!(
+            untouched.ratelimit_header("free").unwrap(),
+            limiter.peek().ratelimit_header("free").unwrap(),
+            "{algorithm}: as a look at the limiter reports it"
+        );
+        assert_eq!(burst(&limiter, 40), 40);
+        let used = limiter.try_acquire_n(101);
+        assert_eq!(used.remaining(), 60, "{algorithm}: {used:?}");
+        assert_eq!(
+            used.reset_after(),
+            limiter.peek().reset_after(),
+            "{algorithm}"
+        );
+        assert!(!used.reset_after().is_zero(), "{algorithm}: {used:?}");
+    }
+}
+
+#[test]
+fn a_token_bucket_refusing_a_long_window_names_a_bound_the_window_breaks() {
+    let window = Duration::from_nanos(1 << 62);
+    let error = LimiterFactory::new(Algorithm::TokenBucket)
+        .check(Rule::new(3, window).unwrap())
+        .unwrap_err();
+    let RuleError::WindowTooLong { max, .. } = error else {
+        panic!("{error:?}");
+    };
+    assert!(max < window, "{error}");
+    assert!(max > window - Duration::from_nanos(3), "{error}");
+    // The bound itself is accepted.
+    assert!(
+        LimiterFactory::new(Algorithm::TokenBucket)
+            .check(Rule::new(3, max).unwrap())
+            .is_ok()
     );
 }

@@ -1,0 +1,257 @@
+//! Live rule changes racing requests and sweeps: a read of a plan's rule never mixes versions
+//! (so no decision runs under another rule's constants, and none panics), and a change grants a
+//! client at most one window's worth of the new rule beyond what it had used, even to requests
+//! that were in flight when it happened.
+
+use std::cell::RefCell;
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use tollgate::{Algorithm, Clock, FakeClock, MonotonicClock, RateLimiterService, Rule};
+
+/// A client key whose `Hash` parks the hashing thread at its `n`th hash, when that thread has
+/// asked for it: a stand-in for the thread being preempted at that point of a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ParkingKey(u64);
+
+struct Park {
+    /// Hashes left before parking.
+    countdown: usize,
+    parked: Sender<()>,
+    resume: Receiver<()>,
+}
+
+thread_local! {
+    static PARK: RefCell<Option<Park>> = const { RefCell::new(None) };
+}
+
+impl Hash for ParkingKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        PARK.with(|park| {
+            let mut park = park.borrow_mut();
+            if let Some(plan) = park.as_mut() {
+                plan.countdown -= 1;
+                if plan.countdown == 0 {
+                    let plan = park.take().expect("just seen");
+                    plan.parked.send(()).expect("the test waits for the park");
+                    plan.resume.recv().expect("the test resumes the thread");
+                }
+            }
+        });
+        self.0.hash(state);
+    }
+}
+
+/// On this thread, park at the `nth` hash of a `ParkingKey` from now on.
+fn park_at_hash(nth: usize) -> (Receiver<()>, Sender<()>) {
+    let (parked_tx, parked_rx) = channel();
+    let (resume_tx, resume_rx) = channel();
+    PARK.with(|park| {
+        *park.borrow_mut() = Some(Park {
+            countdown: nth,
+            parked: parked_tx,
+            resume: resume_rx,
+        })
+    });
+    (parked_rx, resume_tx)
+}
+
+type ParkingService = RateLimiterService<ParkingKey, &'static str, FakeClock>;
+
+/// The review's reproduction, made deterministic: five grants, then `in_flight` requests that
+/// are preempted right after they start (at their first hash: the map lookup), a rule change (to
+/// the same rule) and a sweep, then the in-flight requests resume, then ten more requests, all
+/// at one instant. At most ten may be granted: five before, and one window's worth after.
+fn granted_across_a_change_with_requests_in_flight(algorithm: Algorithm) -> usize {
+    let clock = FakeClock::new();
+    let rule = Rule::per_second(5).unwrap();
+    let service: Arc<ParkingService> =
+        Arc::new(RateLimiterService::new(algorithm, [("free", rule)], clock).unwrap());
+    let client = ParkingKey(7);
+    let mut granted = (0..5)
+        .filter(|_| service.allow(&client, &"free").unwrap())
+        .count();
+
+    let mut in_flight = Vec::new();
+    let mut resumes = Vec::new();
+    for _ in 0..5 {
+        let (ready_tx, ready_rx) = channel();
+        let service = Arc::clone(&service);
+        let client = client.clone();
+        in_flight.push(std::thread::spawn(move || {
+            let (parked, resume) = park_at_hash(1);
+            ready_tx.send((parked, resume)).unwrap();
+            service.allow(&client, &"free").unwrap()
+        }));
+        let (parked, resume) = ready_rx.recv().unwrap();
+        parked
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the request parks at its hash");
+        resumes.push(resume);
+    }
+    service.set_rule(&"free", rule).unwrap();
+    service.sweep();
+    for resume in resumes {
+        resume.send(()).unwrap();
+    }
+    granted += in_flight
+        .into_iter()
+        .map(|request| request.join().unwrap())
+        .filter(|&allowed| allowed)
+        .count();
+    granted += (0..10)
+        .filter(|_| service.allow(&client, &"free").unwrap())
+        .count();
+    granted
+}
+
+#[test]
+fn requests_in_flight_across_a_rule_change_and_a_sweep_never_start_the_client_afresh_twice() {
+    for algorithm in Algorithm::ALL {
+        let granted = granted_across_a_change_with_requests_in_flight(algorithm);
+        assert!(
+            granted <= 10,
+            "{algorithm}: {granted} granted in one instant, at most 10 may be"
+        );
+        assert!(granted >= 5, "{algorithm}: the new rule grants afresh");
+    }
+}
+
+/// A client that appears during a change: a first request preempted between its read of the
+/// plan and its insert, while the rule changes (and, in one variant, other requests make the
+/// client under the new rule), never adds a second fresh start nor grants under the old rule.
+#[test]
+fn a_first_request_preempted_before_its_insert_does_not_start_a_second_limiter() {
+    for algorithm in Algorithm::ALL {
+        for others_while_parked in [false, true] {
+            let clock = FakeClock::new();
+            let old = Rule::per_second(5).unwrap();
+            let service: Arc<ParkingService> =
+                Arc::new(RateLimiterService::new(algorithm, [("free", old)], clock).unwrap());
+            // Another client first, so that the map has a table and the lookup hashes.
+            assert!(service.allow(&ParkingKey(1), &"free").unwrap());
+            let client = ParkingKey(9);
+            let (ready_tx, ready_rx) = channel();
+            let first = {
+                let service = Arc::clone(&service);
+                let client = client.clone();
+                std::thread::spawn(move || {
+                    // Hash 1: the lookup (finds nothing); hash 2: the insert.
+                    let (parked, resume) = park_at_hash(2);
+                    ready_tx.send((parked, resume)).unwrap();
+                    service.allow(&client, &"free").unwrap()
+                })
+            };
+            let (parked, resume) = ready_rx.recv().unwrap();
+            parked
+                .recv_timeout(Duration::from_secs(10))
+                .expect("the first request parks at its insert");
+            service
+                .set_rule(&"free", Rule::per_second(3).unwrap())
+                .unwrap();
+            let mut granted = 0;
+            if others_while_parked {
+                granted += (0..10)
+                    .filter(|_| service.allow(&client, &"free").unwrap())
+                    .count();
+            }
+            resume.send(()).unwrap();
+            granted += usize::from(first.join().unwrap());
+            granted += (0..10)
+                .filter(|_| service.allow(&client, &"free").unwrap())
+                .count();
+            assert_eq!(
+                granted, 3,
+                "{algorithm}, others while parked: {others_while_parked}: one window of the \
+                 new rule in one instant"
+            );
+        }
+    }
+}
+
+/// The review's panic: readers of a sliding-log plan racing bursts of rule changes (limits 1, 64
+/// and 8) must never see one version's number with another's constants (the ring would be
+/// indexed past its end). Real time, real threads, half a second.
+#[test]
+fn readers_racing_bursts_of_rule_changes_never_panic_nor_mix_rules() {
+    for algorithm in Algorithm::ALL {
+        let service: Arc<RateLimiterService<u64, &str, MonotonicClock>> = Arc::new(
+            RateLimiterService::new(
+                algorithm,
+                [("free", Rule::per_second(8).unwrap())],
+                MonotonicClock::new(),
+            )
+            .unwrap(),
+        );
+        let stop = Arc::new(AtomicBool::new(false));
+        let start = Arc::new(Barrier::new(7));
+        let decisions = Arc::new(AtomicUsize::new(0));
+        let readers: Vec<_> = (0..6u64)
+            .map(|client| {
+                let (service, stop, start, decisions) = (
+                    Arc::clone(&service),
+                    Arc::clone(&stop),
+                    Arc::clone(&start),
+                    Arc::clone(&decisions),
+                );
+                std::thread::spawn(move || {
+                    start.wait();
+                    while !stop.load(Ordering::Relaxed) {
+                        let decision = service.acquire(&client, &"free", 1).unwrap();
+                        // Every decision names a rule the plan has had, with figures inside it.
+                        assert!([1, 64, 8].contains(&decision.limit()), "{decision:?}");
+                        assert!(decision.remaining() <= decision.limit(), "{decision:?}");
+                        for _ in 0..32 {
+                            let peek = service.peek(&client, &"free").unwrap();
+                            assert!(peek.remaining() <= peek.limit(), "{peek:?}");
+                        }
+                        decisions.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        start.wait();
+        let until = Instant::now() + Duration::from_millis(500);
+        while Instant::now() < until {
+            for limit in [1, 64, 8] {
+                service
+                    .set_rule(&"free", Rule::per_second(limit).unwrap())
+                    .unwrap();
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        stop.store(true, Ordering::Relaxed);
+        for reader in readers {
+            reader.join().expect("no reader panicked");
+        }
+        assert!(decisions.load(Ordering::Relaxed) > 0, "{algorithm}");
+    }
+}
+
+/// A clock whose origin is decades ago (the Unix epoch, say) is a legitimate clock: the service
+/// counts its horizon from its own start, so every rule keeps working.
+#[test]
+fn a_service_on_a_clock_counting_from_the_epoch_keeps_refilling() {
+    for algorithm in Algorithm::ALL {
+        let clock = FakeClock::starting_at(Duration::from_secs(1_700_000_000));
+        let service: RateLimiterService<u64, &str, FakeClock> = RateLimiterService::new(
+            algorithm,
+            [("free", Rule::per_second(7).unwrap())],
+            clock.clone(),
+        )
+        .unwrap();
+        for round in 0..5 {
+            let granted = (0..20)
+                .filter(|_| service.allow(&1, &"free").unwrap())
+                .count();
+            assert_eq!(granted, 7, "{algorithm}, round {round}");
+            let denied = service.acquire(&1, &"free", 1).unwrap();
+            assert!(denied.retry_after() <= Duration::from_secs(1), "{denied:?}");
+            clock.advance(Duration::from_secs(1));
+        }
+        assert!(clock.now_nanos() > 1_700_000_000_000_000_000);
+    }
+}
