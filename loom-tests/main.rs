@@ -11,6 +11,8 @@
 //! - retiring a state for eviction while threads acquire never over-admits;
 //! - the service's first requests for a client make exactly one limiter, and its sweep never
 //!   over-admits (`service`, with a small stand-in for the map);
+//! - a read of a plan's versioned rule never mixes versions, and a rule change racing a sweep and
+//!   a client's requests starts the client afresh at most once (`rule_change`);
 //!
 //! and `negative_controls` shows that each of these checks fails on a variant broken in one
 //! racy step.
@@ -18,6 +20,7 @@
 mod fixed_window;
 mod models;
 mod negative_controls;
+mod rule_change;
 mod service;
 mod sliding_window_log;
 mod support;

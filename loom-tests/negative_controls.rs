@@ -18,6 +18,8 @@
 //! | first requests | map insert: load, write if empty | `service::TWO_FIRST_REQUESTS` |
 //! | sweep racing requests | map removal without the identity check | `service::SWEEP_THEN_REQUESTS` |
 //! | sweep, lagging clock | no Acquire fence before reading the sweep's instant | `service::SWEEP_WITH_LAGGING_CLOCK` |
+//! | plan table reads | a read that checks only the copy's parity | `rule_change::check_reads_racing_changes` |
+//! | rule change racing requests | the plan read once, before the lookup | `rule_change::check_change_racing_requests` |
 
 use loom::sync::atomic::{AtomicU64, Ordering};
 use tollgate::loom_support::{GcraParams, WindowParams};
@@ -370,4 +372,19 @@ fn service_without_acquire_fence_fails_sweep_model() {
     // Without the fence, the request that meets the retired limiter may read the sweep's instant
     // from before the sweep and make a replacement that grants its lagging reading.
     service::SWEEP_WITH_LAGGING_CLOCK.check_with::<_, CasSlot>(bucket(1), Fence::Omitted);
+}
+
+#[test]
+#[should_panic(expected = "mixed versions")]
+fn plan_table_read_checking_only_parity_fails_two_changes_model() {
+    crate::rule_change::check_reads_racing_changes(2, 1, crate::rule_change::Read::ParityOnly);
+}
+
+#[test]
+#[should_panic(expected = "started afresh twice")]
+fn service_reading_the_plan_once_before_the_lookup_fails_rule_change_model() {
+    crate::rule_change::check_change_racing_requests(
+        bucket(1),
+        crate::rule_change::Protocol::ReadOnceBefore,
+    );
 }

@@ -76,6 +76,7 @@ impl<A: AtomicWord, const N: usize> VersionedWords<A, N> {
             if before != complete(version) {
                 // A later change has rewritten this copy, or is rewriting it: the version has
                 // moved on; read it again.
+                A::wait_for_writer();
                 continue;
             }
             // Relaxed: validated by the sequence re-read below.
@@ -90,6 +91,7 @@ impl<A: AtomicWord, const N: usize> VersionedWords<A, N> {
             if copy.sequence.load(Ordering::Relaxed) == before {
                 return (version, words);
             }
+            A::wait_for_writer();
         }
     }
 
@@ -122,6 +124,7 @@ impl<A: AtomicWord, const N: usize> VersionedWords<A, N> {
             let copy = &self.copies[(version & 1) as usize];
             let before = copy.sequence.load(Ordering::Acquire);
             if before & 1 == 1 {
+                A::wait_for_writer();
                 continue;
             }
             let words = copy
@@ -132,6 +135,7 @@ impl<A: AtomicWord, const N: usize> VersionedWords<A, N> {
             if copy.sequence.load(Ordering::Relaxed) == before {
                 return (version, words);
             }
+            A::wait_for_writer();
         }
     }
 }

@@ -45,10 +45,13 @@ pub trait AtomicWord: Send + Sync {
     /// A memory fence of the same model as this word (loom's under loom, the hardware's
     /// otherwise), so that protocols built on fences can be model-checked too.
     fn fence(order: Ordering);
+    /// Waits a moment for another thread to finish a write this one must see: a spin hint, or
+    /// under loom a yield (loom must know the thread is waiting for another).
+    fn wait_for_writer();
 }
 
 macro_rules! impl_atomic_word {
-    ($ty:ty, $fence:path) => {
+    ($ty:ty, $fence:path, $wait:path) => {
         impl AtomicWord for $ty {
             #[inline]
             fn new(value: u64) -> Self {
@@ -90,10 +93,22 @@ macro_rules! impl_atomic_word {
             fn fence(order: Ordering) {
                 $fence(order)
             }
+            #[inline]
+            fn wait_for_writer() {
+                $wait()
+            }
         }
     };
 }
 
-impl_atomic_word!(portable_atomic::AtomicU64, core::sync::atomic::fence);
+impl_atomic_word!(
+    portable_atomic::AtomicU64,
+    core::sync::atomic::fence,
+    core::hint::spin_loop
+);
 #[cfg(feature = "loom")]
-impl_atomic_word!(loom::sync::atomic::AtomicU64, loom::sync::atomic::fence);
+impl_atomic_word!(
+    loom::sync::atomic::AtomicU64,
+    loom::sync::atomic::fence,
+    loom::thread::yield_now
+);

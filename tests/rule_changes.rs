@@ -255,3 +255,178 @@ fn a_service_on_a_clock_counting_from_the_epoch_keeps_refilling() {
         assert!(clock.now_nanos() > 1_700_000_000_000_000_000);
     }
 }
+
+/// What the oracle drives: the service, or a variant with a planted bug.
+trait UnderTest: Send + Sync {
+    fn allow(&self, client: u64, plan: &'static str) -> bool;
+    fn set_rule(&self, plan: &'static str, rule: Rule);
+    fn sweep(&self);
+}
+
+type OracleService = RateLimiterService<u64, &'static str, FakeClock>;
+
+impl UnderTest for OracleService {
+    fn allow(&self, client: u64, plan: &'static str) -> bool {
+        RateLimiterService::allow(self, &client, &plan).unwrap()
+    }
+    fn set_rule(&self, plan: &'static str, rule: Rule) {
+        RateLimiterService::set_rule(self, &plan, rule).unwrap();
+    }
+    fn sweep(&self) {
+        RateLimiterService::sweep(self);
+    }
+}
+
+/// The planted bug: one denial in 500 is reported as a grant.
+struct OverAdmitting {
+    service: OracleService,
+    denials: AtomicUsize,
+}
+
+impl UnderTest for OverAdmitting {
+    fn allow(&self, client: u64, plan: &'static str) -> bool {
+        UnderTest::allow(&self.service, client, plan)
+            || self.denials.fetch_add(1, Ordering::Relaxed) % 500 == 499
+    }
+    fn set_rule(&self, plan: &'static str, rule: Rule) {
+        UnderTest::set_rule(&self.service, plan, rule);
+    }
+    fn sweep(&self) {
+        UnderTest::sweep(&self.service);
+    }
+}
+
+const PLANS: [&str; 2] = ["free", "pro"];
+const CLIENTS: u64 = 3;
+/// Longer than every window the oracle uses, so each phase starts with every client fresh.
+const PHASE_STEP: Duration = Duration::from_secs(10);
+
+/// Threads hammer three clients, each request naming one of two plans (so clients move between
+/// plans all the time), while a driver changes the plans' rules and sweeps, racing them, and
+/// moves the clock on by more than any window between phases (the clock is still within a phase,
+/// so no refill muddies the count). Within one phase, a client may be granted under a plan at
+/// most the limit in force when the phase began plus, for each change made during the phase, the
+/// new rule's limit: the guarantee of `set_rule`. Returns the first breach found.
+fn rule_change_oracle(
+    algorithm: Algorithm,
+    make: impl Fn(OracleService) -> Box<dyn UnderTest>,
+) -> Result<(), String> {
+    const PHASES: usize = 60;
+    let limits = [2, 5, 9, 3];
+    let clock = FakeClock::new();
+    let service = RateLimiterService::new(
+        algorithm,
+        PLANS.map(|plan| (plan, Rule::per_second(limits[0]).unwrap())),
+        clock.clone(),
+    )
+    .unwrap();
+    let service: Arc<dyn UnderTest> = Arc::from(make(service));
+    // Held shared by every request, exclusively by the clock's move: a phase's grants are
+    // counted in that phase. (Rule changes and sweeps take no part in it: they race requests.)
+    let phase_gate = Arc::new(std::sync::RwLock::new(0usize));
+    let stop = Arc::new(AtomicBool::new(false));
+    let attempts = Arc::new(AtomicUsize::new(0));
+    // grants[phase][client][plan]
+    let grants = Arc::new(
+        (0..PHASES)
+            .map(|_| {
+                (0..CLIENTS)
+                    .map(|_| [AtomicUsize::new(0), AtomicUsize::new(0)])
+                    .collect::<Vec<_>>()
+            })
+            .collect::<Vec<_>>(),
+    );
+    let hammers: Vec<_> = (0..3u64)
+        .map(|thread| {
+            let (service, gate, stop, grants, attempts) = (
+                Arc::clone(&service),
+                Arc::clone(&phase_gate),
+                Arc::clone(&stop),
+                Arc::clone(&grants),
+                Arc::clone(&attempts),
+            );
+            std::thread::spawn(move || {
+                let mut step = thread;
+                while !stop.load(Ordering::Relaxed) {
+                    step = step
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let client = (step >> 33) % CLIENTS;
+                    let plan = ((step >> 40) % 2) as usize;
+                    let phase = gate.read().unwrap();
+                    if *phase < PHASES && service.allow(client, PLANS[plan]) {
+                        grants[*phase][client as usize][plan].fetch_add(1, Ordering::Relaxed);
+                    }
+                    attempts.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    // allowance[phase][plan]: the limit in force at the phase's start plus each change's.
+    let mut allowance = vec![[0u64; 2]; PHASES];
+    let mut in_force = [limits[0]; 2];
+    let mut turn = 0usize;
+    for allowed in allowance.iter_mut() {
+        *allowed = in_force;
+        for _ in 0..20 {
+            turn += 1;
+            let plan = turn % 2;
+            if turn.is_multiple_of(3) {
+                let limit = limits[turn % limits.len()];
+                service.set_rule(PLANS[plan], Rule::per_second(limit).unwrap());
+                in_force[plan] = limit;
+                allowed[plan] += limit;
+            } else {
+                service.sweep();
+            }
+            // Let the requests race each step, however the threads are scheduled.
+            let seen = attempts.load(Ordering::Relaxed);
+            while attempts.load(Ordering::Relaxed) < seen + 10 {
+                std::thread::yield_now();
+            }
+        }
+        let mut gate = phase_gate.write().unwrap();
+        clock.advance(PHASE_STEP);
+        *gate += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for hammer in hammers {
+        hammer.join().expect("no request panicked");
+    }
+    let mut granted_in_all = 0;
+    for (phase, clients) in grants.iter().enumerate() {
+        for (client, plans) in clients.iter().enumerate() {
+            for plan in 0..2 {
+                let granted = plans[plan].load(Ordering::Relaxed) as u64;
+                granted_in_all += granted;
+                if granted > allowance[phase][plan] {
+                    return Err(format!(
+                        "{algorithm}: phase {phase}, client {client}, plan {}: {granted} granted, \
+                         at most {} allowed",
+                        PLANS[plan], allowance[phase][plan]
+                    ));
+                }
+            }
+        }
+    }
+    assert!(granted_in_all > 0, "{algorithm}: the hammer made no grant");
+    Ok(())
+}
+
+#[test]
+fn rule_changes_plan_moves_and_sweeps_racing_requests_keep_every_rules_guarantee() {
+    for algorithm in Algorithm::ALL {
+        rule_change_oracle(algorithm, |service| Box::new(service)).unwrap();
+    }
+}
+
+#[test]
+fn the_rule_change_oracle_catches_a_planted_over_admission() {
+    let breach = rule_change_oracle(Algorithm::TokenBucket, |service| {
+        Box::new(OverAdmitting {
+            service,
+            denials: AtomicUsize::new(0),
+        })
+    });
+    assert!(breach.is_err(), "the planted over-admission went unseen");
+}
