@@ -285,6 +285,43 @@ fn a_zero_negative_or_fractional_limit_names_the_plan_and_field() {
 }
 
 #[test]
+fn toml_nan_and_inf_are_reported_as_written() {
+    for value in ["nan", "+nan", "-nan", "inf", "+inf", "-inf"] {
+        let error = toml_error(&free_plan(&format!("limit = {value}\nwindow = \"1s\"")));
+        let written = value.trim_start_matches('+');
+        let written = if written == "-nan" { "nan" } else { written };
+        let message = error.to_string();
+        assert!(
+            message.starts_with(&format!("plan \"free\": field \"limit\" is {written}: ")),
+            "{value}: {message}"
+        );
+        assert!(!message.contains("null"), "{message}");
+    }
+}
+
+#[test]
+fn a_toml_datetime_is_reported_as_a_datetime() {
+    let error = toml_error(&free_plan("limit = 5\nwindow = 1979-05-27T07:32:00Z"));
+    assert_eq!(
+        error.to_string(),
+        "plan \"free\": field \"window\" is the datetime 1979-05-27T07:32:00Z: expected a whole \
+         number and a unit (ns, us, ms, s, m, h, d), like \"500ms\", \"1s\" or \"1h30m\""
+    );
+    let plan = toml_error("algorithm = \"token_bucket\"\nplans.free = 07:32:00");
+    assert!(
+        plan.to_string()
+            .starts_with("plan \"free\": found the datetime 07:32:00: expected a table"),
+        "{plan}"
+    );
+    let algorithm = toml_error("algorithm = 1979-05-27\n[plans.free]\nlimit = 5\nwindow = \"1s\"");
+    assert!(!algorithm.to_string().contains("$__"), "{algorithm}");
+    assert!(
+        algorithm.to_string().contains("the datetime 1979-05-27"),
+        "{algorithm}"
+    );
+}
+
+#[test]
 fn an_unparsable_window_names_the_plan_and_field() {
     for window in [
         "\"1 fortnight\"",
@@ -305,6 +342,40 @@ fn an_unparsable_window_names_the_plan_and_field() {
         );
         assert!(error.to_string().contains("like \"500ms\""), "{error}");
     }
+}
+
+#[test]
+fn an_overflowing_window_is_too_long_not_unparsable() {
+    for window in [
+        "213503982334602d",
+        "30000000d",
+        "99999999999999999999s",
+        "106752d",
+    ] {
+        let error = toml_error(&free_plan(&format!("limit = 5\nwindow = \"{window}\"")));
+        assert_eq!(
+            error,
+            SettingsError::WindowTooLong {
+                plan: Some("free".into()),
+                index: None,
+                found: format!("\"{window}\""),
+                max: Rule::MAX_WINDOW,
+            }
+        );
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "plan \"free\": field \"window\" is \"{window}\": too long, a window is at most \
+                 106751d23h47m16s854ms775us808ns ({:?})",
+                Rule::MAX_WINDOW
+            )
+        );
+    }
+    // The maximum itself is a window (which a method may still refuse).
+    let longest: Rule =
+        serde_json::from_str(r#"{"limit": 1, "window": "106751d23h47m16s854ms775us808ns"}"#)
+            .unwrap();
+    assert_eq!(longest.window(), Rule::MAX_WINDOW);
 }
 
 #[test]
@@ -455,6 +526,41 @@ fn a_plan_the_program_lacks_or_does_not_know_is_named() {
 }
 
 #[test]
+fn a_plan_listed_twice_by_the_program_is_named_as_such() {
+    let settings = Settings::from_toml_str(
+        "algorithm = \"token_bucket\"\n[plans.free]\nlimit = 5\nwindow = \"1s\"\n\
+         [plans.pro]\nlimit = 50\nwindow = \"1s\"",
+    )
+    .unwrap();
+    for plans in [
+        [
+            ("free", Tier::Free),
+            ("free", Tier::Pro),
+            ("pro", Tier::Pro),
+        ],
+        [
+            ("free", Tier::Free),
+            ("pro", Tier::Pro),
+            ("free", Tier::Free),
+        ],
+    ] {
+        let error = settings
+            .build_service_with_plans::<u64, _, _>(FakeClock::new(), plans)
+            .unwrap_err();
+        assert_eq!(
+            error,
+            SettingsError::PlanListedTwice {
+                plan: "free".into()
+            }
+        );
+        assert_eq!(
+            error.to_string(),
+            "plan \"free\" is listed twice in the program's plans"
+        );
+    }
+}
+
+#[test]
 fn a_misspelt_field_is_named() {
     let error = toml_error(&free_plan("limt = 5\nwindow = \"1s\""));
     assert_eq!(
@@ -481,6 +587,69 @@ fn a_misspelt_field_is_named() {
         ))
         .to_string(),
         "plan \"free\": limits[1]: field \"windw\" is unknown: expected one of limit, window"
+    );
+}
+
+#[test]
+fn a_key_repeated_in_json_is_refused_as_in_toml() {
+    let plan = json_error(
+        r#"{"algorithm": "token_bucket", "plans": {
+            "free": {"limit": 5, "window": "1s"},
+            "free": {"limit": 500, "window": "1s"}}}"#,
+    );
+    assert_eq!(
+        plan,
+        SettingsError::DuplicatePlan {
+            plan: "free".into()
+        }
+    );
+    assert_eq!(
+        plan.to_string(),
+        "plan \"free\" is given twice: give each plan once"
+    );
+    let limit = json_error(
+        r#"{"algorithm": "token_bucket",
+            "plans": {"free": {"limit": 5, "window": "1s", "limit": 500}}}"#,
+    );
+    assert_eq!(
+        limit,
+        SettingsError::DuplicateField {
+            plan: Some("free".into()),
+            index: None,
+            field: "limit".into()
+        }
+    );
+    let algorithm = json_error(
+        r#"{"algorithm": "token_bucket", "algorithm": "fixed_window",
+            "plans": {"free": {"limit": 5, "window": "1s"}}}"#,
+    );
+    assert_eq!(
+        algorithm.to_string(),
+        "field \"algorithm\" is given twice: give each field once"
+    );
+    let plans = json_error(
+        r#"{"algorithm": "token_bucket", "plans": {"free": {"limit": 5, "window": "1s"}},
+            "plans": {"pro": {"limit": 5, "window": "1s"}}}"#,
+    );
+    assert!(
+        matches!(&plans, SettingsError::DuplicateField { plan: None, field, .. } if field == "plans")
+    );
+    let window_in_list = json_error(
+        r#"{"algorithm": "token_bucket", "plans": {"free": {"limits": [
+            {"limit": 5, "window": "1s"}, {"limit": 5, "window": "1s", "window": "1h"}]}}}"#,
+    );
+    assert_eq!(
+        window_in_list.to_string(),
+        "plan \"free\": limits[1]: field \"window\" is given twice: give each field once"
+    );
+
+    // TOML refuses the same as a syntax error.
+    let toml = toml_error(
+        "algorithm = \"token_bucket\"\n[plans.free]\nlimit = 5\nwindow = \"1s\"\nlimit = 500",
+    );
+    assert!(
+        matches!(toml, SettingsError::Syntax { format: "TOML", .. }),
+        "{toml:?}"
     );
 }
 
