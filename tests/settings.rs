@@ -838,3 +838,18 @@ fn a_syntax_error_says_where() {
     let io = Settings::from_path("/nonexistent/tollgate.toml").unwrap_err();
     assert!(matches!(io, SettingsError::Io { .. }));
 }
+
+proptest::proptest! {
+    /// Any rule written out (its window in whole units) reads back as the same rule.
+    #[test]
+    fn any_rule_written_out_reads_back_the_same(
+        limit in 1..=u64::MAX,
+        window_nanos in 1..=Rule::MAX_WINDOW.as_nanos() as u64,
+    ) {
+        let rule = Rule::new(limit, Duration::from_nanos(window_nanos)).unwrap();
+        let json = serde_json::to_string(&rule).unwrap();
+        proptest::prop_assert_eq!(serde_json::from_str::<Rule>(&json).unwrap(), rule);
+        let toml = toml::to_string(&rule).unwrap();
+        proptest::prop_assert_eq!(toml::from_str::<Rule>(&toml).unwrap(), rule);
+    }
+}
