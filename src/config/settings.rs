@@ -1,5 +1,6 @@
 //! [`Settings`]: the method and each plan's limits, read through serde and checked.
 
+use std::collections::HashSet;
 use std::fmt;
 use std::hash::Hash;
 #[cfg(feature = "settings")]
@@ -221,14 +222,10 @@ impl Settings {
     /// [`SettingsError::MissingPlan`] when the settings have no such plan, and
     /// [`SettingsError::SeveralLimits`] when it has more than one limit.
     pub fn rule(&self, plan: &str) -> Result<Rule, SettingsError> {
-        let (name, rules) = self
-            .plans
-            .iter()
-            .find(|(name, _)| name == plan)
-            .ok_or_else(|| SettingsError::MissingPlan {
-                plan: plan.to_owned(),
-            })?;
-        single_rule(name, rules)
+        let rules = self.rules(plan).ok_or_else(|| SettingsError::MissingPlan {
+            plan: plan.to_owned(),
+        })?;
+        single_rule(plan, rules)
     }
 
     /// A service whose plans are the settings' plan names.
@@ -273,36 +270,37 @@ impl Settings {
     {
         let wanted: Vec<(&str, P)> = plans.into_iter().collect();
         // Checked first, so that a plan named twice is reported as such rather than as missing.
-        for (position, (name, _)) in wanted.iter().enumerate() {
-            if wanted[..position]
-                .iter()
-                .any(|(earlier, _)| earlier == name)
-            {
-                return Err(SettingsError::PlanListedTwice {
-                    plan: (*name).to_owned(),
-                });
-            }
+        let mut named = HashSet::with_capacity(wanted.len());
+        if let Some((name, _)) = wanted.iter().find(|(name, _)| !named.insert(*name)) {
+            return Err(SettingsError::PlanListedTwice {
+                plan: (*name).to_owned(),
+            });
         }
         if let Some((name, _)) = self
             .plans
             .iter()
-            .find(|(name, _)| !wanted.iter().any(|(wanted, _)| wanted == name))
+            .find(|(name, _)| !named.contains(name.as_str()))
         {
             return Err(SettingsError::UnexpectedPlan { plan: name.clone() });
         }
         let mut rules = Vec::with_capacity(wanted.len());
         for (name, plan) in wanted {
-            let (_, plan_rules) = self
-                .plans
-                .iter()
-                .find(|(file_name, _)| file_name == name)
-                .ok_or_else(|| SettingsError::MissingPlan {
-                    plan: name.to_owned(),
-                })?;
+            let plan_rules = self.rules(name).ok_or_else(|| SettingsError::MissingPlan {
+                plan: name.to_owned(),
+            })?;
             rules.push((plan, single_rule(name, plan_rules)?));
         }
         RateLimiterService::new(self.algorithm, rules, clock)
             .map_err(|source| SettingsError::Service { source })
+    }
+
+    /// The rules of `plan`, found by binary search in the sorted plans.
+    fn rules(&self, plan: &str) -> Option<&[Rule]> {
+        let position = self
+            .plans
+            .binary_search_by(|(name, _)| name.as_str().cmp(plan))
+            .ok()?;
+        Some(&self.plans[position].1)
     }
 }
 
@@ -453,8 +451,9 @@ impl<'de> Expect<'de> for PlansShape<'_> {
 
     fn table<A: MapAccess<'de>>(self, mut table: Table<A>) -> Result<Vec<ReadPlan>, A::Error> {
         let mut plans: Vec<ReadPlan> = Vec::new();
+        let mut names = HashSet::new();
         while let Some(name) = table.next_key()? {
-            if plans.iter().any(|plan| plan.name == name) {
+            if !names.insert(name.clone()) {
                 return Err(self.at.fail(SettingsError::DuplicatePlan { plan: name }));
             }
             let (rules, listed) = table.next_value(Any(PlanShape {
