@@ -1,6 +1,6 @@
-//! Settings through serde (feature `serde`): `Deserialize` and `Serialize` for [`Rule`](crate::Rule),
-//! [`Algorithm`](crate::Algorithm) and [`Settings`], windows written as `"1h30m"`, and the
-//! typed [`SettingsError`]; file loading with the `settings` feature.
+//! Settings through serde (feature `serde`): `Deserialize` and `Serialize` for
+//! [`Rule`](crate::Rule), [`Algorithm`](crate::Algorithm) and [`Settings`], windows written as
+//! `"1h30m"`, and the typed [`SettingsError`]; file loading with the `settings` feature.
 
 mod error;
 mod found;

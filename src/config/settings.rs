@@ -83,13 +83,13 @@ const LIMITS_EXPECTED: &str =
 /// let service = config.rate_limits.build_service::<String, _>(FakeClock::new())?;
 /// assert!(service.allow("alice", &"free".to_owned())?);
 ///
-/// let typo = toml::from_str::<Config>(r#"
+/// let zero = toml::from_str::<Config>(r#"
 ///     listen = "0.0.0.0:8080"
 ///     [rate_limits]
 ///     algorithm = "fixed_window"
 ///     plans.free = { limit = 0, window = "1m" }
 /// "#);
-/// let message = typo.err().map(|error| error.to_string()).unwrap_or_default();
+/// let message = zero.err().map(|error| error.to_string()).unwrap_or_default();
 /// assert!(message.contains(r#"plan "free": field "limit" is 0: expected a whole number of requests, at least 1"#));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
