@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo bench
-//! cargo run --release --features serde --example bench_report [-- <criterion dir> [<output>]]
+//! cargo run --release --example bench_report [-- <criterion dir> [<output>]]
 //! ```
 //!
 //! Every figure is criterion's median over its samples (the machine this runs on is shared and
@@ -239,7 +239,7 @@ impl Report<'_> {
             out,
             "# Benchmarks\n\n\
              Generated from one run of `cargo bench` by \
-             `cargo run --release --features serde --example bench_report`; do not edit by hand.\n\n\
+             `cargo run --release --example bench_report`; do not edit by hand.\n\n\
              Machine: {cpu}, {cpus} logical CPUs. Source: {}. Figures are criterion's medians. \
              *tollgate* is this crate, *mutex* the seed design's limiters behind a \
              `std::sync::Mutex` (`tests/support/reference.rs`), *governor* the governor crate \

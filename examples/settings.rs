@@ -1,7 +1,7 @@
 //! A service built from a settings file, answering as a proxy would: allowed or 429, with the
 //! `Retry-After`, `RateLimit-Policy` and `RateLimit` values for each response.
 //!
-//! Run with `cargo run --release --features serde --example settings [path/to/settings.toml]`;
+//! Run with `cargo run --release --features settings --example settings [path/to/settings.toml]`;
 //! without a path it reads `examples/settings/plans.toml`.
 
 use std::time::Duration;
@@ -29,8 +29,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     });
     let settings = Settings::from_path(&path)?;
     println!("{path}: {}", settings.algorithm());
-    for (plan, rule) in settings.plans() {
-        println!("  plan {plan}: {rule}");
+    for (plan, rules) in settings.plans() {
+        let rules: Vec<String> = rules.iter().map(ToString::to_string).collect();
+        println!("  plan {plan}: {}", rules.join(" and "));
     }
 
     // A fake clock so the run is the same every time; a server uses MonotonicClock::new().

@@ -59,13 +59,19 @@
 //!
 //! ## Features
 //!
-//! - `serde`: `Settings`, a service described in a TOML or JSON settings file.
+//! - `serde`: `Deserialize` and `Serialize` for [`Rule`] (`{ limit = 10, window = "1s" }`),
+//!   [`Algorithm`] (`"token_bucket"`) and `Settings` (the method and each plan's limits), so a
+//!   program can keep tollgate's settings inside its own configuration, in any serde format.
+//! - `settings`: reads a settings file on its own (`Settings::from_path`, TOML or JSON), with
+//!   errors that name the plan and the field. Implies `serde`.
 //! - `loom`: adds the model-checking instantiations used by the `loom-tests` target
 //!   (`cargo test --features loom`). Additive: the public types do not change.
 
 mod algorithm;
 mod client_state;
 mod clock;
+#[cfg(feature = "serde")]
+mod config;
 mod decision;
 mod error;
 mod factory;
@@ -76,14 +82,14 @@ mod plan_table;
 mod rule;
 mod seqlock;
 mod service;
-#[cfg(feature = "serde")]
-mod settings;
 mod sliding_window_log;
 mod sync;
 mod token_bucket;
 
 pub use algorithm::{Algorithm, UnknownAlgorithm};
 pub use clock::{Clock, CoarseClock, FakeClock, MonotonicClock};
+#[cfg(feature = "serde")]
+pub use config::{Settings, SettingsError};
 pub use decision::{Decision, Rejection};
 pub use error::{RuleError, ServiceError};
 pub use factory::{AnyLimiter, LimiterFactory};
@@ -93,8 +99,6 @@ pub use limiter::Limiter;
 pub use plan_table::PlanStats;
 pub use rule::Rule;
 pub use service::{RateLimiterService, ServiceBuilder, Sweeper};
-#[cfg(feature = "serde")]
-pub use settings::{Settings, SettingsError, parse_window};
 pub use sliding_window_log::SlidingWindowLog;
 pub use token_bucket::TokenBucket;
 
