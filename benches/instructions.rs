@@ -17,8 +17,9 @@
 //! off. The callgrind files stay in `target/instructions/` for `callgrind_annotate`.
 //!
 //! Other arguments: words select the cases whose names contain one of them (the table then
-//! cannot be written). Without `--bench` (as `cargo test --benches` runs it) or with `--test`,
-//! each case runs once natively, without valgrind, to check that it answers as it should.
+//! cannot be written); `--list` names the cases. Without `--bench` (as `cargo test --benches`
+//! runs it) or with `--test`, each case runs once natively, without valgrind, to check that it
+//! answers as it should.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -84,6 +85,8 @@ struct Options {
     measuring: bool,
     /// Rewrite the table's section of BENCHMARKS.md.
     write: bool,
+    /// Only name the cases (`cargo bench -- --list`).
+    list: bool,
     /// Words selecting cases; none selects all.
     filters: Vec<String>,
 }
@@ -93,6 +96,7 @@ impl Options {
         let mut options = Options {
             measuring: false,
             write: false,
+            list: false,
             filters: Vec::new(),
         };
         let mut test = false;
@@ -101,6 +105,7 @@ impl Options {
                 "--bench" => options.measuring = true,
                 "--test" => test = true,
                 "--write" => options.write = true,
+                "--list" => options.list = true,
                 flag if flag.starts_with('-') => {
                     // `cargo bench -- <options>` hands the criterion suite's options to every
                     // bench target; none of them means anything here.
@@ -137,6 +142,12 @@ impl Options {
             .collect();
         if selected.is_empty() {
             eprintln!("instructions: no case matches {:?}", self.filters);
+            return Ok(());
+        }
+        if self.list {
+            for case in &selected {
+                println!("{}: bench", case.name);
+            }
             return Ok(());
         }
         if !self.measuring {
