@@ -151,7 +151,7 @@ pub(crate) const CASES: &[Case] = &[
         run: |rounds| {
             let log = SlidingWindowLog::new(log_rule()?, MonotonicClock::new())
                 .map_err(|error| error.to_string())?;
-            // Set-up takes one permit (to touch the ring once, as the other cases' set-ups do).
+            // One permit taken before counting: a check that the log admits at all.
             let mut log = Tollgate(log);
             if log.round() != 1 {
                 return Err("a fresh sliding log denied its first request".to_owned());
