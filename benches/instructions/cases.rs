@@ -1,0 +1,537 @@
+//! The measured cases: how each is set up, what one round of it does, and what every decision in
+//! it must answer.
+//!
+//! Every rule is chosen so that the answer, and the path through the code, is the same for every
+//! decision of a run however slowly valgrind runs it: a difference in path would make the count
+//! depend on timing.
+
+use std::hash::{BuildHasher, RandomState};
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use governor::Quota;
+use governor::clock::QuantaInstant;
+use governor::middleware::NoOpMiddleware;
+use tollgate::{
+    Algorithm, FixedWindow, Limiter, MonotonicClock, RateLimiterService, Rule, ServiceBuilder,
+    SlidingWindowLog, TokenBucket,
+};
+
+/// One measured case.
+pub(crate) struct Case {
+    /// `{row}/{implementation}`; the name the child process is told to run.
+    pub(crate) name: &'static str,
+    /// Decisions made by one round.
+    pub(crate) decisions_per_round: u64,
+    /// The two round counts measured; their difference is what the figure is taken over.
+    pub(crate) rounds: [u64; 2],
+    /// Sets the case up, makes `rounds` counted rounds, checks every answer, and returns how many
+    /// decisions the rounds made.
+    pub(crate) run: fn(rounds: u64) -> Result<u64, String>,
+}
+
+/// The case whose round decides nothing: the counting loop's own instructions per round, which
+/// are subtracted from every other case.
+pub(crate) const EMPTY_LOOP: &str = "empty_loop";
+
+/// Clients pre-inserted for the lookup cases.
+pub(crate) const LOOKUP_CLIENTS: u64 = 10_000;
+
+/// First requests per round, each round into a fresh map (as the criterion suite's batches):
+/// the cost includes the map's growth from empty.
+pub(crate) const FIRST_REQUEST_BATCH: u64 = 10_000;
+
+/// Rounds of one decision: 10 000 decisions between the two counts, the first thousand of each
+/// run (and all its one-time costs) cancelled.
+pub(crate) const PER_DECISION_ROUNDS: [u64; 2] = [1_000, 11_000];
+
+/// Rounds of a batch of first requests: two batches between the two counts. The first batch fills
+/// a fresh heap (the allocator grows it); the two measured ones reuse what their predecessor
+/// freed, as a long-running server's allocations do.
+const BATCH_ROUNDS: [u64; 2] = [1, 3];
+
+/// The sliding log's allow rule keeps one slot per permit (at most 65 536): no run may take more
+/// than this many permits, or it would run dry.
+const LOG_SLOTS: u64 = 65_536;
+
+/// The most rounds a per-decision case may be asked for: the sliding log's allow case, with a
+/// permit taken by its set-up, must not run dry.
+pub(crate) const MAX_ROUNDS: u64 = LOG_SLOTS - 1;
+
+pub(crate) const CASES: &[Case] = &[
+    Case {
+        name: EMPTY_LOOP,
+        decisions_per_round: 1,
+        rounds: PER_DECISION_ROUNDS,
+        run: |rounds| drive(Nothing, rounds, Expect::Allowed),
+    },
+    Case {
+        name: "token_bucket_allow/tollgate",
+        decisions_per_round: 1,
+        rounds: PER_DECISION_ROUNDS,
+        run: |rounds| {
+            let bucket = TokenBucket::new(refilling_rule(), MonotonicClock::new())
+                .map_err(|error| error.to_string())?;
+            drive(Tollgate(bucket), rounds, Expect::Allowed)
+        },
+    },
+    Case {
+        name: "token_bucket_allow/governor",
+        decisions_per_round: 1,
+        rounds: PER_DECISION_ROUNDS,
+        run: |rounds| {
+            let direct = GovernorDirect::direct(governor_quota(refilling_rule()));
+            drive(Governor(direct), rounds, Expect::Allowed)
+        },
+    },
+    Case {
+        name: "token_bucket_deny/tollgate",
+        decisions_per_round: 1,
+        rounds: PER_DECISION_ROUNDS,
+        run: |rounds| {
+            let bucket = TokenBucket::new(exhausted_rule(), MonotonicClock::new())
+                .map_err(|error| error.to_string())?;
+            drive(exhaust(Tollgate(bucket))?, rounds, Expect::Denied)
+        },
+    },
+    Case {
+        name: "token_bucket_deny/governor",
+        decisions_per_round: 1,
+        rounds: PER_DECISION_ROUNDS,
+        run: |rounds| {
+            let direct = GovernorDirect::direct(governor_quota(exhausted_rule()));
+            drive(exhaust(Governor(direct))?, rounds, Expect::Denied)
+        },
+    },
+    Case {
+        name: "token_bucket_allow_decision/tollgate",
+        decisions_per_round: 1,
+        rounds: PER_DECISION_ROUNDS,
+        run: |rounds| {
+            let bucket = TokenBucket::new(refilling_rule(), MonotonicClock::new())
+                .map_err(|error| error.to_string())?;
+            drive(FullDecision(bucket), rounds, Expect::Allowed)
+        },
+    },
+    Case {
+        name: "token_bucket_deny_decision/tollgate",
+        decisions_per_round: 1,
+        rounds: PER_DECISION_ROUNDS,
+        run: |rounds| {
+            let bucket = TokenBucket::new(exhausted_rule(), MonotonicClock::new())
+                .map_err(|error| error.to_string())?;
+            drive(exhaust(FullDecision(bucket))?, rounds, Expect::Denied)
+        },
+    },
+    Case {
+        name: "fixed_window_allow/tollgate",
+        decisions_per_round: 1,
+        rounds: PER_DECISION_ROUNDS,
+        run: |rounds| {
+            let window = FixedWindow::new(window_rule(), MonotonicClock::new())
+                .map_err(|error| error.to_string())?;
+            drive(Tollgate(window), rounds, Expect::Allowed)
+        },
+    },
+    Case {
+        name: "fixed_window_deny/tollgate",
+        decisions_per_round: 1,
+        rounds: PER_DECISION_ROUNDS,
+        run: |rounds| {
+            let window = FixedWindow::new(exhausted_rule(), MonotonicClock::new())
+                .map_err(|error| error.to_string())?;
+            drive(exhaust(Tollgate(window))?, rounds, Expect::Denied)
+        },
+    },
+    Case {
+        name: "sliding_window_log_allow/tollgate",
+        decisions_per_round: 1,
+        rounds: PER_DECISION_ROUNDS,
+        run: |rounds| {
+            let log = SlidingWindowLog::new(log_rule()?, MonotonicClock::new())
+                .map_err(|error| error.to_string())?;
+            // One permit taken before counting: a check that the log admits at all.
+            let mut log = Tollgate(log);
+            if log.round() != 1 {
+                return Err("a fresh sliding log denied its first request".to_owned());
+            }
+            drive(log, rounds, Expect::Allowed)
+        },
+    },
+    Case {
+        name: "sliding_window_log_deny/tollgate",
+        decisions_per_round: 1,
+        rounds: PER_DECISION_ROUNDS,
+        run: |rounds| {
+            let log = SlidingWindowLog::new(exhausted_rule(), MonotonicClock::new())
+                .map_err(|error| error.to_string())?;
+            drive(exhaust(Tollgate(log))?, rounds, Expect::Denied)
+        },
+    },
+    Case {
+        name: "service_lookup_default_hasher/tollgate",
+        decisions_per_round: 1,
+        rounds: PER_DECISION_ROUNDS,
+        run: |rounds| {
+            drive(
+                Lookup::new(tollgate_service(DefaultHashing::default()))?,
+                rounds,
+                Expect::Allowed,
+            )
+        },
+    },
+    Case {
+        name: "service_lookup_default_hasher/governor",
+        decisions_per_round: 1,
+        rounds: PER_DECISION_ROUNDS,
+        run: |rounds| {
+            drive(
+                Lookup::new(governor_keyed(DefaultHashing::default()))?,
+                rounds,
+                Expect::Allowed,
+            )
+        },
+    },
+    Case {
+        name: "service_lookup_foldhash/tollgate",
+        decisions_per_round: 1,
+        rounds: PER_DECISION_ROUNDS,
+        run: |rounds| {
+            drive(
+                Lookup::new(tollgate_service(FixedFoldHash::default()))?,
+                rounds,
+                Expect::Allowed,
+            )
+        },
+    },
+    Case {
+        name: "service_lookup_foldhash/governor",
+        decisions_per_round: 1,
+        rounds: PER_DECISION_ROUNDS,
+        run: |rounds| {
+            drive(
+                Lookup::new(governor_keyed(FixedFoldHash::default()))?,
+                rounds,
+                Expect::Allowed,
+            )
+        },
+    },
+    Case {
+        name: "service_first_request_default_hasher/tollgate",
+        decisions_per_round: FIRST_REQUEST_BATCH,
+        rounds: BATCH_ROUNDS,
+        run: |rounds| {
+            let first = FirstRequests::new(|| tollgate_service(DefaultHashing::default()));
+            drive(first, rounds, Expect::Allowed)
+        },
+    },
+    Case {
+        name: "service_first_request_default_hasher/governor",
+        decisions_per_round: FIRST_REQUEST_BATCH,
+        rounds: BATCH_ROUNDS,
+        run: |rounds| {
+            let first = FirstRequests::new(|| governor_keyed(DefaultHashing::default()));
+            drive(first, rounds, Expect::Allowed)
+        },
+    },
+    Case {
+        name: "service_first_request_foldhash/tollgate",
+        decisions_per_round: FIRST_REQUEST_BATCH,
+        rounds: BATCH_ROUNDS,
+        run: |rounds| {
+            let first = FirstRequests::new(|| tollgate_service(FixedFoldHash::default()));
+            drive(first, rounds, Expect::Allowed)
+        },
+    },
+    Case {
+        name: "service_first_request_foldhash/governor",
+        decisions_per_round: FIRST_REQUEST_BATCH,
+        rounds: BATCH_ROUNDS,
+        run: |rounds| {
+            let first = FirstRequests::new(|| governor_keyed(FixedFoldHash::default()));
+            drive(first, rounds, Expect::Allowed)
+        },
+    },
+];
+
+/// The case called `name`.
+pub(crate) fn case(name: &str) -> Option<&'static Case> {
+    CASES.iter().find(|case| case.name == name)
+}
+
+/// One permit per nanosecond, a second's worth of burst: a decision takes far longer than a
+/// nanosecond (and far longer still under valgrind), so the bucket is full again at every
+/// decision, and each takes the same path.
+fn refilling_rule() -> Rule {
+    Rule::per_second(1_000_000_000).expect("a valid rule")
+}
+
+/// A window no run outlasts (the first window starts at the clock's origin, made at set-up), with
+/// a limit no run reaches: no decision meets a window's edge.
+fn window_rule() -> Rule {
+    Rule::per_hour(1_000_000_000).expect("a valid rule")
+}
+
+/// The sliding log's allow rule: a slot per permit, and a window no run outlasts, so no run
+/// reuses a slot (`MAX_ROUNDS` keeps the run within the ring).
+fn log_rule() -> Result<Rule, String> {
+    Rule::new(LOG_SLOTS, Duration::from_secs(3600)).map_err(|error| error.to_string())
+}
+
+/// One permit an hour, taken by the set-up: every measured decision is a denial.
+fn exhausted_rule() -> Rule {
+    Rule::per_hour(1).expect("a valid rule")
+}
+
+/// governor's quota that enforces `rule`: a burst of the limit, one permit back per
+/// `window / limit` (exact for the rules above).
+fn governor_quota(rule: Rule) -> Quota {
+    let limit = u32::try_from(rule.limit()).expect("governor's burst is a u32");
+    let burst = NonZeroU32::new(limit).expect("a rule's limit is never 0");
+    Quota::with_period(rule.window() / limit)
+        .expect("the rules here refill at most one permit per nanosecond")
+        .allow_burst(burst)
+}
+
+/// What every decision of a case must answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    Allowed,
+    Denied,
+}
+
+/// One round of a case.
+trait Round {
+    /// Decisions made by one round.
+    const DECISIONS: u64 = 1;
+
+    /// Whether each round needs [`Round::renew`] after it, outside the count (a first-request
+    /// round needs a fresh map).
+    const RENEWS: bool = false;
+
+    /// Makes one round of decisions; returns how many were allowed.
+    fn round(&mut self) -> u64;
+
+    /// Prepares the next round; not counted.
+    fn renew(&mut self) {}
+}
+
+/// Makes `rounds` counted rounds of `round`, then checks that each decision answered `expect`:
+/// a case set up wrong must fail, not measure another path without a word.
+fn drive<R: Round>(mut round: R, rounds: u64, expect: Expect) -> Result<u64, String> {
+    if rounds > MAX_ROUNDS {
+        return Err(format!("at most {MAX_ROUNDS} rounds, not {rounds}"));
+    }
+    let allowed = if R::RENEWS {
+        let mut allowed = 0;
+        for _ in 0..rounds {
+            allowed += counted_rounds(&mut round, 1);
+            round.renew();
+        }
+        allowed
+    } else {
+        counted_rounds(&mut round, rounds)
+    };
+    let decisions = rounds * R::DECISIONS;
+    let expected = match expect {
+        Expect::Allowed => decisions,
+        Expect::Denied => 0,
+    };
+    if allowed != expected {
+        return Err(format!(
+            "{allowed} of {decisions} decisions allowed, expected {expected}"
+        ));
+    }
+    Ok(decisions)
+}
+
+/// The only code callgrind counts: the driver runs the child under
+/// `--toggle-collect=*counted_rounds*`. Never inlined, so that it exists to be found by name.
+#[inline(never)]
+fn counted_rounds<R: Round>(round: &mut R, rounds: u64) -> u64 {
+    let mut allowed = 0;
+    for _ in 0..rounds {
+        allowed += round.round();
+    }
+    allowed
+}
+
+/// Takes the one permit of [`exhausted_rule`] and checks the next request is denied.
+fn exhaust<R: Round>(mut round: R) -> Result<R, String> {
+    if round.round() != 1 {
+        return Err("a fresh limiter denied its first request".to_owned());
+    }
+    if round.round() != 0 {
+        return Err("a limiter of one permit granted a second".to_owned());
+    }
+    Ok(round)
+}
+
+/// Decides nothing: the loop alone.
+struct Nothing;
+
+impl Round for Nothing {
+    #[inline]
+    fn round(&mut self) -> u64 {
+        u64::from(black_box(true))
+    }
+}
+
+/// One `try_acquire` on a tollgate limiter.
+struct Tollgate<L>(L);
+
+impl<L: Limiter> Round for Tollgate<L> {
+    #[inline]
+    fn round(&mut self) -> u64 {
+        u64::from(black_box(black_box(&self.0).try_acquire()))
+    }
+}
+
+/// One `try_acquire_n(1)` on a tollgate limiter, keeping the whole [`tollgate::Decision`] (what a
+/// proxy needs for its response headers) rather than only yes or no.
+struct FullDecision<L>(L);
+
+impl<L: Limiter> Round for FullDecision<L> {
+    #[inline]
+    fn round(&mut self) -> u64 {
+        u64::from(black_box(black_box(&self.0).try_acquire_n(1)).is_allowed())
+    }
+}
+
+/// governor's direct (single-state) limiter on its default clock, `quanta`'s counter: the same
+/// source as [`MonotonicClock`].
+type GovernorDirect = governor::DefaultDirectRateLimiter;
+
+/// One `check` on a governor limiter.
+struct Governor(GovernorDirect);
+
+impl Round for Governor {
+    #[inline]
+    fn round(&mut self) -> u64 {
+        u64::from(black_box(black_box(&self.0).check().is_ok()))
+    }
+}
+
+/// The default hasher of the service and of governor: std's SipHash-1-3 with random keys. The
+/// keys move entries, and with them probe lengths, so these cases' counts move slightly from run
+/// to run. Fixed keys (`BuildHasherDefault<DefaultHasher>`) would not, but they are constants the
+/// compiler folds into whichever hash it inlines (governor's lookup then counted 13 fewer than
+/// with the default), which no user of the default gets.
+type DefaultHashing = RandomState;
+
+/// foldhash with a fixed seed, kept in the map as a random one would be (nothing to fold): a fast
+/// hasher a user may choose (`ServiceBuilder::hasher`), exact from run to run, and a measure of
+/// how much of a request the hashing is.
+type FixedFoldHash = foldhash::fast::FixedState;
+
+/// The plan every client is on.
+#[derive(Debug, PartialEq, Eq)]
+enum Plan {
+    Standard,
+}
+
+/// tollgate's service: token bucket, one plan, the production clock, hasher `S`.
+type TollgateService<S> = RateLimiterService<u64, Plan, MonotonicClock, S>;
+
+fn tollgate_service<S: BuildHasher>(hasher: S) -> TollgateService<S> {
+    ServiceBuilder::new(Algorithm::TokenBucket, MonotonicClock::new())
+        .plan(Plan::Standard, refilling_rule())
+        .hasher(hasher)
+        .build()
+        .expect("the rule is valid for the token bucket")
+}
+
+/// governor's keyed limiter (a `DashMap` of GCRA words) on its default clock, hasher `S`.
+type GovernorKeyed<S> = governor::DefaultKeyedRateLimiter<u64, NoOpMiddleware<QuantaInstant>, S>;
+
+fn governor_keyed<S: BuildHasher + Clone + Default>(hasher: S) -> GovernorKeyed<S> {
+    GovernorKeyed::dashmap_with_hasher(governor_quota(refilling_rule()), hasher)
+}
+
+/// A limiter keyed by client: one request from `client`, allowed or not.
+trait Keyed {
+    fn allow(&self, client: u64) -> bool;
+}
+
+impl<S: BuildHasher> Keyed for TollgateService<S> {
+    #[inline]
+    fn allow(&self, client: u64) -> bool {
+        self.allow(&client, &Plan::Standard)
+            .expect("the plan has a rule")
+    }
+}
+
+impl<S: BuildHasher + Clone> Keyed for GovernorKeyed<S> {
+    #[inline]
+    fn allow(&self, client: u64) -> bool {
+        self.check_key(&client).is_ok()
+    }
+}
+
+/// A request from a known client: the clients `0..LOOKUP_CLIENTS` in turn.
+struct Lookup<M> {
+    map: M,
+    next_client: u64,
+}
+
+impl<M: Keyed> Lookup<M> {
+    /// `map` with every client's first request made.
+    fn new(map: M) -> Result<Self, String> {
+        let admitted = (0..LOOKUP_CLIENTS)
+            .filter(|&client| map.allow(client))
+            .count();
+        if admitted as u64 != LOOKUP_CLIENTS {
+            return Err(format!(
+                "{admitted} of {LOOKUP_CLIENTS} first requests admitted"
+            ));
+        }
+        Ok(Lookup {
+            map,
+            next_client: 0,
+        })
+    }
+}
+
+impl<M: Keyed> Round for Lookup<M> {
+    #[inline]
+    fn round(&mut self) -> u64 {
+        let client = self.next_client;
+        self.next_client = if client + 1 == LOOKUP_CLIENTS {
+            0
+        } else {
+            client + 1
+        };
+        u64::from(black_box(black_box(&self.map).allow(black_box(client))))
+    }
+}
+
+/// A batch of requests from clients the map has never seen, into a fresh map each round.
+struct FirstRequests<M, F> {
+    map: M,
+    make: F,
+}
+
+impl<M: Keyed, F: Fn() -> M> FirstRequests<M, F> {
+    fn new(make: F) -> Self {
+        FirstRequests { map: make(), make }
+    }
+}
+
+impl<M: Keyed, F: Fn() -> M> Round for FirstRequests<M, F> {
+    const DECISIONS: u64 = FIRST_REQUEST_BATCH;
+    const RENEWS: bool = true;
+
+    #[inline]
+    fn round(&mut self) -> u64 {
+        let map = black_box(&self.map);
+        (0..FIRST_REQUEST_BATCH)
+            .map(|client| u64::from(black_box(map.allow(black_box(client)))))
+            .sum()
+    }
+
+    fn renew(&mut self) {
+        // Making the next map, and dropping the filled one, are not part of a first request.
+        self.map = (self.make)();
+    }
+}
