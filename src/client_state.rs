@@ -5,6 +5,7 @@
 //! word for the token bucket and the fixed window, a ring for the sliding log.
 
 use crate::clock::Clock;
+use crate::decision::Admit;
 use crate::error::RuleError;
 use crate::fixed_window::WindowParams;
 use crate::sliding_window_log::{LogParams, LogRing};
@@ -146,6 +147,30 @@ impl ClientParams {
             }
             // A state of another method's shape: treat it as retired so the service replaces it.
             _ => Decision::retired(self.rule()),
+        }
+    }
+
+    /// Takes one permit from `state`, answering only whether.
+    #[inline]
+    pub(crate) fn acquire_one(&self, state: &ClientState, clock: &impl Clock) -> Admit {
+        match (self, state) {
+            (ClientParams::TokenBucket(params), ClientState::Word(word)) => {
+                params.acquire_one(word, clock)
+            }
+            (ClientParams::FixedWindow(params), ClientState::Word(word)) => {
+                params.acquire_one(word, clock)
+            }
+            (ClientParams::SlidingWindowLog(params), ClientState::Ring(ring)) => {
+                let decision = params.acquire_counting(ring, 1, clock, false);
+                if decision.is_retired() {
+                    Admit::Retired
+                } else if decision.is_allowed() {
+                    Admit::Granted
+                } else {
+                    Admit::Denied
+                }
+            }
+            _ => Admit::Retired,
         }
     }
 

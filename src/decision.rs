@@ -98,6 +98,19 @@ enum Outcome {
     Retired,
 }
 
+/// The answer to one permit, for callers that ask only whether it was granted: no figures, so
+/// nothing to compute or build beyond the decision itself.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admit {
+    /// The permit was taken.
+    Granted,
+    /// It was not (and nothing was taken).
+    Denied,
+    /// The state was retired for eviction (see [`Outcome::Retired`]).
+    Retired,
+}
+
 /// Why a request can never be granted as asked, whatever the wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]

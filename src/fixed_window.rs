@@ -13,7 +13,7 @@ use crossbeam_utils::{Backoff, CachePadded};
 
 use crate::client_state::PARAM_WORDS;
 use crate::clock::Clock;
-use crate::decision::{Decision, Rejection};
+use crate::decision::{Admit, Decision, Rejection};
 use crate::error::RuleError;
 use crate::sync::{AtomicWord, Ordering, Word};
 use crate::token_bucket::RETIRE_ORDERING;
@@ -251,6 +251,51 @@ impl WindowParams {
         }
     }
 
+    /// Takes one permit if one is available now: [`WindowParams::acquire`] for `n = 1`,
+    /// answering only whether (no [`Decision`] is built), for callers that ask nothing more.
+    #[inline]
+    pub fn acquire_one<A: AtomicWord>(&self, word: &A, clock: &impl Clock) -> Admit {
+        // Relaxed, for every access to the word: see `acquire`.
+        let mut current = word.load(Ordering::Relaxed);
+        let now = self.elapsed(clock.now_nanos());
+        let limit = self.rule.limit();
+        if current & RETIRED == 0 {
+            let (index, count) = self.unpack(current);
+            if count < limit && self.is_within(index, now) {
+                // The fast path, as `acquire_one_in_current_window` takes it.
+                let previous = word.fetch_add(1, Ordering::Relaxed);
+                return if previous & RETIRED != 0 {
+                    Admit::Retired
+                } else if self.unpack(previous).1 < limit {
+                    Admit::Granted
+                } else {
+                    Admit::Denied
+                };
+            }
+        }
+        let backoff = Backoff::new();
+        loop {
+            if current & RETIRED != 0 {
+                return Admit::Retired;
+            }
+            // As `decide_elapsed` for n = 1.
+            let (stored_index, count) = self.unpack(current);
+            let (index, used) = match self.newer_index(stored_index, now) {
+                Some(now_index) => (now_index, 0),
+                None => (stored_index, count.min(limit)),
+            };
+            if used >= limit {
+                return Admit::Denied;
+            }
+            let new = self.pack(index, used + 1);
+            match word.compare_exchange_weak(current, new, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return Admit::Granted,
+                Err(actual) => current = actual,
+            }
+            backoff.spin();
+        }
+    }
+
     /// The fast path: one `fetch_add` instead of a CAS loop, which never retries under
     /// contention. Exact: the add is granted iff the count it replaced was below N, and an add
     /// that lands in a newer window (another thread rolled it over) counts in that window.
@@ -388,6 +433,11 @@ impl<C: Clock> FixedWindow<C> {
 }
 
 impl<C: Clock> Limiter for FixedWindow<C> {
+    #[inline]
+    fn try_acquire(&self) -> bool {
+        self.params.acquire_one(&*self.word, &self.clock) == Admit::Granted
+    }
+
     #[inline]
     fn try_acquire_n(&self, n: u64) -> Decision {
         self.params.acquire(&*self.word, n, &self.clock)

@@ -2,41 +2,67 @@
 
 use std::borrow::Borrow;
 use std::fmt;
-use std::hash::{BuildHasher, Hash, Hasher, RandomState};
+use std::hash::{BuildHasher, Hash, RandomState};
 
 use papaya::ResizeMode;
 
 use crate::client_state::{ClientParams, ClientState};
 use crate::clock::Clock;
+use crate::decision::Admit;
 use crate::error::ServiceError;
 use crate::plan_table::{MAX_PLANS, PlanTable};
 use crate::sync::{AtomicWord, Ordering, Word};
 use crate::{Algorithm, Decision, MonotonicClock, PlanStats, Rule};
 
-/// The map's key: a client under one plan.
-#[derive(Debug, PartialEq, Eq, Hash)]
-struct ClientKey<K> {
-    client: K,
-    plan: u16,
+/// What a service call answers: a whole [`Decision`], or only whether one permit was granted
+/// (which builds no figures: `allow` pays for nothing it does not return).
+trait Answer: Sized {
+    fn acquire(params: &ClientParams, state: &ClientState, n: u64, clock: &impl Clock) -> Self;
+    fn from_decision(decision: Decision) -> Self;
+    fn is_retired(&self) -> bool;
+    fn is_allowed(&self) -> bool;
 }
 
-/// A borrowed [`ClientKey`], so a lookup copies nothing. Hashes exactly as the key does (the
-/// derived `Hash` hashes the fields in order, and `K: Borrow<Q>` promises equal hashes).
-struct ClientQuery<'a, Q: ?Sized> {
-    client: &'a Q,
-    plan: u16,
-}
-
-impl<Q: Hash + ?Sized> Hash for ClientQuery<'_, Q> {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.client.hash(state);
-        self.plan.hash(state);
+impl Answer for Decision {
+    #[inline]
+    fn acquire(params: &ClientParams, state: &ClientState, n: u64, clock: &impl Clock) -> Self {
+        params.acquire(state, n, clock, true)
+    }
+    #[inline]
+    fn from_decision(decision: Decision) -> Self {
+        decision
+    }
+    #[inline]
+    fn is_retired(&self) -> bool {
+        Decision::is_retired(self)
+    }
+    #[inline]
+    fn is_allowed(&self) -> bool {
+        Decision::is_allowed(self)
     }
 }
 
-impl<K: Borrow<Q>, Q: Eq + ?Sized> papaya::Equivalent<ClientKey<K>> for ClientQuery<'_, Q> {
-    fn equivalent(&self, key: &ClientKey<K>) -> bool {
-        self.plan == key.plan && *self.client == *key.client.borrow()
+impl Answer for Admit {
+    /// One permit (`n` is always 1 here).
+    #[inline]
+    fn acquire(params: &ClientParams, state: &ClientState, _n: u64, clock: &impl Clock) -> Self {
+        params.acquire_one(state, clock)
+    }
+    #[inline]
+    fn from_decision(decision: Decision) -> Self {
+        if decision.is_allowed() {
+            Admit::Granted
+        } else {
+            Admit::Denied
+        }
+    }
+    #[inline]
+    fn is_retired(&self) -> bool {
+        *self == Admit::Retired
+    }
+    #[inline]
+    fn is_allowed(&self) -> bool {
+        *self == Admit::Granted
     }
 }
 
@@ -90,7 +116,9 @@ struct ClientEntry {
 pub struct RateLimiterService<K, P, C = MonotonicClock, S = RandomState> {
     plans: PlanTable<P>,
     clock: C,
-    clients: papaya::HashMap<ClientKey<K>, ClientEntry, S>,
+    /// One map per plan, indexed as the plan table is: a lookup hashes only the client's key,
+    /// and each entry stores the key once.
+    clients: Box<[papaya::HashMap<K, ClientEntry, S>]>,
     /// The latest clock reading any sweep retired limiters at. New limiters are made as of it,
     /// so that one replacing a retired limiter is at least as strict for every reading, even one
     /// older than the sweep's (a clock stepped back, or another core's counter slightly behind).
@@ -108,7 +136,10 @@ where
         f.debug_struct("RateLimiterService")
             .field("plans", &self.plans)
             .field("clock", &self.clock)
-            .field("clients", &self.clients.len())
+            .field(
+                "clients",
+                &self.clients.iter().map(papaya::HashMap::len).sum::<usize>(),
+            )
             .finish()
     }
 }
@@ -162,12 +193,12 @@ where
 
     /// How many clients the service holds a limiter for.
     pub fn len(&self) -> usize {
-        self.clients.len()
+        self.clients.iter().map(papaya::HashMap::len).sum()
     }
 
     /// Whether the service holds no client.
     pub fn is_empty(&self) -> bool {
-        self.clients.is_empty()
+        self.clients.iter().all(papaya::HashMap::is_empty)
     }
 
     /// Counts of allowed and denied decisions under `plan` since the service was made, or `None`
@@ -213,8 +244,8 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.decide(client, plan, 1, false)
-            .map(|decision| decision.is_allowed())
+        self.decide::<Q, Admit>(client, plan, 1)
+            .map(|admit| admit == Admit::Granted)
     }
 
     /// Takes `n` permits for `client` under `plan`'s rule, all or nothing (see
@@ -227,44 +258,33 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.decide(client, plan, n, true)
+        self.decide::<Q, Decision>(client, plan, n)
     }
 
-    /// [`RateLimiterService::acquire`]; `count_remaining: false` skips what only the decision's
-    /// `remaining` needs (see `ClientParams::acquire`).
+    /// [`RateLimiterService::acquire`], answering as `T` does (see [`Answer`]).
     #[inline]
-    fn decide<Q>(
-        &self,
-        client: &Q,
-        plan: &P,
-        n: u64,
-        count_remaining: bool,
-    ) -> Result<Decision, ServiceError>
+    fn decide<Q, T: Answer>(&self, client: &Q, plan: &P, n: u64) -> Result<T, ServiceError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let index = self.plan_index(plan)?;
-        let query = ClientQuery {
-            client,
-            plan: index as u16,
-        };
-        let clients = self.clients.pin();
+        let clients = self.clients[index].pin();
         loop {
-            let entry = match clients.get(&query) {
+            let entry = match clients.get(client) {
                 Some(entry) => entry,
                 None => {
                     let (version, params) = self.plans.read(index);
                     if n == 0 {
-                        return Ok(params.fresh_report(true, self.made_as_of(), &self.clock));
+                        return Ok(T::from_decision(params.fresh_report(
+                            true,
+                            self.made_as_of(),
+                            &self.clock,
+                        )));
                     }
                     // Two first requests may both get here; the map keeps exactly one entry,
                     // and both use it.
-                    let key = ClientKey {
-                        client: client.to_owned(),
-                        plan: query.plan,
-                    };
-                    clients.get_or_insert_with(key, || ClientEntry {
+                    clients.get_or_insert_with(client.to_owned(), || ClientEntry {
                         version,
                         state: params.fresh_state(self.made_as_of()),
                     })
@@ -283,20 +303,20 @@ where
                     // still holding it can be granted on it, and start afresh under the current
                     // rule.
                     params.retire_now(&entry.state);
-                    Self::remove_entry(&clients, &query, entry);
+                    Self::remove_entry(&clients, client, entry);
                 }
                 // (A later version than this read cannot be: whoever made the entry read its
                 // version before putting it where this lookup found it. Read again regardless.)
                 continue;
             }
-            let decision = params.acquire(&entry.state, n, &self.clock, count_remaining);
+            let decision = T::acquire(&params, &entry.state, n, &self.clock);
             if decision.is_retired() {
                 // Acquire: pairs with the Release of the retiring exchange, so the sweep's
                 // `evicted_up_to` is seen when the fresh limiter is made.
                 <Word as AtomicWord>::fence(Ordering::Acquire);
                 // Evicted under our feet: drop the retired entry (if no one has yet) and use a
                 // fresh one. The retired state granted nothing, so nothing is counted twice.
-                Self::remove_entry(&clients, &query, entry);
+                Self::remove_entry(&clients, client, entry);
                 continue;
             }
             self.plans.record(index, decision.is_allowed());
@@ -313,12 +333,8 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let index = self.plan_index(plan)?;
-        let query = ClientQuery {
-            client,
-            plan: index as u16,
-        };
-        let clients = self.clients.pin();
-        let entry = clients.get(&query);
+        let clients = self.clients[index].pin();
+        let entry = clients.get(client);
         // Read after the lookup, as `acquire` does (see there).
         let (version, params) = self.plans.read(index);
         if let Some(entry) = entry
@@ -355,23 +371,19 @@ where
         let now = self.clock.now_nanos();
         // Relaxed: published to acquirers by the Release of each retiring exchange below.
         self.evicted_up_to.fetch_max(now, Ordering::Relaxed);
-        let clients = self.clients.pin();
         let mut removed = 0;
-        for (key, entry) in clients.iter() {
-            let (version, params) = self.plans.read(usize::from(key.plan));
-            let retired = if version == entry.version {
-                params.retire_if_idle(&entry.state, now)
-            } else {
-                // Its next request would start it afresh anyway.
-                params.retire_now(&entry.state);
-                true
-            };
-            if retired {
-                let query = ClientQuery {
-                    client: key.client.borrow(),
-                    plan: key.plan,
+        for (index, clients) in self.clients.iter().enumerate() {
+            let clients = clients.pin();
+            for (client, entry) in clients.iter() {
+                let (version, params) = self.plans.read(index);
+                let retired = if version == entry.version {
+                    params.retire_if_idle(&entry.state, now)
+                } else {
+                    // Its next request would start it afresh anyway.
+                    params.retire_now(&entry.state);
+                    true
                 };
-                if Self::remove_entry(&clients, &query, entry) {
+                if retired && Self::remove_entry(&clients, client.borrow(), entry) {
                     removed += 1;
                 }
             }
@@ -379,10 +391,10 @@ where
         removed
     }
 
-    /// Removes `entry`, if it is still the one in the map under `query`; returns whether it was.
+    /// Removes `entry`, if it is still the one in the map under `client`; returns whether it was.
     fn remove_entry<Q, G: papaya::Guard>(
-        clients: &papaya::HashMapRef<'_, ClientKey<K>, ClientEntry, S, G>,
-        query: &ClientQuery<'_, Q>,
+        clients: &papaya::HashMapRef<'_, K, ClientEntry, S, G>,
+        client: &Q,
         entry: &ClientEntry,
     ) -> bool
     where
@@ -391,7 +403,7 @@ where
     {
         // Pointer identity: another thread may already have put a fresh entry in its place.
         matches!(
-            clients.remove_if(query, |_, current| std::ptr::eq(current, entry)),
+            clients.remove_if(client, |_, current| std::ptr::eq(current, entry)),
             Ok(Some(_))
         )
     }
@@ -434,7 +446,7 @@ impl<P: Eq + fmt::Debug, C: Clock> ServiceBuilder<P, C> {
     }
 }
 
-impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher> ServiceBuilder<P, C, S> {
+impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher + Clone> ServiceBuilder<P, C, S> {
     /// The largest initial capacity a service may be built with: 2^28 clients, whose table
     /// takes a few GiB up front. Larger maps come from growth, as clients arrive.
     pub const MAX_CAPACITY: usize = 1 << 28;
@@ -451,7 +463,8 @@ impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher> ServiceBuilder<P, C, S> {
         self
     }
 
-    /// Hashes client keys with `hasher` instead of the default randomly seeded one.
+    /// Hashes client keys with `hasher` instead of the default randomly seeded one. Each plan's
+    /// map gets a clone of it.
     pub fn hasher<T: BuildHasher>(self, hasher: T) -> ServiceBuilder<P, C, T> {
         ServiceBuilder {
             algorithm: self.algorithm,
@@ -462,10 +475,11 @@ impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher> ServiceBuilder<P, C, S> {
         }
     }
 
-    /// Room for `capacity` clients before the map first grows. The map's table for it is
+    /// Room for `capacity` clients under each plan before that plan's map first grows (each
+    /// plan has its own map, so that a lookup hashes only the client's key). The tables are
     /// allocated when the service is built (about 10 to 20 bytes per client of capacity), so
-    /// [`build`](ServiceBuilder::build) refuses more than [`ServiceBuilder::MAX_CAPACITY`]; the
-    /// map still grows past its capacity as clients arrive.
+    /// [`build`](ServiceBuilder::build) refuses more than [`ServiceBuilder::MAX_CAPACITY`] over
+    /// all plans; the maps still grow past their capacity as clients arrive.
     pub fn capacity(mut self, capacity: usize) -> Self {
         self.capacity = capacity;
         self
@@ -479,10 +493,10 @@ impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher> ServiceBuilder<P, C, S> {
     /// [`ServiceError::DuplicatePlan`], [`ServiceError::InvalidRule`] (naming the plan) or
     /// [`ServiceError::CapacityTooLarge`].
     pub fn build<K: Hash + Eq>(self) -> Result<RateLimiterService<K, P, C, S>, ServiceError> {
-        if self.capacity > Self::MAX_CAPACITY {
+        if self.capacity.saturating_mul(self.plans.len().max(1)) > Self::MAX_CAPACITY {
             return Err(ServiceError::CapacityTooLarge {
                 capacity: self.capacity,
-                max: Self::MAX_CAPACITY,
+                max: Self::MAX_CAPACITY / self.plans.len().max(1),
             });
         }
         if self.plans.is_empty() {
@@ -515,11 +529,16 @@ impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher> ServiceBuilder<P, C, S> {
         }
         // Blocking resizes: the default incremental mode, filled by inserts, was measured to leave
         // lookups about ten times slower and to collapse multi-threaded throughput.
-        let clients = papaya::HashMap::builder()
-            .hasher(self.hasher)
-            .capacity(self.capacity)
-            .resize_mode(ResizeMode::Blocking)
-            .build();
+        let clients = plans
+            .iter()
+            .map(|_| {
+                papaya::HashMap::builder()
+                    .hasher(self.hasher.clone())
+                    .capacity(self.capacity)
+                    .resize_mode(ResizeMode::Blocking)
+                    .build()
+            })
+            .collect();
         Ok(RateLimiterService {
             evicted_up_to: Word::new(0),
             plans: PlanTable::new(self.algorithm, start_nanos, plans),

@@ -15,7 +15,7 @@ use crossbeam_utils::{Backoff, CachePadded};
 
 use crate::client_state::PARAM_WORDS;
 use crate::clock::Clock;
-use crate::decision::{Decision, Rejection, Scale};
+use crate::decision::{Admit, Decision, Rejection, Scale};
 use crate::error::RuleError;
 use crate::sync::{AtomicWord, Ordering, Word};
 use crate::{Algorithm, Limiter, Rule};
@@ -269,6 +269,38 @@ impl GcraParams {
         }
     }
 
+    /// Takes one permit if one is available now: [`GcraParams::acquire`] for `n = 1`, answering
+    /// only whether (no [`Decision`] is built), for callers that ask nothing more.
+    #[inline]
+    pub fn acquire_one<A: AtomicWord>(&self, tat: &A, clock: &impl Clock) -> Admit {
+        // Relaxed, and one clock reading per attempt: as in `acquire`.
+        let now = self.now_ticks(clock.now_nanos());
+        let backoff = Backoff::new();
+        let mut current = tat.load(Ordering::Relaxed);
+        loop {
+            if current == RETIRED {
+                return Admit::Retired;
+            }
+            // As `decide` for n = 1 (which never exceeds the limit): the debt after the grant
+            // must fit in a full bucket. `base - now + T <= N*T`, all within 2^63.
+            let base = current.max(now);
+            let new_debt = (base - now).saturating_add(self.token_ticks);
+            if new_debt > self.burst_ticks {
+                return Admit::Denied;
+            }
+            match tat.compare_exchange_weak(
+                current,
+                now + new_debt,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Admit::Granted,
+                Err(actual) => current = actual,
+            }
+            backoff.spin();
+        }
+    }
+
     /// What one permit would get now, taking nothing.
     #[inline]
     pub fn peek<A: AtomicWord>(&self, tat: &A, clock: &impl Clock) -> Decision {
@@ -385,6 +417,11 @@ impl<C: Clock> TokenBucket<C> {
 }
 
 impl<C: Clock> Limiter for TokenBucket<C> {
+    #[inline]
+    fn try_acquire(&self) -> bool {
+        self.params.acquire_one(&*self.tat, &self.clock) == Admit::Granted
+    }
+
     #[inline]
     fn try_acquire_n(&self, n: u64) -> Decision {
         self.params.acquire(&*self.tat, n, &self.clock)
