@@ -434,7 +434,7 @@ enum Plan {
 /// tollgate's service: token bucket, one plan, the production clock, hasher `S`.
 type TollgateService<S> = RateLimiterService<u64, Plan, MonotonicClock, S>;
 
-fn tollgate_service<S: BuildHasher>(hasher: S) -> TollgateService<S> {
+fn tollgate_service<S: BuildHasher + Clone>(hasher: S) -> TollgateService<S> {
     ServiceBuilder::new(Algorithm::TokenBucket, MonotonicClock::new())
         .plan(Plan::Standard, refilling_rule())
         .hasher(hasher)
