@@ -102,7 +102,7 @@ enum Outcome {
 /// nothing to compute or build beyond the decision itself.
 #[doc(hidden)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Admit {
+pub(crate) enum Admit {
     /// The permit was taken.
     Granted,
     /// It was not (and nothing was taken).

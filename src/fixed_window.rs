@@ -183,7 +183,9 @@ impl WindowParams {
     }
 
     /// The pure decision: what taking `n` permits at `now_nanos` from `word` answers, and the
-    /// word to store if it must change. `word` must not be retired.
+    /// word to store if it must change. `word` must not be retired. (The limiter itself calls
+    /// `decide_elapsed` with a reading it has already counted from window 0.)
+    #[cfg(any(test, feature = "loom"))]
     #[inline]
     pub fn decide(&self, word: u64, now_nanos: u64, n: u64) -> (Decision, Option<u64>) {
         self.decide_elapsed(word, self.elapsed(now_nanos), n)
@@ -254,7 +256,7 @@ impl WindowParams {
     /// Takes one permit if one is available now: [`WindowParams::acquire`] for `n = 1`,
     /// answering only whether (no [`Decision`] is built), for callers that ask nothing more.
     #[inline]
-    pub fn acquire_one<A: AtomicWord>(&self, word: &A, clock: &impl Clock) -> Admit {
+    pub(crate) fn acquire_one<A: AtomicWord>(&self, word: &A, clock: &impl Clock) -> Admit {
         // Relaxed, for every access to the word: see `acquire`.
         let mut current = word.load(Ordering::Relaxed);
         let now = self.elapsed(clock.now_nanos());

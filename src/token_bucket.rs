@@ -272,7 +272,7 @@ impl GcraParams {
     /// Takes one permit if one is available now: [`GcraParams::acquire`] for `n = 1`, answering
     /// only whether (no [`Decision`] is built), for callers that ask nothing more.
     #[inline]
-    pub fn acquire_one<A: AtomicWord>(&self, tat: &A, clock: &impl Clock) -> Admit {
+    pub(crate) fn acquire_one<A: AtomicWord>(&self, tat: &A, clock: &impl Clock) -> Admit {
         // Relaxed, and one clock reading per attempt: as in `acquire`.
         let now = self.now_ticks(clock.now_nanos());
         let backoff = Backoff::new();
