@@ -13,6 +13,7 @@
 //!   over-admits (`service`, with a small stand-in for the map);
 //! - a read of a plan's versioned rule never mixes versions, and a rule change racing a sweep and
 //!   a client's requests starts the client afresh at most once (`rule_change`);
+//! - a plan of several limits takes from all or none, exactly (`several_limits`);
 //!
 //! and `negative_controls` shows that each of these checks fails on a variant broken in one
 //! racy step.
@@ -22,6 +23,7 @@ mod models;
 mod negative_controls;
 mod rule_change;
 mod service;
+mod several_limits;
 mod sliding_window_log;
 mod support;
 mod token_bucket;

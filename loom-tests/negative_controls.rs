@@ -20,6 +20,7 @@
 //! | sweep, lagging clock | no Acquire fence before reading the sweep's instant | `service::SWEEP_WITH_LAGGING_CLOCK` |
 //! | plan table reads | a read that checks only the copy's parity | `rule_change::check_reads_racing_changes` |
 //! | rule change racing requests | the plan read once, before the lookup | `rule_change::check_change_racing_requests` |
+//! | several limits, all or nothing | an undo that gives back twice what it took | `several_limits::check_two_limits` |
 
 use loom::sync::atomic::{AtomicU64, Ordering};
 use tollgate::loom_support::{GcraParams, WindowParams};
@@ -387,4 +388,10 @@ fn service_reading_the_plan_once_before_the_lookup_fails_rule_change_model() {
         bucket(1),
         crate::rule_change::Protocol::ReadOnceBefore,
     );
+}
+
+#[test]
+#[should_panic(expected = "inexact reservation")]
+fn several_limits_with_an_inexact_undo_fail_the_reservation_model() {
+    crate::several_limits::check_two_limits(2, crate::several_limits::Undo::Twice);
 }

@@ -8,6 +8,7 @@ use crate::clock::Clock;
 use crate::decision::Admit;
 use crate::error::RuleError;
 use crate::fixed_window::WindowParams;
+use crate::several_limits::SeveralLimits;
 use crate::sliding_window_log::{LogParams, LogRing};
 use crate::sync::Word;
 use crate::token_bucket::GcraParams;
@@ -31,6 +32,8 @@ pub(crate) enum ClientState {
     Word(Word),
     /// The sliding log's ring; boxed so that the one-word methods' entries stay one word.
     Ring(Box<LogRing<Word>>),
+    /// One state per limit of a plan with several (see `SeveralLimits`).
+    Several(Box<SeveralLimits>),
 }
 
 impl ClientParams {
@@ -76,6 +79,15 @@ impl ClientParams {
                 ClientParams::SlidingWindowLog(LogParams::from_words(words)?)
             }
         })
+    }
+
+    /// The method these constants are for.
+    pub(crate) fn algorithm(&self) -> Algorithm {
+        match self {
+            ClientParams::TokenBucket(_) => Algorithm::TokenBucket,
+            ClientParams::FixedWindow(_) => Algorithm::FixedWindow,
+            ClientParams::SlidingWindowLog(_) => Algorithm::SlidingWindowLog,
+        }
     }
 
     pub(crate) fn rule(&self) -> Rule {
@@ -174,6 +186,50 @@ impl ClientParams {
         }
     }
 
+    /// Gives back `n` permits that `granted` (an allowed decision from `state`, made at
+    /// `now_nanos`) took. Exact for the one-word methods; `None` for a method that cannot give
+    /// permits back (a plan with several limits refuses it when it is made).
+    pub(crate) fn undo(
+        &self,
+        state: &ClientState,
+        n: u64,
+        granted: &Decision,
+        now_nanos: u64,
+    ) -> Option<()> {
+        match (self, state) {
+            (ClientParams::TokenBucket(params), ClientState::Word(word)) => {
+                params.undo(word, n);
+                Some(())
+            }
+            (ClientParams::FixedWindow(params), ClientState::Word(word)) => {
+                params.undo(word, n, granted, now_nanos);
+                Some(())
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether this method can give back permits it granted (see [`ClientParams::undo`]).
+    pub(crate) fn can_undo(&self) -> bool {
+        matches!(
+            self,
+            ClientParams::TokenBucket(_) | ClientParams::FixedWindow(_)
+        )
+    }
+
+    /// What taking `n` permits from `state` now would answer, taking nothing.
+    pub(crate) fn dry_run(&self, state: &ClientState, n: u64, clock: &impl Clock) -> Decision {
+        match (self, state) {
+            (ClientParams::TokenBucket(params), ClientState::Word(word)) => {
+                params.dry_run(word, n, clock)
+            }
+            (ClientParams::FixedWindow(params), ClientState::Word(word)) => {
+                params.dry_run(word, n, clock)
+            }
+            _ => self.peek(state, clock),
+        }
+    }
+
     #[inline]
     pub(crate) fn peek(&self, state: &ClientState, clock: &impl Clock) -> Decision {
         match (self, state) {
@@ -203,6 +259,9 @@ impl ClientParams {
             }
             (_, ClientState::Ring(ring)) => {
                 ring.retire(None);
+            }
+            (_, ClientState::Several(several)) => {
+                several.retire_now();
             }
             // A one-word state under the log's constants cannot arise; nothing to retire.
             (ClientParams::SlidingWindowLog(_), ClientState::Word(_)) => {}

@@ -234,6 +234,12 @@ impl Decision {
         }
     }
 
+    /// `reset_after` in the deciding limiter's own units (nanoseconds for the window methods).
+    #[inline]
+    pub(crate) fn reset_after_units(&self) -> u64 {
+        self.reset_after
+    }
+
     /// Whether the limiter that decided was retired (see [`Outcome::Retired`]).
     #[inline]
     pub(crate) fn is_retired(&self) -> bool {

@@ -155,6 +155,37 @@ pub enum ServiceError {
         /// The most allowed.
         max: usize,
     },
+    /// A plan was given no limits, or more than a plan may have.
+    LimitCount {
+        /// The plan, as its `Debug` form.
+        plan: String,
+        /// Limits given.
+        count: usize,
+        /// The most allowed.
+        max: usize,
+    },
+    /// One limit of a plan with several cannot be honoured by the service's method.
+    InvalidLimit {
+        /// The plan, as its `Debug` form.
+        plan: String,
+        /// The limit's position in the plan's list, from 0.
+        position: usize,
+        /// Why.
+        source: RuleError,
+    },
+    /// A plan was given several limits under a method that cannot enforce them together (the
+    /// sliding window log cannot give back a claimed slot).
+    SeveralLimitsUnsupported {
+        /// The plan, as its `Debug` form.
+        plan: String,
+        /// The service's method.
+        algorithm: Algorithm,
+    },
+    /// A policy name for the response headers that cannot be written in them.
+    InvalidPolicyName {
+        /// Why.
+        source: crate::InvalidPolicyName,
+    },
     /// A service was built with a larger initial capacity than it allocates up front.
     CapacityTooLarge {
         /// The capacity asked for.
@@ -188,6 +219,22 @@ impl fmt::Display for ServiceError {
             ServiceError::TooManyPlans { count, max } => {
                 write!(f, "{count} plans given: a service holds at most {max}")
             }
+            ServiceError::LimitCount { plan, count, max } => write!(
+                f,
+                "plan {plan} has {count} limits: a plan has at least 1 and at most {max}"
+            ),
+            ServiceError::InvalidLimit {
+                plan,
+                position,
+                source,
+            } => write!(f, "plan {plan}: limits[{position}]: {source}"),
+            ServiceError::SeveralLimitsUnsupported { plan, algorithm } => write!(
+                f,
+                "plan {plan} has several limits, which the {algorithm} cannot enforce together \
+                 (a granted permit cannot be given back): use one limit, or the token bucket \
+                 or fixed window"
+            ),
+            ServiceError::InvalidPolicyName { source } => write!(f, "{source}"),
             ServiceError::CapacityTooLarge { capacity, max } => {
                 write!(
                     f,
@@ -202,7 +249,8 @@ impl fmt::Display for ServiceError {
 impl std::error::Error for ServiceError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            ServiceError::InvalidRule { source, .. } => Some(source),
+            ServiceError::InvalidRule { source, .. }
+            | ServiceError::InvalidLimit { source, .. } => Some(source),
             _ => None,
         }
     }

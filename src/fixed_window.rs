@@ -101,7 +101,9 @@ impl WindowParams {
         let count_bits = u64::BITS - (limit + COUNT_HEADROOM).leading_zeros();
         let index_bits = 63u32.saturating_sub(count_bits);
         let max_index = (1u64 << index_bits) - 1;
-        let horizon_nanos = (max_index as u128 + 1) * rule.window_nanos() as u128;
+        // One window less than the index can count: a limiter starts anywhere in its first
+        // window (window 0 is the one its start falls in).
+        let horizon_nanos = max_index as u128 * rule.window_nanos() as u128;
         if horizon_nanos < RuleError::MIN_HORIZON.as_nanos() {
             return Err(RuleError::HorizonTooShort {
                 algorithm: Algorithm::FixedWindow,
@@ -147,7 +149,12 @@ impl WindowParams {
     /// nothing granted; an earlier reading is counted in it. At least as strict as any word whose
     /// window was over at `since_nanos`. A service seeds new clients with it.
     pub fn empty_since(&self, since_nanos: u64) -> u64 {
-        self.pack(self.index_at(self.elapsed(since_nanos)), 0)
+        match self.index_at(self.elapsed(since_nanos)) {
+            // The window before, full: any reading from window `index` on starts it afresh, and
+            // an earlier one is denied, as it would be by a word retired at `since_nanos`.
+            index @ 1.. => self.pack(index - 1, self.rule.limit()),
+            0 => self.pack(0, 0),
+        }
     }
 
     #[inline]
@@ -296,6 +303,46 @@ impl WindowParams {
             }
             backoff.spin();
         }
+    }
+
+    /// Gives back `n` permits that `granted` (an allowed decision of this window's, made at
+    /// `now_nanos`) took, if its window is still the stored one; a window that has rolled over
+    /// has nothing to give back. The window a grant was counted in is where its `reset_after`
+    /// ends.
+    pub fn undo<A: AtomicWord>(&self, word: &A, n: u64, granted: &Decision, now_nanos: u64) {
+        let end = self
+            .elapsed(now_nanos)
+            .saturating_add(granted.reset_after_units());
+        let Some(index) = (end / self.rule.window_nanos()).checked_sub(1) else {
+            return;
+        };
+        // Relaxed: as in `acquire`; the exchange decides.
+        let mut current = word.load(Ordering::Relaxed);
+        loop {
+            let (stored, count) = self.unpack(current);
+            if current & RETIRED != 0 || stored != index.min(self.max_index) {
+                return;
+            }
+            let given_back = self.pack(stored, count.saturating_sub(n));
+            match word.compare_exchange_weak(
+                current,
+                given_back,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// What taking `n` permits at the clock's reading would answer, taking nothing.
+    #[inline]
+    pub(crate) fn dry_run<A: AtomicWord>(&self, word: &A, n: u64, clock: &impl Clock) -> Decision {
+        // Relaxed: a snapshot of one word.
+        let current = word.load(Ordering::Relaxed) & !RETIRED;
+        self.decide_elapsed(current, self.elapsed(clock.now_nanos()), n)
+            .0
     }
 
     /// The fast path: one `fetch_add` instead of a CAS loop, which never retries under

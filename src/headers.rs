@@ -124,3 +124,56 @@ impl Decision {
         ))
     }
 }
+
+/// A window as the shortest whole number of one unit: `1s`, `10s`, `1h`, `1500ms`.
+fn compact_window(window: Duration) -> String {
+    let nanos = window.as_nanos();
+    for (unit, name) in [
+        (86_400_000_000_000u128, "d"),
+        (3_600_000_000_000, "h"),
+        (60_000_000_000, "m"),
+        (1_000_000_000, "s"),
+        (1_000_000, "ms"),
+        (1_000, "us"),
+    ] {
+        if nanos.is_multiple_of(unit) {
+            return format!("{}{name}", nanos / unit);
+        }
+    }
+    format!("{nanos}ns")
+}
+
+/// The name of limit `position` of a plan named `plan` with `count` limits: the plan's own name
+/// when it has one limit, else the plan's name and the limit's window (`"pro-1s"`, `"pro-1h"`),
+/// and the position too should two limits share a window.
+fn policy_name(plan: &str, decisions: &[Decision], position: usize) -> String {
+    if decisions.len() == 1 {
+        return plan.to_owned();
+    }
+    let window = decisions[position].window();
+    if decisions.iter().filter(|d| d.window() == window).count() > 1 {
+        format!("{plan}-{}-{position}", compact_window(window))
+    } else {
+        format!("{plan}-{}", compact_window(window))
+    }
+}
+
+/// The `RateLimit-Policy` and `RateLimit` field values for every limit of one plan, one list item
+/// per limit, from each limit's own decision (see `RateLimiterService::ratelimit_headers`).
+pub(crate) fn policy_list(
+    plan: &str,
+    decisions: &[Decision],
+) -> Result<(String, String), InvalidPolicyName> {
+    let mut policy = String::new();
+    let mut ratelimit = String::new();
+    for (position, decision) in decisions.iter().enumerate() {
+        let name = policy_name(plan, decisions, position);
+        if position > 0 {
+            policy.push_str(", ");
+            ratelimit.push_str(", ");
+        }
+        policy.push_str(&decision.ratelimit_policy_header(&name)?);
+        ratelimit.push_str(&decision.ratelimit_header(&name)?);
+    }
+    Ok((policy, ratelimit))
+}

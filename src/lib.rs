@@ -82,6 +82,7 @@ mod plan_table;
 mod rule;
 mod seqlock;
 mod service;
+mod several_limits;
 mod sliding_window_log;
 mod sync;
 mod token_bucket;

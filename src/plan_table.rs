@@ -79,12 +79,53 @@ pub struct PlanStats {
     pub denied: u64,
 }
 
+/// The most limits one plan may have, enforced together (see `RateLimiterService`).
+pub(crate) const MAX_LIMITS: usize = 4;
+
+/// The words of a plan's first limit, and how many limits the plan has.
+const FIRST_WORDS: usize = PARAM_WORDS + 1;
+/// The words of a plan's other limits.
+const OTHER_WORDS: usize = (MAX_LIMITS - 1) * PARAM_WORDS;
+
 /// One plan: its name, its constants, its counts.
+///
+/// The first limit's constants and the plan's limit count sit in `first`, read on every
+/// decision; the other limits' in `others`, read only for plans that have them. Each change
+/// writes `others` and then `first`, so both reach the same version, and a reader of a plan with
+/// several limits accepts the two reads only when their versions agree.
 #[derive(Debug)]
 struct PlanEntry<P> {
     plan: P,
-    params: VersionedWords<Word, PARAM_WORDS>,
+    first: VersionedWords<Word, FIRST_WORDS>,
+    others: VersionedWords<Word, OTHER_WORDS>,
     counts: DecisionCounts,
+}
+
+/// A plan's limits at one version, as constants of the service's method.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PlanLimits {
+    count: usize,
+    limits: [ClientParams; MAX_LIMITS],
+}
+
+impl PlanLimits {
+    /// The limits, in the order they were given.
+    #[inline]
+    pub(crate) fn as_slice(&self) -> &[ClientParams] {
+        &self.limits[..self.count]
+    }
+}
+
+/// The words a plan's limits are stored as.
+fn to_words(limits: &[ClientParams]) -> ([u64; FIRST_WORDS], [u64; OTHER_WORDS]) {
+    let mut first = [0; FIRST_WORDS];
+    first[..PARAM_WORDS].copy_from_slice(&limits[0].to_words());
+    first[PARAM_WORDS] = limits.len() as u64;
+    let mut others = [0; OTHER_WORDS];
+    for (chunk, limit) in others.chunks_exact_mut(PARAM_WORDS).zip(&limits[1..]) {
+        chunk.copy_from_slice(&limit.to_words());
+    }
+    (first, others)
 }
 
 /// The plans of one service.
@@ -109,7 +150,7 @@ impl<P: Eq> PlanTable<P> {
     pub(crate) fn new(
         algorithm: Algorithm,
         start_nanos: u64,
-        plans: Vec<(P, ClientParams)>,
+        plans: Vec<(P, Vec<ClientParams>)>,
     ) -> Self {
         let shards = std::thread::available_parallelism()
             .map_or(4, |cores| cores.get())
@@ -120,10 +161,14 @@ impl<P: Eq> PlanTable<P> {
             start_nanos,
             plans: plans
                 .into_iter()
-                .map(|(plan, params)| PlanEntry {
-                    plan,
-                    params: VersionedWords::new(params.to_words()),
-                    counts: DecisionCounts::new(shards),
+                .map(|(plan, limits)| {
+                    let (first, others) = to_words(&limits);
+                    PlanEntry {
+                        plan,
+                        first: VersionedWords::new(first),
+                        others: VersionedWords::new(others),
+                        counts: DecisionCounts::new(shards),
+                    }
                 })
                 .collect(),
             change: Mutex::new(()),
@@ -147,17 +192,50 @@ impl<P: Eq> PlanTable<P> {
         self.plans.iter().map(|entry| &entry.plan)
     }
 
-    /// The current constants of the plan at `index`, and their version (which changes with
-    /// every rule change): always the constants of exactly that version.
+    /// The current version of the plan at `index`, its first limit's constants, and how many
+    /// limits it has: always of exactly that version. The whole of a single-limit plan.
     #[inline]
-    pub(crate) fn read(&self, index: usize) -> (u64, ClientParams) {
+    pub(crate) fn read(&self, index: usize) -> (u64, ClientParams, usize) {
         let entry = &self.plans[index];
         loop {
-            let (version, words) = entry.params.read();
+            let (version, words) = entry.first.read();
+            let mut limit = [0; PARAM_WORDS];
+            limit.copy_from_slice(&words[..PARAM_WORDS]);
             // Always decodes: every version was written from valid constants of this method.
-            if let Some(params) = ClientParams::from_words(self.algorithm, words) {
-                return (version, params);
+            if let Some(params) = ClientParams::from_words(self.algorithm, limit) {
+                return (version, params, words[PARAM_WORDS] as usize);
             }
+        }
+    }
+
+    /// Every limit of the plan at `index`, and their version.
+    pub(crate) fn read_all(&self, index: usize) -> (u64, PlanLimits) {
+        let entry = &self.plans[index];
+        loop {
+            let (version, first, count) = self.read(index);
+            let mut limits = [first; MAX_LIMITS];
+            let count = count.clamp(1, MAX_LIMITS);
+            if count > 1 {
+                let (others_version, words) = entry.others.read();
+                if others_version != version {
+                    // A change is under way (it writes `others` first): read both again.
+                    continue;
+                }
+                let decoded = words
+                    .chunks_exact(PARAM_WORDS)
+                    .zip(&mut limits[1..count])
+                    .all(|(chunk, limit)| {
+                        let mut words = [0; PARAM_WORDS];
+                        words.copy_from_slice(chunk);
+                        ClientParams::from_words(self.algorithm, words)
+                            .map(|params| *limit = params)
+                            .is_some()
+                    });
+                if !decoded {
+                    continue;
+                }
+            }
+            return (version, PlanLimits { count, limits });
         }
     }
 
@@ -166,16 +244,18 @@ impl<P: Eq> PlanTable<P> {
         ClientParams::new(self.algorithm, rule, self.start_nanos)
     }
 
-    /// Replaces the rule of the plan at `index`. Clients under the plan follow the new rule from
-    /// their next request.
-    pub(crate) fn set_rule(&self, index: usize, rule: Rule) -> Result<(), RuleError> {
-        let params = self.params_for(rule)?;
+    /// Replaces the limits of the plan at `index` (1 to [`MAX_LIMITS`] of them, already checked
+    /// by [`PlanTable::params_for`]). Clients under the plan follow them from their next request.
+    pub(crate) fn set_limits(&self, index: usize, limits: &[ClientParams]) {
+        let (first, others) = to_words(limits);
+        let entry = &self.plans[index];
         let _writer = self
             .change
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        self.plans[index].params.write(params.to_words());
-        Ok(())
+        // `others` first: a reader that sees the new first version then finds `others` at it.
+        entry.others.write(others);
+        entry.first.write(first);
     }
 
     /// Counts one decision for the plan at `index`.

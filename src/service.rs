@@ -10,9 +10,10 @@ use crate::client_state::{ClientParams, ClientState};
 use crate::clock::Clock;
 use crate::decision::Admit;
 use crate::error::ServiceError;
-use crate::plan_table::{MAX_PLANS, PlanTable};
+use crate::plan_table::{MAX_LIMITS, MAX_PLANS, PlanTable};
+use crate::several_limits::SeveralLimits;
 use crate::sync::{AtomicWord, Ordering, Word};
-use crate::{Algorithm, Decision, MonotonicClock, PlanStats, Rule};
+use crate::{Algorithm, Decision, MonotonicClock, PlanStats, Rule, RuleError};
 
 /// What a service call answers: a whole [`Decision`], or only whether one permit was granted
 /// (which builds no figures: `allow` pays for nothing it does not return).
@@ -170,6 +171,9 @@ where
     C: Clock,
     S: BuildHasher,
 {
+    /// The most limits one plan may have (see [`ServiceBuilder::plan_limits`]).
+    pub const MAX_LIMITS: usize = MAX_LIMITS;
+
     /// The method this service applies.
     pub fn algorithm(&self) -> Algorithm {
         self.plans.algorithm()
@@ -213,17 +217,42 @@ where
     /// A client whose state was made under the old rule starts afresh under the new one: what it
     /// used under the old rule is forgotten. The change can therefore grant a client at most one
     /// window's worth of the new rule beyond what it had already used; no more, because the old
-    /// state is retired (no request can still be granted on it) before the fresh one is made.
+    /// state is retired (no request can still be granted on it) before the fresh one is made,
+    /// and a request uses a state only if it was made under the rule in force after its lookup.
     ///
-    /// Errors when the service has no such plan, or its method cannot honour `rule`.
+    /// # Errors
+    ///
+    /// [`ServiceError::UnknownPlan`] when the service has no such plan,
+    /// [`ServiceError::InvalidRule`] when its method cannot honour `rule` (the old rule stays).
     pub fn set_rule(&self, plan: &P, rule: Rule) -> Result<(), ServiceError> {
+        self.set_limits(plan, [rule])
+    }
+
+    /// Replaces `plan`'s limits (one or several, enforced together), as [`set_rule`] does.
+    ///
+    /// # Errors
+    ///
+    /// As [`set_rule`], and [`ServiceError::LimitCount`], [`ServiceError::InvalidLimit`] or
+    /// [`ServiceError::SeveralLimitsUnsupported`] for limits a plan cannot have.
+    ///
+    /// [`set_rule`]: RateLimiterService::set_rule
+    pub fn set_limits(
+        &self,
+        plan: &P,
+        limits: impl IntoIterator<Item = Rule>,
+    ) -> Result<(), ServiceError> {
         let index = self.plan_index(plan)?;
-        self.plans
-            .set_rule(index, rule)
-            .map_err(|source| ServiceError::InvalidRule {
-                plan: format!("{plan:?}"),
-                source,
-            })
+        let rules: Vec<Rule> = limits.into_iter().collect();
+        let limits = limits_of(plan, &rules, |rule| self.plans.params_for(rule))?;
+        self.plans.set_limits(index, &limits);
+        Ok(())
+    }
+
+    /// The current limits of `plan`, in order, if the service has it.
+    pub fn limits(&self, plan: &P) -> Option<Vec<Rule>> {
+        let index = self.plans.index_of(plan)?;
+        let (_, limits) = self.plans.read_all(index);
+        Some(limits.as_slice().iter().map(ClientParams::rule).collect())
     }
 
     #[inline]
@@ -274,20 +303,34 @@ where
             let entry = match clients.get(client) {
                 Some(entry) => entry,
                 None => {
-                    let (version, params) = self.plans.read(index);
-                    if n == 0 {
-                        return Ok(T::from_decision(params.fresh_report(
-                            true,
-                            self.made_as_of(),
-                            &self.clock,
-                        )));
-                    }
+                    let (version, state) = match self.plans.read(index) {
+                        (version, params, 1) => {
+                            if n == 0 {
+                                self.plans.record(index, true);
+                                return Ok(T::from_decision(params.fresh_report(
+                                    true,
+                                    self.made_as_of(),
+                                    &self.clock,
+                                )));
+                            }
+                            (version, params.fresh_state(self.made_as_of()))
+                        }
+                        _ => {
+                            let (version, limits) = self.plans.read_all(index);
+                            let fresh = SeveralLimits::fresh(limits.as_slice(), self.made_as_of());
+                            if n == 0
+                                && let Some(decision) =
+                                    fresh.acquire(limits.as_slice(), 0, &self.clock)
+                            {
+                                self.plans.record(index, true);
+                                return Ok(T::from_decision(decision));
+                            }
+                            (version, ClientState::Several(Box::new(fresh)))
+                        }
+                    };
                     // Two first requests may both get here; the map keeps exactly one entry,
                     // and both use it.
-                    clients.get_or_insert_with(client.to_owned(), || ClientEntry {
-                        version,
-                        state: params.fresh_state(self.made_as_of()),
-                    })
+                    clients.get_or_insert_with(client.to_owned(), || ClientEntry { version, state })
                 }
             };
             // The plan is read *after* the entry is found (or put) in the map, and the entry is
@@ -296,7 +339,7 @@ where
             // entry put after that retirement by a request that read the plan before the change
             // is always seen here as made under an earlier version: it never grants, and the
             // client cannot start afresh twice across one change.
-            let (version, params) = self.plans.read(index);
+            let (version, params, count) = self.plans.read(index);
             if entry.version != version {
                 if entry.version < version {
                     // Made under an earlier rule of the plan: retire it, so that no request
@@ -309,8 +352,20 @@ where
                 // version before putting it where this lookup found it. Read again regardless.)
                 continue;
             }
-            let decision = T::acquire(&params, &entry.state, n, &self.clock);
-            if decision.is_retired() {
+            let answer = match (&entry.state, count) {
+                (ClientState::Several(several), 2..) => {
+                    let (all_version, limits) = self.plans.read_all(index);
+                    if all_version != version {
+                        continue;
+                    }
+                    several
+                        .acquire(limits.as_slice(), n, &self.clock)
+                        .map(T::from_decision)
+                }
+                (state, _) => Some(T::acquire(&params, state, n, &self.clock))
+                    .filter(|answer| !answer.is_retired()),
+            };
+            let Some(answer) = answer else {
                 // Acquire: pairs with the Release of the retiring exchange, so the sweep's
                 // `evicted_up_to` is seen when the fresh limiter is made.
                 <Word as AtomicWord>::fence(Ordering::Acquire);
@@ -318,9 +373,9 @@ where
                 // fresh one. The retired state granted nothing, so nothing is counted twice.
                 Self::remove_entry(&clients, client, entry);
                 continue;
-            }
-            self.plans.record(index, decision.is_allowed());
-            return Ok(decision);
+            };
+            self.plans.record(index, answer.is_allowed());
+            return Ok(answer);
         }
     }
 
@@ -336,7 +391,21 @@ where
         let clients = self.clients[index].pin();
         let entry = clients.get(client);
         // Read after the lookup, as `acquire` does (see there).
-        let (version, params) = self.plans.read(index);
+        let (version, params, count) = self.plans.read(index);
+        if count > 1 {
+            let (version, limits) = self.plans.read_all(index);
+            if let Some(entry) = entry
+                && entry.version == version
+                && let ClientState::Several(several) = &entry.state
+                && let Some(decision) = several.peek(limits.as_slice(), &self.clock)
+            {
+                return Ok(decision);
+            }
+            let fresh = SeveralLimits::fresh(limits.as_slice(), self.made_as_of());
+            if let Some(decision) = fresh.peek(limits.as_slice(), &self.clock) {
+                return Ok(decision);
+            }
+        }
         if let Some(entry) = entry
             && entry.version == version
         {
@@ -346,6 +415,67 @@ where
             }
         }
         Ok(params.fresh_report(false, self.made_as_of(), &self.clock))
+    }
+
+    /// The IETF `RateLimit-Policy` and `RateLimit` field values for `client` under `plan`, as
+    /// they stand now (after the request's own decision): one list item per limit of the plan
+    /// (draft-ietf-httpapi-ratelimit-headers), named `policy` when the plan has one limit and
+    /// `policy-WINDOW` (`"pro-1s"`, `"pro-1h"`) when it has several. Takes nothing.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{Algorithm, FakeClock, Rule, ServiceBuilder};
+    ///
+    /// let service = ServiceBuilder::new(Algorithm::TokenBucket, FakeClock::new())
+    ///     .plan_limits("pro", [Rule::per_second(10)?, Rule::per_hour(1000)?])
+    ///     .build::<u64>()?;
+    /// assert!(service.allow(&7, &"pro")?);
+    /// let (policy, ratelimit) = service.ratelimit_headers(&7, &"pro", "pro")?;
+    /// assert_eq!(policy, r#""pro-1s";q=10;w=1, "pro-1h";q=1000;w=3600"#);
+    /// assert_eq!(ratelimit, r#""pro-1s";r=9;t=1, "pro-1h";r=999;t=4"#);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ServiceError::UnknownPlan`] for a plan the service does not have, and
+    /// [`ServiceError::InvalidPolicyName`] for a `policy` that is not printable ASCII.
+    pub fn ratelimit_headers<Q>(
+        &self,
+        client: &Q,
+        plan: &P,
+        policy: &str,
+    ) -> Result<(String, String), ServiceError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let index = self.plan_index(plan)?;
+        let clients = self.clients[index].pin();
+        let entry = clients.get(client);
+        let (version, limits) = self.plans.read_all(index);
+        let limits = limits.as_slice();
+        let several = entry
+            .filter(|entry| entry.version == version)
+            .and_then(|entry| match &entry.state {
+                ClientState::Several(several) => several.peek_each(limits, &self.clock),
+                state => {
+                    let decision = limits[0].peek(state, &self.clock);
+                    (!decision.is_retired()).then(|| vec![decision])
+                }
+            });
+        let decisions = match several {
+            Some(decisions) => decisions,
+            None => {
+                let since = self.made_as_of();
+                limits
+                    .iter()
+                    .map(|limit| limit.fresh_report(false, since, &self.clock))
+                    .collect()
+            }
+        };
+        crate::headers::policy_list(policy, &decisions)
+            .map_err(|source| ServiceError::InvalidPolicyName { source })
     }
 
     /// The instant new limiters are made as of (see `evicted_up_to`).
@@ -375,9 +505,12 @@ where
         for (index, clients) in self.clients.iter().enumerate() {
             let clients = clients.pin();
             for (client, entry) in clients.iter() {
-                let (version, params) = self.plans.read(index);
+                let (version, params, _) = self.plans.read(index);
                 let retired = if version == entry.version {
-                    params.retire_if_idle(&entry.state, now)
+                    match &entry.state {
+                        ClientState::Several(several) => several.retire_if_idle(now),
+                        state => params.retire_if_idle(state, now),
+                    }
                 } else {
                     // Its next request would start it afresh anyway.
                     params.retire_now(&entry.state);
@@ -428,7 +561,7 @@ where
 pub struct ServiceBuilder<P, C, S = RandomState> {
     algorithm: Algorithm,
     clock: C,
-    plans: Vec<(P, Rule)>,
+    plans: Vec<(P, Vec<Rule>)>,
     hasher: S,
     capacity: usize,
 }
@@ -453,13 +586,38 @@ impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher + Clone> ServiceBuilder<P, C, 
 
     /// Adds `plan` with its `rule`.
     pub fn plan(mut self, plan: P, rule: Rule) -> Self {
-        self.plans.push((plan, rule));
+        self.plans.push((plan, vec![rule]));
+        self
+    }
+
+    /// Adds `plan` with several limits, enforced together: a request is granted only if every
+    /// limit grants it, and then takes from all (see [`RateLimiterService`]). At most
+    /// [`RateLimiterService::MAX_LIMITS`]; the token bucket and the fixed window take several.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{Algorithm, FakeClock, Rule, ServiceBuilder};
+    ///
+    /// let clock = FakeClock::new();
+    /// let service = ServiceBuilder::new(Algorithm::TokenBucket, clock.clone())
+    ///     .plan_limits("free", [Rule::per_second(3)?, Rule::new(5, Duration::from_secs(10))?])
+    ///     .build::<u64>()?;
+    /// let burst = (0..10).filter(|_| service.allow(&1, &"free").unwrap()).count();
+    /// assert_eq!(burst, 3); // the per-second limit
+    /// clock.advance(Duration::from_secs(1));
+    /// let later = (0..10).filter(|_| service.allow(&1, &"free").unwrap()).count();
+    /// assert_eq!(later, 2); // the 10-second limit: 5 in all
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn plan_limits(mut self, plan: P, limits: impl IntoIterator<Item = Rule>) -> Self {
+        self.plans.push((plan, limits.into_iter().collect()));
         self
     }
 
     /// Adds each plan with its rule.
     pub fn plans(mut self, rules: impl IntoIterator<Item = (P, Rule)>) -> Self {
-        self.plans.extend(rules);
+        self.plans
+            .extend(rules.into_iter().map(|(plan, rule)| (plan, vec![rule])));
         self
     }
 
@@ -511,21 +669,17 @@ impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher + Clone> ServiceBuilder<P, C, 
         // Every rule's timeline starts here, so that a limiter's horizon is counted from the
         // service's start, wherever the clock's origin lies.
         let start_nanos = self.clock.now_nanos();
-        let mut plans: Vec<(P, ClientParams)> = Vec::with_capacity(self.plans.len());
-        for (plan, rule) in self.plans {
+        let mut plans: Vec<(P, Vec<ClientParams>)> = Vec::with_capacity(self.plans.len());
+        for (plan, rules) in self.plans {
             if plans.iter().any(|(existing, _)| *existing == plan) {
                 return Err(ServiceError::DuplicatePlan {
                     plan: format!("{plan:?}"),
                 });
             }
-            let params =
-                ClientParams::new(self.algorithm, rule, start_nanos).map_err(|source| {
-                    ServiceError::InvalidRule {
-                        plan: format!("{plan:?}"),
-                        source,
-                    }
-                })?;
-            plans.push((plan, params));
+            let limits = limits_of(&plan, &rules, |rule| {
+                ClientParams::new(self.algorithm, rule, start_nanos)
+            })?;
+            plans.push((plan, limits));
         }
         // Blocking resizes: the default incremental mode, filled by inserts, was measured to leave
         // lookups about ten times slower and to collapse multi-threaded throughput.
@@ -546,6 +700,51 @@ impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher + Clone> ServiceBuilder<P, C, 
             clients,
         })
     }
+}
+
+/// The constants of `plan`'s `rules`, made by `params`, or why they cannot be a plan's limits.
+fn limits_of<P: fmt::Debug>(
+    plan: &P,
+    rules: &[Rule],
+    params: impl Fn(Rule) -> Result<ClientParams, RuleError>,
+) -> Result<Vec<ClientParams>, ServiceError> {
+    let plan_name = || format!("{plan:?}");
+    if rules.is_empty() || rules.len() > MAX_LIMITS {
+        return Err(ServiceError::LimitCount {
+            plan: plan_name(),
+            count: rules.len(),
+            max: MAX_LIMITS,
+        });
+    }
+    let limits = rules
+        .iter()
+        .enumerate()
+        .map(|(position, &rule)| {
+            params(rule).map_err(|source| {
+                if rules.len() == 1 {
+                    ServiceError::InvalidRule {
+                        plan: plan_name(),
+                        source,
+                    }
+                } else {
+                    ServiceError::InvalidLimit {
+                        plan: plan_name(),
+                        position,
+                        source,
+                    }
+                }
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if limits.len() > 1
+        && let Some(first) = limits.iter().find(|limit| !limit.can_undo())
+    {
+        return Err(ServiceError::SeveralLimitsUnsupported {
+            plan: plan_name(),
+            algorithm: first.algorithm(),
+        });
+    }
+    Ok(limits)
 }
 
 /// Runs [`RateLimiterService::sweep`] on a background thread every `interval`; the thread stops

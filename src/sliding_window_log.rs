@@ -388,7 +388,12 @@ impl LogParams {
         } else {
             Rejection::BatchUnsupported { requested: n }
         };
-        self.peek_at(ring, now, true).into_rejected(rejection)
+        let quota = self.peek_at(ring, now, true);
+        if quota.is_retired() {
+            // The service moves to a fresh ring, and answers from it.
+            return quota;
+        }
+        quota.into_rejected(rejection)
     }
 
     /// What one permit would get now, taking nothing.
@@ -423,7 +428,12 @@ impl LogParams {
         if remaining > 0 || available_only {
             return Decision::allowed(self.rule, remaining, reset_after);
         }
-        let expiry = ring.slot(oldest).load(Ordering::Relaxed) & EXPIRY_MASK;
+        let oldest_slot = ring.slot(oldest).load(Ordering::Relaxed);
+        if is_retired(oldest_slot) {
+            // Retired since the snapshot: its mark is no admission's expiry.
+            return Decision::retired(self.rule);
+        }
+        let expiry = oldest_slot & EXPIRY_MASK;
         Decision::denied(self.rule, 0, expiry.saturating_sub(now), reset_after)
     }
 

@@ -146,7 +146,10 @@ impl GcraParams {
                 origin_nanos: 0,
             });
         }
-        if bucket_too_large && limit <= window {
+        if bucket_too_large
+            && limit <= window
+            && window.div_ceil(limit).saturating_mul(limit) > MAX_BURST_TICKS
+        {
             // Even at one tick per nanosecond the full bucket, each token's refill rounded up
             // to whole nanoseconds, overflows: only windows over 146 years get here. The longest
             // window that fits is the largest multiple of the limit within the bound (a rate
@@ -299,6 +302,35 @@ impl GcraParams {
             }
             backoff.spin();
         }
+    }
+
+    /// Gives back `n` permits that an acquire on `tat` granted (a reservation across several
+    /// limits that another limit refused). Exact: the grant moved the TAT forward by `n*T`, and
+    /// moving it back by as much leaves every other grant's share in place; a TAT that has since
+    /// fallen behind the clock is a full bucket either way.
+    pub fn undo<A: AtomicWord>(&self, tat: &A, n: u64) {
+        // Relaxed: as in `acquire`; the exchange decides.
+        let mut current = tat.load(Ordering::Relaxed);
+        while current != RETIRED {
+            let given_back = current.saturating_sub(n.saturating_mul(self.token_ticks));
+            match tat.compare_exchange_weak(
+                current,
+                given_back,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// What taking `n` permits at the clock's reading would answer, taking nothing.
+    #[inline]
+    pub(crate) fn dry_run<A: AtomicWord>(&self, tat: &A, n: u64, clock: &impl Clock) -> Decision {
+        // Relaxed: a snapshot of one word.
+        self.decide(tat.load(Ordering::Relaxed), clock.now_nanos(), n)
+            .0
     }
 
     /// What one permit would get now, taking nothing.

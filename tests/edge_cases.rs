@@ -554,3 +554,58 @@ fn a_token_bucket_refusing_a_long_window_names_a_bound_the_window_breaks() {
             .is_ok()
     );
 }
+
+#[test]
+fn a_fixed_window_replaced_by_a_sweep_is_no_more_generous_to_an_older_reading() {
+    let granted = |sweep: bool| {
+        let start = Duration::from_secs(1_700_000_000);
+        let clock = FakeClock::starting_at(start);
+        let service: RateLimiterService<u64, &str, FakeClock> = RateLimiterService::new(
+            Algorithm::FixedWindow,
+            [("free", Rule::per_second(2).unwrap())],
+            clock.clone(),
+        )
+        .unwrap();
+        clock.advance(Duration::from_millis(900));
+        let mut granted = burst_for(&service, 5);
+        clock.advance(Duration::from_millis(150));
+        if sweep {
+            assert_eq!(service.sweep(), 1);
+        }
+        clock.set(start + Duration::from_millis(950)); // back into the first window
+        granted += burst_for(&service, 5);
+        granted
+    };
+    assert_eq!(granted(true), granted(false));
+    assert_eq!(granted(false), 2);
+}
+
+fn burst_for(service: &RateLimiterService<u64, &str, FakeClock>, attempts: usize) -> usize {
+    (0..attempts)
+        .filter(|_| service.allow(&7, &"free").unwrap())
+        .count()
+}
+
+#[test]
+fn a_token_bucket_refused_for_rounding_says_so_rather_than_window_too_long() {
+    let window: u64 = (1 << 61) + (1 << 40);
+    let limit = window / 3 * 2 - 12_345;
+    let error = LimiterFactory::new(Algorithm::TokenBucket)
+        .check(Rule::new(limit, Duration::from_nanos(window)).unwrap())
+        .unwrap_err();
+    assert!(matches!(error, RuleError::RateTooHigh { .. }), "{error:?}");
+}
+
+#[test]
+fn zero_permit_attempts_are_counted_for_known_and_unknown_clients_alike() {
+    let service: RateLimiterService<u64, &str, FakeClock> = RateLimiterService::new(
+        Algorithm::TokenBucket,
+        [("free", Rule::per_second(2).unwrap())],
+        FakeClock::new(),
+    )
+    .unwrap();
+    assert!(service.acquire(&1, &"free", 0).unwrap().is_allowed());
+    assert!(service.allow(&2, &"free").unwrap());
+    assert!(service.acquire(&2, &"free", 0).unwrap().is_allowed());
+    assert_eq!(service.stats(&"free").unwrap().allowed, 3);
+}

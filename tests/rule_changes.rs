@@ -430,3 +430,82 @@ fn the_rule_change_oracle_catches_a_planted_over_admission() {
     });
     assert!(breach.is_err(), "the planted over-admission went unseen");
 }
+
+/// A sliding-log peek racing rule changes (which retire the client's ring) never reports a
+/// retiring mark as an expiry: every figure stays within the one-second window.
+#[test]
+fn a_sliding_log_peek_racing_rule_changes_reports_only_true_waits() {
+    let clock = FakeClock::starting_at(Duration::from_secs(1_000));
+    let rule = Rule::per_second(1).unwrap();
+    let service: Arc<RateLimiterService<u64, u8, FakeClock>> = Arc::new(
+        RateLimiterService::new(Algorithm::SlidingWindowLog, [(0u8, rule)], clock).unwrap(),
+    );
+    assert!(service.allow(&1, &0).unwrap());
+    let stop = Arc::new(AtomicBool::new(false));
+    let changer = {
+        let (service, stop) = (Arc::clone(&service), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                service.set_rule(&0, rule).unwrap();
+                let _ = service.allow(&1, &0).unwrap();
+            }
+        })
+    };
+    let until = Instant::now() + Duration::from_millis(1_500);
+    let mut peeks = 0u64;
+    while Instant::now() < until {
+        peeks += 1;
+        let peek = service.peek(&1, &0).unwrap();
+        assert!(
+            peek.retry_after() <= Duration::from_secs(1)
+                && peek.reset_after() <= Duration::from_secs(1),
+            "after {peeks} peeks: {peek:?}"
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    changer.join().unwrap();
+}
+
+/// A batch refused by a sliding log that a sweep has just retired is answered from the fresh
+/// ring that replaces it, with its real quota.
+#[test]
+fn a_sliding_log_refusal_from_a_ring_being_swept_reports_the_fresh_quota() {
+    for n in [2u64, 6] {
+        let clock = FakeClock::new();
+        let service: Arc<ParkingService> = Arc::new(
+            RateLimiterService::new(
+                Algorithm::SlidingWindowLog,
+                [("free", Rule::per_second(5).unwrap())],
+                clock.clone(),
+            )
+            .unwrap(),
+        );
+        let client = ParkingKey(7);
+        assert!(service.allow(&client, &"free").unwrap());
+        clock.advance(Duration::from_secs(2));
+        let expected = service.acquire(&client, &"free", n).unwrap();
+        let (ready_tx, ready_rx) = channel();
+        let sweeper = {
+            let service = Arc::clone(&service);
+            std::thread::spawn(move || {
+                // The sweep's one hash: its removal, after it has retired the ring.
+                let (parked, resume) = park_at_hash(1);
+                ready_tx.send((parked, resume)).unwrap();
+                service.sweep()
+            })
+        };
+        let (parked, resume) = ready_rx.recv().unwrap();
+        parked
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the sweep parks at its removal");
+        let observed = service.acquire(&client, &"free", n).unwrap();
+        resume.send(()).unwrap();
+        assert_eq!(sweeper.join().unwrap(), 1);
+        assert_eq!(
+            observed.remaining(),
+            expected.remaining(),
+            "n = {n}: {observed:?}"
+        );
+        assert_eq!(observed.rejection(), expected.rejection(), "n = {n}");
+    }
+}

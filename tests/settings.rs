@@ -703,9 +703,10 @@ fn a_plan_may_list_several_limits() {
 
 #[test]
 fn a_service_refuses_a_plan_with_several_limits_naming_it() {
+    // The sliding window log cannot give a claimed slot back, so it takes one limit per plan.
     let settings = Settings::from_toml_str(
         r#"
-        algorithm = "fixed_window"
+        algorithm = "sliding_window_log"
         [plans.free]
         limit = 5
         window = "1s"
@@ -714,30 +715,63 @@ fn a_service_refuses_a_plan_with_several_limits_naming_it() {
         "#,
     )
     .unwrap();
-    let expected = SettingsError::SeveralLimits {
-        plan: "pro".into(),
-        count: 2,
-    };
-    assert_eq!(
-        settings
-            .build_service::<u64, _>(FakeClock::new())
-            .unwrap_err(),
-        expected
-    );
-    assert_eq!(
-        settings
-            .build_service_with_plans::<u64, _, _>(
-                FakeClock::new(),
-                [("free", Tier::Free), ("pro", Tier::Pro)]
-            )
-            .unwrap_err(),
-        expected
+    let error = settings
+        .build_service::<u64, _>(FakeClock::new())
+        .unwrap_err();
+    assert!(
+        matches!(&error, SettingsError::Service { source: ServiceError::SeveralLimitsUnsupported { plan, .. } } if plan == "\"pro\""),
+        "{error:?}"
     );
     assert!(
-        expected
+        error
             .to_string()
-            .starts_with("plan \"pro\" has 2 limits: the service applies one limit per plan")
+            .starts_with("plan \"pro\" has several limits"),
+        "{error}"
     );
+    assert_eq!(
+        settings.rule("pro").unwrap_err(),
+        SettingsError::SeveralLimits {
+            plan: "pro".into(),
+            count: 2
+        }
+    );
+}
+
+#[test]
+fn a_plan_with_several_limits_is_enforced_with_all_of_them() {
+    let settings = Settings::from_toml_str(
+        r#"
+        algorithm = "fixed_window"
+        [plans.free]
+        limit = 5
+        window = "1s"
+        [plans.pro]
+        limits = [{ limit = 3, window = "1s" }, { limit = 5, window = "10s" }]
+        "#,
+    )
+    .unwrap();
+    let clock = FakeClock::new();
+    let service = settings
+        .build_service_with_plans::<u64, _, _>(
+            clock.clone(),
+            [("free", Tier::Free), ("pro", Tier::Pro)],
+        )
+        .unwrap();
+    assert_eq!(
+        service.limits(&Tier::Pro).unwrap(),
+        [
+            Rule::per_second(3).unwrap(),
+            Rule::new(5, Duration::from_secs(10)).unwrap()
+        ]
+    );
+    let first = (0..10)
+        .filter(|_| service.allow(&1, &Tier::Pro).unwrap())
+        .count();
+    clock.advance(Duration::from_secs(1));
+    let second = (0..10)
+        .filter(|_| service.allow(&1, &Tier::Pro).unwrap())
+        .count();
+    assert_eq!((first, second), (3, 2));
 }
 
 #[test]

@@ -128,7 +128,7 @@ pub enum SettingsError {
         /// The plan.
         plan: String,
     },
-    /// A plan has several limits, and the service applies one limit per plan.
+    /// A plan has several limits where one was asked for ([`Settings::rule`](crate::Settings::rule)).
     SeveralLimits {
         /// The plan.
         plan: String,
@@ -242,8 +242,7 @@ impl fmt::Display for SettingsError {
             }
             SettingsError::SeveralLimits { plan, count } => write!(
                 f,
-                "plan {plan:?} has {count} limits: the service applies one limit per plan, so \
-                 give this plan a single limit and window"
+                "plan {plan:?} has {count} limits, not one: read them with `Settings::plans`"
             ),
             SettingsError::Service { source } => write!(f, "{source}"),
         }

@@ -13,7 +13,7 @@ use super::error::SettingsError;
 use super::found::{Any, At, Expect, Found, Report, Scalar, Table};
 use super::rule::{RuleFields, RuleShape, check_algorithm};
 use crate::clock::Clock;
-use crate::{Algorithm, LimiterFactory, RateLimiterService, Rule};
+use crate::{Algorithm, LimiterFactory, RateLimiterService, Rule, ServiceBuilder};
 
 const SETTINGS_EXPECTED: &str = "a table with \"algorithm\" and \"plans\"";
 const SETTINGS_FIELDS: &str = "algorithm, plans";
@@ -49,8 +49,8 @@ const LIMITS_EXPECTED: &str =
 /// [`SettingsError`] naming the plan, the limit's position in a list and the field:
 /// `plan "free": field "limit" is -5: expected a whole number of requests, at least 1`.
 ///
-/// The service applies one limit per plan for now: [`build_service`](Settings::build_service)
-/// refuses a plan with several, naming it, rather than apply only some of them.
+/// A plan with several limits is enforced with all of them together (see
+/// [`ServiceBuilder::plan_limits`]).
 ///
 /// # Inside a program's own configuration
 ///
@@ -232,17 +232,18 @@ impl Settings {
     ///
     /// # Errors
     ///
-    /// [`SettingsError::SeveralLimits`] for a plan with more than one limit: the service applies
-    /// one limit per plan.
+    /// [`SettingsError::Service`] when the service refuses a plan's limits (several limits under
+    /// the sliding window log, say).
     pub fn build_service<K: Hash + Eq, C: Clock>(
         &self,
         clock: C,
     ) -> Result<RateLimiterService<K, String, C>, SettingsError> {
-        let mut rules = Vec::with_capacity(self.plans.len());
+        let mut builder = ServiceBuilder::new(self.algorithm, clock);
         for (name, plan_rules) in &self.plans {
-            rules.push((name.clone(), single_rule(name, plan_rules)?));
+            builder = builder.plan_limits(name.clone(), plan_rules.iter().copied());
         }
-        RateLimiterService::new(self.algorithm, rules, clock)
+        builder
+            .build()
             .map_err(|source| SettingsError::Service { source })
     }
 
@@ -255,9 +256,8 @@ impl Settings {
     /// [`SettingsError::PlanListedTwice`] when `plans` names a plan twice,
     /// [`SettingsError::UnexpectedPlan`] for a plan in the settings that `plans` does not name,
     /// [`SettingsError::MissingPlan`] for one `plans` names that the settings lack,
-    /// [`SettingsError::SeveralLimits`] for a plan with more than one limit (the service applies
-    /// one limit per plan), and [`SettingsError::Service`] when the service refuses the plans
-    /// (two names given equal values, say).
+    /// and [`SettingsError::Service`] when the service refuses the plans (two names given equal
+    /// values, or several limits under the sliding window log, say).
     pub fn build_service_with_plans<'n, K, P, C>(
         &self,
         clock: C,
@@ -283,14 +283,15 @@ impl Settings {
         {
             return Err(SettingsError::UnexpectedPlan { plan: name.clone() });
         }
-        let mut rules = Vec::with_capacity(wanted.len());
+        let mut builder = ServiceBuilder::new(self.algorithm, clock);
         for (name, plan) in wanted {
             let plan_rules = self.rules(name).ok_or_else(|| SettingsError::MissingPlan {
                 plan: name.to_owned(),
             })?;
-            rules.push((plan, single_rule(name, plan_rules)?));
+            builder = builder.plan_limits(plan, plan_rules.iter().copied());
         }
-        RateLimiterService::new(self.algorithm, rules, clock)
+        builder
+            .build()
             .map_err(|source| SettingsError::Service { source })
     }
 
@@ -304,7 +305,7 @@ impl Settings {
     }
 }
 
-/// The one rule of a plan, until the service applies several limits per plan.
+/// The one rule of a plan, for [`Settings::rule`].
 fn single_rule(plan: &str, rules: &[Rule]) -> Result<Rule, SettingsError> {
     match rules {
         [rule] => Ok(*rule),

@@ -1,0 +1,274 @@
+//! [`SeveralLimits`]: one client's state under a plan of several limits ("10 per second and
+//! 1,000 per hour"), enforced together, all or nothing.
+//!
+//! # Guarantee
+//!
+//! A request is granted only if every limit grants it, and then it has taken from every limit;
+//! if any limit refuses, the permits already taken from the limits before it are given back, so
+//! the request keeps nothing. No limit ever grants more than its own method's guarantee allows:
+//! each limit's state is the method's own lock-free state, and a reservation that is given back
+//! only ever *delays* permits. The cost: while a reservation is held (from its grant on one limit
+//! until the refusal by a later one is known and it is given back, a few atomic operations),
+//! another request may see that limit short by the reserved permits and be refused where it would
+//! otherwise have passed: at most the permits of the reservations in flight at that moment, and
+//! never the other way.
+//!
+//! # Eviction
+//!
+//! The limits' states are never retired one by one (an entry retired in part would forget what
+//! its other limits hold). A *gate* word covers them all: it holds the instant by which every
+//! granted permit will have left its limit (`busy_until`), and each granting request moves it
+//! later with a compare-and-swap *after* taking from every limit, its commit point. The sweep
+//! retires the entry by swapping the gate to RETIRED only if `busy_until` has passed, with one
+//! compare-and-swap on the same word: a request whose commit comes first keeps the entry alive;
+//! one whose commit finds the gate retired gives its permits back and starts afresh, as a request
+//! meeting a retired single-limit state does.
+
+use crate::client_state::{ClientParams, ClientState};
+use crate::clock::Clock;
+use crate::decision::Decision;
+use crate::sync::{Ordering, Word};
+
+/// The gate of a retired entry.
+const RETIRED: u64 = u64::MAX;
+
+/// The ordering of a retiring exchange on the gate: as `token_bucket::RETIRE_ORDERING`, so an
+/// acquirer that meets the retired gate (and then an Acquire fence) sees the sweep's instant.
+const RETIRE_ORDERING: Ordering = Ordering::Release;
+
+/// One client's states under a plan of several limits, and the gate that retires them together.
+#[derive(Debug)]
+pub(crate) struct SeveralLimits {
+    /// The clock reading by which every granted permit has left its limit, or [`RETIRED`].
+    gate: Word,
+    states: Box<[ClientState]>,
+}
+
+/// A clock that reads one fixed instant, so that every limit of one request decides at the
+/// same reading.
+struct Reading(u64);
+
+impl Clock for Reading {
+    #[inline]
+    fn now_nanos(&self) -> u64 {
+        self.0
+    }
+}
+
+impl SeveralLimits {
+    /// A fresh state for `limits`, as of `since_nanos` (see `ClientParams::fresh_state`).
+    pub(crate) fn fresh(limits: &[ClientParams], since_nanos: u64) -> SeveralLimits {
+        SeveralLimits {
+            gate: Word::new(0),
+            states: limits
+                .iter()
+                .map(|limit| limit.fresh_state(since_nanos))
+                .collect(),
+        }
+    }
+
+    fn is_retired(&self) -> bool {
+        // Relaxed: an early exit only; the commit's exchange decides.
+        self.gate.load(Ordering::Relaxed) == RETIRED
+    }
+
+    /// Takes `n` permits from every limit, or from none. `None` when the entry is retired (the
+    /// caller moves to a fresh one).
+    pub(crate) fn acquire(
+        &self,
+        limits: &[ClientParams],
+        n: u64,
+        clock: &impl Clock,
+    ) -> Option<Decision> {
+        if self.is_retired() {
+            return None;
+        }
+        let now = clock.now_nanos();
+        let reading = Reading(now);
+        if n == 0 {
+            let mut each = limits
+                .iter()
+                .zip(self.states.iter())
+                .map(|(limit, state)| limit.acquire(state, 0, &reading, true));
+            let first = each.next()?;
+            return Some(closest_to_exhaustion(first, each));
+        }
+        let mut granted = [None; crate::plan_table::MAX_LIMITS];
+        for (taken, (limit, state)) in limits.iter().zip(self.states.iter()).enumerate() {
+            let decision = limit.acquire(state, n, &reading, true);
+            if decision.is_allowed() {
+                granted[taken] = Some(decision);
+                continue;
+            }
+            // Refused (or, were a state retired, unusable): give back what the limits before it
+            // granted, then report the longest wait over every limit.
+            self.give_back(limits, n, &granted[..taken], now);
+            if decision.is_retired() {
+                return None;
+            }
+            return Some(self.refusal(limits, n, decision, &reading));
+        }
+        // The commit: move the gate to the instant every permit has left its limit, unless the
+        // sweep retired it meanwhile.
+        let busy_until = granted
+            .iter()
+            .flatten()
+            .map(|decision| now.saturating_add(nanos(decision.reset_after())))
+            .max()
+            .unwrap_or(now)
+            .min(RETIRED - 1);
+        // Relaxed: the gate's exchanges are totally ordered with the sweep's, which is all the
+        // commit needs; the limits' own words carry the permits.
+        let mut gate = self.gate.load(Ordering::Relaxed);
+        loop {
+            if gate == RETIRED {
+                self.give_back(limits, n, &granted, now);
+                return None;
+            }
+            if gate >= busy_until {
+                break;
+            }
+            match self.gate.compare_exchange_weak(
+                gate,
+                busy_until,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(actual) => gate = actual,
+            }
+        }
+        let mut each = granted.iter().flatten().copied();
+        let first = each.next()?;
+        Some(closest_to_exhaustion(first, each))
+    }
+
+    /// Gives back the permits `granted` took, limit by limit.
+    fn give_back(&self, limits: &[ClientParams], n: u64, granted: &[Option<Decision>], now: u64) {
+        for ((limit, state), decision) in limits.iter().zip(self.states.iter()).zip(granted) {
+            if let Some(decision) = decision {
+                // Every limit of a plan with several can give permits back (checked when the
+                // plan was made).
+                let _ = limit.undo(state, n, decision, now);
+            }
+        }
+    }
+
+    /// The answer to a refused request: the refusing limit's figures, with the longest wait any
+    /// limit asks for.
+    fn refusal(
+        &self,
+        limits: &[ClientParams],
+        n: u64,
+        refused: Decision,
+        reading: &Reading,
+    ) -> Decision {
+        if refused.rejection().is_some() {
+            return refused;
+        }
+        let each = limits
+            .iter()
+            .zip(self.states.iter())
+            .map(|(limit, state)| limit.dry_run(state, n, reading));
+        combined(refused, each)
+    }
+
+    /// What one permit would get now from every limit, taking nothing.
+    pub(crate) fn peek(&self, limits: &[ClientParams], clock: &impl Clock) -> Option<Decision> {
+        if self.is_retired() {
+            return None;
+        }
+        let reading = Reading(clock.now_nanos());
+        let mut each = limits
+            .iter()
+            .zip(self.states.iter())
+            .map(|(limit, state)| limit.peek(state, &reading));
+        let first = each.next()?;
+        Some(combined(first, each))
+    }
+
+    /// Each limit's answer to a look at it now, taking nothing, in the plan's order.
+    pub(crate) fn peek_each(
+        &self,
+        limits: &[ClientParams],
+        clock: &impl Clock,
+    ) -> Option<Vec<Decision>> {
+        if self.is_retired() {
+            return None;
+        }
+        let reading = Reading(clock.now_nanos());
+        Some(
+            limits
+                .iter()
+                .zip(self.states.iter())
+                .map(|(limit, state)| limit.peek(state, &reading))
+                .collect(),
+        )
+    }
+
+    /// Retires the entry whatever it holds (a client whose plan changed its limits).
+    pub(crate) fn retire_now(&self) {
+        // Release: see `RETIRE_ORDERING`.
+        let _ = self.gate.swap_retired(RETIRE_ORDERING);
+    }
+
+    /// Retires the entry if every permit it granted has left its limit by `now_nanos`.
+    pub(crate) fn retire_if_idle(&self, now_nanos: u64) -> bool {
+        // Relaxed load: the exchange below decides.
+        let busy_until = self.gate.load(Ordering::Relaxed);
+        busy_until != RETIRED
+            && busy_until <= now_nanos
+            && self
+                .gate
+                .compare_exchange(busy_until, RETIRED, RETIRE_ORDERING, Ordering::Relaxed)
+                .is_ok()
+    }
+}
+
+/// A `Duration` in nanoseconds, saturating.
+fn nanos(duration: std::time::Duration) -> u64 {
+    crate::clock::duration_to_nanos(duration)
+}
+
+/// Of `first` and the other allowed decisions, the one with the fewest permits left.
+fn closest_to_exhaustion(first: Decision, others: impl Iterator<Item = Decision>) -> Decision {
+    others.fold(first, |closest, decision| {
+        if decision.remaining() < closest.remaining() {
+            decision
+        } else {
+            closest
+        }
+    })
+}
+
+/// What a plan's limits answer together: the refusal with the longest wait if any limit
+/// refuses, otherwise the grant with the fewest permits left.
+fn combined(first: Decision, others: impl Iterator<Item = Decision>) -> Decision {
+    others.fold(first, |combined, decision| {
+        match (combined.is_denied(), decision.is_denied()) {
+            (false, true) => decision,
+            (true, true) if decision.retry_after() > combined.retry_after() => decision,
+            (false, false) if decision.remaining() < combined.remaining() => decision,
+            _ => combined,
+        }
+    })
+}
+
+/// Retiring the gate whatever it holds.
+trait SwapRetired {
+    fn swap_retired(&self, order: Ordering) -> u64;
+}
+
+impl SwapRetired for Word {
+    fn swap_retired(&self, order: Ordering) -> u64 {
+        // Relaxed on failure: the exchange is retried with the value it returned.
+        let mut current = self.load(Ordering::Relaxed);
+        while current != RETIRED {
+            match self.compare_exchange_weak(current, RETIRED, order, Ordering::Relaxed) {
+                Ok(previous) => return previous,
+                Err(actual) => current = actual,
+            }
+        }
+        RETIRED
+    }
+}
