@@ -170,7 +170,10 @@ impl Clock for FakeClock {
 ///
 /// let clock = CoarseClock::start(Duration::from_millis(1))?;
 /// let a = clock.now_nanos();
-/// std::thread::sleep(Duration::from_millis(5));
+/// // The reading moves on once the refreshing thread next runs (however busy the machine).
+/// while clock.now_nanos() == a {
+///     std::thread::sleep(Duration::from_millis(1));
+/// }
 /// assert!(clock.now_nanos() > a);
 /// # Ok::<(), std::io::Error>(())
 /// ```
