@@ -98,7 +98,8 @@ struct PlanEntry<P> {
     plan: P,
     first: VersionedWords<Word, FIRST_WORDS>,
     others: VersionedWords<Word, OTHER_WORDS>,
-    counts: DecisionCounts,
+    /// `None` unless the service was built to count decisions.
+    counts: Option<DecisionCounts>,
 }
 
 /// A plan's limits at one version, as constants of the service's method.
@@ -151,6 +152,7 @@ impl<P: Eq> PlanTable<P> {
         algorithm: Algorithm,
         start_nanos: u64,
         plans: Vec<(P, Vec<ClientParams>)>,
+        count_decisions: bool,
     ) -> Self {
         let shards = std::thread::available_parallelism()
             .map_or(4, |cores| cores.get())
@@ -167,7 +169,7 @@ impl<P: Eq> PlanTable<P> {
                         plan,
                         first: VersionedWords::new(first),
                         others: VersionedWords::new(others),
-                        counts: DecisionCounts::new(shards),
+                        counts: count_decisions.then(|| DecisionCounts::new(shards)),
                     }
                 })
                 .collect(),
@@ -261,12 +263,14 @@ impl<P: Eq> PlanTable<P> {
     /// Counts one decision for the plan at `index`.
     #[inline]
     pub(crate) fn record(&self, index: usize, allowed: bool) {
-        self.plans[index].counts.record(allowed);
+        if let Some(counts) = &self.plans[index].counts {
+            counts.record(allowed);
+        }
     }
 
-    /// The decision counts of the plan at `index`.
-    pub(crate) fn stats(&self, index: usize) -> PlanStats {
-        let (allowed, denied) = self.plans[index].counts.totals();
-        PlanStats { allowed, denied }
+    /// The decision counts of the plan at `index`, if the table counts them.
+    pub(crate) fn stats(&self, index: usize) -> Option<PlanStats> {
+        let (allowed, denied) = self.plans[index].counts.as_ref()?.totals();
+        Some(PlanStats { allowed, denied })
     }
 }

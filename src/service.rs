@@ -205,11 +205,12 @@ where
         self.clients.iter().all(papaya::HashMap::is_empty)
     }
 
-    /// Counts of allowed and denied decisions under `plan` since the service was made, or `None`
-    /// for a plan the service does not have. Counting costs each decision one uncontended atomic
-    /// add on a per-thread shard.
+    /// Counts of allowed and denied decisions under `plan` since the service was made; `None`
+    /// for a plan the service does not have, or when the service was not built to count
+    /// ([`ServiceBuilder::count_decisions`]: counting costs each decision an atomic add, which
+    /// a service pays only when asked).
     pub fn stats(&self, plan: &P) -> Option<PlanStats> {
-        Some(self.plans.stats(self.plans.index_of(plan)?))
+        self.plans.stats(self.plans.index_of(plan)?)
     }
 
     /// Replaces `plan`'s rule, from each of its clients' next request on.
@@ -564,6 +565,7 @@ pub struct ServiceBuilder<P, C, S = RandomState> {
     plans: Vec<(P, Vec<Rule>)>,
     hasher: S,
     capacity: usize,
+    count_decisions: bool,
 }
 
 impl<P: Eq + fmt::Debug, C: Clock> ServiceBuilder<P, C> {
@@ -575,6 +577,7 @@ impl<P: Eq + fmt::Debug, C: Clock> ServiceBuilder<P, C> {
             plans: Vec::new(),
             hasher: RandomState::new(),
             capacity: 0,
+            count_decisions: false,
         }
     }
 }
@@ -630,7 +633,15 @@ impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher + Clone> ServiceBuilder<P, C, 
             plans: self.plans,
             hasher,
             capacity: self.capacity,
+            count_decisions: self.count_decisions,
         }
+    }
+
+    /// Counts allowed and denied decisions per plan, for [`RateLimiterService::stats`]: one
+    /// uncontended atomic add on a per-thread shard per decision. Off unless asked for.
+    pub fn count_decisions(mut self, count: bool) -> Self {
+        self.count_decisions = count;
+        self
     }
 
     /// Room for `capacity` clients under each plan before that plan's map first grows (each
@@ -695,7 +706,7 @@ impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher + Clone> ServiceBuilder<P, C, 
             .collect();
         Ok(RateLimiterService {
             evicted_up_to: Word::new(0),
-            plans: PlanTable::new(self.algorithm, start_nanos, plans),
+            plans: PlanTable::new(self.algorithm, start_nanos, plans, self.count_decisions),
             clock: self.clock,
             clients,
         })

@@ -598,12 +598,12 @@ fn a_token_bucket_refused_for_rounding_says_so_rather_than_window_too_long() {
 
 #[test]
 fn zero_permit_attempts_are_counted_for_known_and_unknown_clients_alike() {
-    let service: RateLimiterService<u64, &str, FakeClock> = RateLimiterService::new(
-        Algorithm::TokenBucket,
-        [("free", Rule::per_second(2).unwrap())],
-        FakeClock::new(),
-    )
-    .unwrap();
+    let service: RateLimiterService<u64, &str, FakeClock> =
+        tollgate::ServiceBuilder::new(Algorithm::TokenBucket, FakeClock::new())
+            .plan("free", Rule::per_second(2).unwrap())
+            .count_decisions(true)
+            .build()
+            .unwrap();
     assert!(service.acquire(&1, &"free", 0).unwrap().is_allowed());
     assert!(service.allow(&2, &"free").unwrap());
     assert!(service.acquire(&2, &"free", 0).unwrap().is_allowed());

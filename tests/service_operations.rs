@@ -5,7 +5,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use tollgate::{Algorithm, FakeClock, PlanStats, RateLimiterService, Rule, ServiceError, Sweeper};
+use tollgate::{
+    Algorithm, FakeClock, PlanStats, RateLimiterService, Rule, ServiceBuilder, ServiceError,
+    Sweeper,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Plan {
@@ -205,7 +208,15 @@ fn a_client_moved_to_another_plan_starts_afresh_there_and_keeps_its_use_of_the_o
 #[test]
 fn stats_count_each_plans_decisions() {
     let clock = FakeClock::new();
-    let service = service(Algorithm::TokenBucket, &clock, Rule::per_second(5).unwrap());
+    let uncounted = service(Algorithm::TokenBucket, &clock, Rule::per_second(5).unwrap());
+    burst(&uncounted, 1, Plan::Free, 8);
+    assert_eq!(uncounted.stats(&Plan::Free), None, "counting is asked for");
+    let service: Service = ServiceBuilder::new(Algorithm::TokenBucket, clock.clone())
+        .plan(Plan::Free, Rule::per_second(5).unwrap())
+        .plan(Plan::Pro, Rule::per_second(50).unwrap())
+        .count_decisions(true)
+        .build()
+        .unwrap();
     burst(&service, 1, Plan::Free, 8);
     burst(&service, 2, Plan::Pro, 3);
     let _ = service.acquire(&3, &Plan::Free, 9).unwrap(); // rejected: above the limit
