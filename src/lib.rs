@@ -56,8 +56,12 @@
 //! ## Features
 //!
 //! - `serde`: `Settings`, a service described in a TOML or JSON settings file.
+//! - `redis`: [`redis::RedisRateLimiter`], the service with its state in Redis, shared by a
+//!   fleet of nodes (async, on tokio).
 //! - `loom`: adds the model-checking instantiations used by the `loom-tests` target
 //!   (`cargo test --features loom`). Additive: the public types do not change.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod algorithm;
 mod client_state;
@@ -69,6 +73,9 @@ mod fixed_window;
 mod headers;
 mod limiter;
 mod plan_table;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod redis;
 mod rule;
 mod service;
 #[cfg(feature = "serde")]
