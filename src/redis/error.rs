@@ -156,7 +156,10 @@ impl fmt::Display for RedisError {
                 write!(f, "Redis script replied {reply}, not a limiter's answer")
             }
             RedisError::UnknownPlan { plan } => {
-                write!(f, "plan {plan} has no rule: give it to the builder with .plan()")
+                write!(
+                    f,
+                    "plan {plan} has no rule: give it to the builder with .plan()"
+                )
             }
             RedisError::NoPlans => write!(
                 f,

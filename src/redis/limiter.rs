@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
+use super::RedisError;
 use super::deny_cache::DenyCache;
 use super::policy::{Breaker, CircuitBreaker, FailurePolicy, Gate, ProbeGuard, Source};
 use super::script::{self, CODE_ALLOWED, CODE_DENIED, CODE_WRONG_TYPE, LimitSpec};
 use super::stats::{Counters, RedisStats};
-use super::RedisError;
 use crate::{Algorithm, Decision, MonotonicClock, RateLimiterService, Rule};
 
 /// The default bound on one round trip: a local Redis answers in well under a millisecond, and a
@@ -114,10 +114,7 @@ impl<P: fmt::Debug> fmt::Debug for RedisRateLimiter<P> {
             .field("timeout", &self.timeout)
             .field("policy", &self.policy)
             .field("breaker", &self.breaker)
-            .field(
-                "deny_cache",
-                &self.deny_cache.as_ref().map(DenyCache::len),
-            )
+            .field("deny_cache", &self.deny_cache.as_ref().map(DenyCache::len))
             .field("stats", &self.counters.snapshot())
             .finish_non_exhaustive()
     }
@@ -320,7 +317,14 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
         let gate = self.breaker.gate();
         if let Gate::Open { retry_in } = gate {
             Counters::bump(&self.counters.short_circuits);
-            return self.fall_back(index, entry, client, n, mode, RedisError::CircuitOpen { retry_in });
+            return self.fall_back(
+                index,
+                entry,
+                client,
+                n,
+                mode,
+                RedisError::CircuitOpen { retry_in },
+            );
         }
         let probe = ProbeGuard::new(&self.breaker, gate);
         let keys = self.keys_of(entry, client);
@@ -447,7 +451,9 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
                 let window = rule.window_nanos();
                 (Decision::denied(rule, 0, retry, window), Source::FailClosed)
             }
-            FailurePolicy::Local { .. } => (self.local_decision(index, client, n, mode), Source::Local),
+            FailurePolicy::Local { .. } => {
+                (self.local_decision(index, client, n, mode), Source::Local)
+            }
         };
         Counters::bump(&self.counters.fallbacks);
         Ok(Answer { decision, source })
@@ -686,11 +692,7 @@ impl<P: Eq + fmt::Debug> RedisRateLimiterBuilder<P> {
                 }
                 limits.push((spec, suffix));
             }
-            plans.push(PlanEntry {
-                plan,
-                name,
-                limits,
-            });
+            plans.push(PlanEntry { plan, name, limits });
         }
 
         let local = match share {
@@ -698,12 +700,11 @@ impl<P: Eq + fmt::Debug> RedisRateLimiterBuilder<P> {
             None => Vec::new(),
         };
 
-        let client = ::redis::Client::open(self.url.as_str()).map_err(|source| {
-            RedisError::InvalidUrl {
+        let client =
+            ::redis::Client::open(self.url.as_str()).map_err(|source| RedisError::InvalidUrl {
                 url: url.clone(),
                 source,
-            }
-        })?;
+            })?;
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(self.timeout))
             .set_connection_timeout(Some(self.connect_timeout))
@@ -736,7 +737,11 @@ fn local_services<P: fmt::Debug>(
     plans: &[PlanEntry<P>],
     share: f64,
 ) -> Result<Vec<RateLimiterService<String, usize>>, RedisError> {
-    let positions = plans.iter().map(|entry| entry.limits.len()).max().unwrap_or(0);
+    let positions = plans
+        .iter()
+        .map(|entry| entry.limits.len())
+        .max()
+        .unwrap_or(0);
     let mut services = Vec::with_capacity(positions);
     for position in 0..positions {
         let mut rules = Vec::new();
@@ -756,13 +761,14 @@ fn local_services<P: fmt::Debug>(
             script::check_in_process(algorithm, local_rule).map_err(invalid)?;
             rules.push((index, local_rule));
         }
-        let service = RateLimiterService::new(algorithm, rules, MonotonicClock::new()).map_err(
-            |error| RedisError::InvalidSetting {
-                field: "local fallback",
-                value: error.to_string(),
-                bound: "the in-process service must accept every plan's share",
-            },
-        )?;
+        let service =
+            RateLimiterService::new(algorithm, rules, MonotonicClock::new()).map_err(|error| {
+                RedisError::InvalidSetting {
+                    field: "local fallback",
+                    value: error.to_string(),
+                    bound: "the in-process service must accept every plan's share",
+                }
+            })?;
         services.push(service);
     }
     Ok(services)
@@ -826,6 +832,9 @@ mod tests {
             Decision::denied(b, 0, 5, 5),
             Decision::denied(a, 0, 9, 9),
         ];
-        assert_eq!(combine(mixed.into_iter()).unwrap().retry_after().as_nanos(), 9);
+        assert_eq!(
+            combine(mixed.into_iter()).unwrap().retry_after().as_nanos(),
+            9
+        );
     }
 }

@@ -151,13 +151,18 @@ impl Breaker {
 
     /// Records a failed round trip; returns whether it opened the circuit.
     pub(super) fn failure(&self, probe: bool) -> bool {
-        let reopen = self.now().saturating_add(duration_nanos(self.settings.cool_down));
+        let reopen = self
+            .now()
+            .saturating_add(duration_nanos(self.settings.cool_down));
         if probe {
             self.open_until.store(reopen, Ordering::Relaxed);
             self.probing.store(false, Ordering::Relaxed);
             return false;
         }
-        let failures = self.failures.fetch_add(1, Ordering::Relaxed).saturating_add(1);
+        let failures = self
+            .failures
+            .fetch_add(1, Ordering::Relaxed)
+            .saturating_add(1);
         failures >= self.settings.failures
             && self
                 .open_until
