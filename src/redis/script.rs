@@ -79,7 +79,7 @@ impl LimitSpec {
     /// The script's parameters for `rule`, or why the script cannot keep it exact.
     pub(super) fn new(algorithm: Algorithm, rule: Rule, plan: &str) -> Result<Self, RedisError> {
         let window_nanos = rule.window_nanos();
-        if window_nanos % 1_000 != 0 {
+        if !window_nanos.is_multiple_of(1_000) {
             return Err(RedisError::WindowNotMicroseconds {
                 plan: plan.to_owned(),
                 window: rule.window(),
