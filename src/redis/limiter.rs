@@ -288,6 +288,9 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
         mode: Mode,
         now_us: Option<u64>,
     ) -> Result<Answer, RedisError> {
+        // Answers from the deny cache or the fallback complete without waiting; spending the
+        // task's budget lets tokio preempt a task that loops on them, as it would on I/O.
+        tokio::task::coop::consume_budget().await;
         let (index, entry) = self.plan_entry(plan)?;
         if mode == Mode::Acquire
             && let Some(decision) = entry.limits.iter().find_map(|(spec, _)| spec.reject(n))
