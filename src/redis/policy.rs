@@ -21,8 +21,9 @@ pub enum FailurePolicy {
     /// the circuit's cool-down.
     FailClosed,
     /// Decide in process, each node on its own, with `share` (in (0, 1]) of each limit, rounded
-    /// down but at least 1: with `share = 1/nodes` a fleet admits about what Redis would.
-    /// The local state starts empty when Redis fails, and is dropped once Redis answers again.
+    /// down but at least 1: with `share = 1/nodes` a fleet admits at most what Redis would
+    /// (per window of an outage). The node's in-process state is its own, kept across outages
+    /// (what it granted during one is not known to Redis), and swept of idle clients.
     Local {
         /// The fraction of each limit a node grants on its own.
         share: f64,
