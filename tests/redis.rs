@@ -645,3 +645,102 @@ async fn requests_that_can_never_pass_and_unknown_plans_need_no_round_trip() {
     assert_eq!(redis.stats().round_trips, 0);
     let _: Decision = redis.peek("c", &"free").await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plans_keys_share_one_cluster_slot_so_its_script_runs_on_a_cluster() {
+    let dir = std::env::temp_dir().join(format!("tollgate-cluster-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let server =
+        RedisServer::start_with(&["--cluster-enabled", "yes", "--dir", dir.to_str().unwrap()]);
+    let mut connection = server.connection().await;
+    // One node holding every slot: a cluster that still refuses a script whose keys span slots.
+    let _: () = ::redis::cmd("CLUSTER")
+        .arg("ADDSLOTSRANGE")
+        .arg(0)
+        .arg(16_383)
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let info: String = ::redis::cmd("CLUSTER")
+            .arg("INFO")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        if info.contains("cluster_state:ok") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the cluster never came up: {info}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let crossing = ::redis::cmd("EVAL")
+        .arg("return 1")
+        .arg(2)
+        .arg("a")
+        .arg("b")
+        .query_async::<i64>(&mut connection)
+        .await
+        .unwrap_err();
+    assert!(
+        crossing.to_string().to_lowercase().contains("crossslot"),
+        "{crossing}"
+    );
+    for algorithm in ALGORITHMS {
+        let redis = RedisRateLimiter::builder(server.url(), algorithm)
+            .plan_with_limits(
+                "free",
+                [Rule::per_second(3).unwrap(), Rule::per_minute(5).unwrap()],
+            )
+            .build()
+            .await
+            .unwrap();
+        for _ in 0..3 {
+            assert!(redis.allow("alice", &"free").await.unwrap(), "{algorithm}");
+        }
+        assert!(!redis.allow("alice", &"free").await.unwrap(), "{algorithm}");
+        let mut slots = Vec::new();
+        for key in redis.keys("alice", &"free").unwrap() {
+            let slot: i64 = ::redis::cmd("CLUSTER")
+                .arg("KEYSLOT")
+                .arg(&key)
+                .query_async(&mut connection)
+                .await
+                .unwrap();
+            slots.push(slot);
+        }
+        assert_eq!(slots.len(), 2);
+        assert_eq!(slots[0], slots[1], "{algorithm}");
+    }
+    drop(server);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_falling_back_locally_keeps_to_the_limit_by_its_shares() {
+    // No server at all: every node decides alone, with a quarter of the limit.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    for algorithm in ALGORITHMS {
+        let mut admitted = 0;
+        for _ in 0..4 {
+            let node = RedisRateLimiter::builder(format!("redis://127.0.0.1:{port}"), algorithm)
+                .plan("free", Rule::per_hour(100).unwrap())
+                .failure_policy(FailurePolicy::Local { share: 0.25 })
+                .build_lazy()
+                .unwrap();
+            for _ in 0..100 {
+                let answer = node.decide("shared", &"free", 1).await.unwrap();
+                assert_eq!(answer.source(), Source::Local);
+                admitted += u64::from(answer.decision().is_allowed());
+            }
+        }
+        assert_eq!(admitted, 100, "{algorithm}");
+    }
+}

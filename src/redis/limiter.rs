@@ -32,6 +32,7 @@ const LOCAL_SWEEP_EVERY: u64 = 1_024;
 
 /// What a request got, and which path decided it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "an answer says whether the request may proceed"]
 pub struct Answer {
     decision: Decision,
     source: Source,
