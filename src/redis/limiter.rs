@@ -591,6 +591,10 @@ impl<P: Eq + fmt::Debug> RedisRateLimiterBuilder<P> {
     /// server that cannot be reached ([`RedisError::Connect`]) or refuses the credentials
     /// ([`RedisError::Authentication`]).
     pub async fn build(self) -> Result<RedisRateLimiter<P>, RedisError> {
+        // A connection, then one round trip per script.
+        let bound = self
+            .connect_timeout
+            .saturating_add(self.timeout.saturating_mul(3));
         let limiter = self.build_lazy()?;
         let mut connection = limiter.connection.clone();
         let url = limiter.url.clone();
@@ -606,12 +610,10 @@ impl<P: Eq + fmt::Debug> RedisRateLimiterBuilder<P> {
             }
             Ok::<(), ::redis::RedisError>(())
         };
-        match tokio::time::timeout(limiter.timeout.max(DEFAULT_CONNECT_TIMEOUT), connect).await {
+        match tokio::time::timeout(bound, connect).await {
             Ok(Ok(())) => Ok(limiter),
             Ok(Err(source)) => Err(connect_error(url, source)),
-            Err(_) => Err(RedisError::Timeout {
-                after: limiter.timeout.max(DEFAULT_CONNECT_TIMEOUT),
-            }),
+            Err(_) => Err(RedisError::Timeout { after: bound }),
         }
     }
 
