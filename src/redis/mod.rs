@@ -22,7 +22,9 @@
 //! - **One clock.** Scripts read the Redis server's `TIME` (scripts replicate by effects since
 //!   Redis 7), so nodes with skewed clocks agree. Windows are aligned to the Unix epoch. State
 //!   never moves backwards: a server clock that steps back is met with the stored state (a
-//!   bucket's TAT, a window's index, a log's latest admission).
+//!   bucket's TAT, a window's index, a log's latest admission), and grants nothing extra. (Only
+//!   the figures differ from in process, and only for a step back of more than a window: the
+//!   bucket's reported wait is then capped at two windows, to keep its integers exact.)
 //! - **Bounded memory.** Every write sets an expiry at the instant the key becomes
 //!   indistinguishable from a missing one (a full bucket, a window that is over, a log whose
 //!   admissions have all left), so Redis holds state only for clients active within a window.
