@@ -98,3 +98,65 @@ impl DenyCache {
 fn nanos(duration: std::time::Duration) -> u64 {
     u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn denial(retry: Duration) -> Decision {
+        let rule = Rule::per_second(5).unwrap();
+        let nanos = nanos(retry);
+        Decision::denied(rule, 1, nanos, nanos)
+    }
+
+    #[test]
+    fn a_denial_of_n_answers_n_or_more_until_its_instant() {
+        let cache = DenyCache::new(10);
+        let sent_at = cache.now();
+        cache.insert("c".into(), 2, sent_at, &denial(Duration::from_secs(60)));
+        assert!(cache.get("c", 1).is_none(), "fewer permits may pass");
+        let hit = cache.get("c", 2).unwrap();
+        assert!(hit.is_denied());
+        assert_eq!(hit.remaining(), 1);
+        assert!(hit.retry_after() <= Duration::from_secs(60));
+        assert!(cache.get("c", 3).is_some());
+        assert!(cache.get("other", 3).is_none());
+    }
+
+    #[test]
+    fn a_denial_expires_at_its_retry_instant() {
+        let cache = DenyCache::new(10);
+        cache.insert(
+            "c".into(),
+            1,
+            cache.now(),
+            &denial(Duration::from_millis(2)),
+        );
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(cache.get("c", 1).is_none());
+        assert_eq!(cache.len(), 0, "an expired entry is dropped when met");
+    }
+
+    #[test]
+    fn a_full_cache_drops_expired_entries_and_never_grows_past_its_capacity() {
+        let cache = DenyCache::new(2);
+        cache.insert(
+            "a".into(),
+            1,
+            cache.now(),
+            &denial(Duration::from_millis(1)),
+        );
+        cache.insert("b".into(), 1, cache.now(), &denial(Duration::from_secs(60)));
+        std::thread::sleep(Duration::from_millis(3));
+        cache.insert("c".into(), 1, cache.now(), &denial(Duration::from_secs(60)));
+        assert!(
+            cache.get("c", 1).is_some(),
+            "room made by dropping the expired one"
+        );
+        cache.insert("d".into(), 1, cache.now(), &denial(Duration::from_secs(60)));
+        assert_eq!(cache.len(), 2);
+        assert!(cache.get("d", 1).is_none(), "full of live denials: skipped");
+    }
+}

@@ -208,3 +208,68 @@ impl Drop for ProbeGuard<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn breaker(cool_down: Duration) -> Breaker {
+        Breaker::new(CircuitBreaker {
+            failures: 3,
+            cool_down,
+        })
+    }
+
+    #[test]
+    fn the_circuit_opens_after_the_consecutive_failures_only() {
+        let breaker = breaker(Duration::from_secs(60));
+        assert!(!breaker.failure(false));
+        assert!(!breaker.failure(false));
+        breaker.success(false);
+        assert!(!breaker.failure(false));
+        assert!(!breaker.failure(false));
+        assert_eq!(breaker.gate(), Gate::Closed);
+        assert!(breaker.failure(false), "the third in a row opens it");
+        assert!(matches!(breaker.gate(), Gate::Open { retry_in } if retry_in > Duration::ZERO));
+        assert!(!breaker.failure(false), "opening is reported once");
+    }
+
+    #[test]
+    fn a_cooled_down_circuit_lets_exactly_one_probe_through() {
+        let breaker = breaker(Duration::from_millis(1));
+        for _ in 0..3 {
+            breaker.failure(false);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(breaker.gate(), Gate::Probe);
+        assert!(
+            matches!(breaker.gate(), Gate::Open { .. }),
+            "one probe at a time"
+        );
+        // The probe fails: open for another cool-down, then probe again.
+        breaker.failure(true);
+        assert!(matches!(breaker.gate(), Gate::Open { .. }));
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(breaker.gate(), Gate::Probe);
+        breaker.success(true);
+        assert_eq!(breaker.gate(), Gate::Closed);
+    }
+
+    #[test]
+    fn a_probe_dropped_before_it_reports_does_not_jam_the_circuit() {
+        let breaker = breaker(Duration::from_millis(1));
+        for _ in 0..3 {
+            breaker.failure(false);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+        let gate = breaker.gate();
+        assert_eq!(gate, Gate::Probe);
+        drop(ProbeGuard::new(&breaker, gate));
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(
+            breaker.gate(),
+            Gate::Probe,
+            "a new probe after the cool-down"
+        );
+    }
+}
