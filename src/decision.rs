@@ -211,6 +211,22 @@ impl Decision {
         }
     }
 
+    /// Rejected for good with `rejection`, by a backend that cannot tell the quota without
+    /// asking for it (the Redis service answers a request that can never pass without a round
+    /// trip): `remaining` and `reset_after` read 0.
+    #[cfg(feature = "redis")]
+    #[inline]
+    pub(crate) fn rejected(rule: Rule, rejection: Rejection) -> Decision {
+        Decision {
+            outcome: Outcome::Rejected(rejection),
+            rule,
+            remaining: 0,
+            retry_after: 0,
+            reset_after: 0,
+            scale: Scale::UNIT,
+        }
+    }
+
     /// The same figures (what the limiter holds), rejected for good with `rejection`: a request
     /// that can never be granted still reports the real quota.
     #[inline]

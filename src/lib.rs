@@ -64,8 +64,12 @@
 //!   program can keep tollgate's settings inside its own configuration, in any serde format.
 //! - `settings`: reads a settings file on its own (`Settings::from_path`, TOML or JSON), with
 //!   errors that name the plan and the field. Implies `serde`.
+//! - `redis`: [`redis::RedisRateLimiter`], the service with its state in Redis, shared by a
+//!   fleet of nodes (async, on tokio).
 //! - `loom`: adds the model-checking instantiations used by the `loom-tests` target
 //!   (`cargo test --features loom`). Additive: the public types do not change.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod algorithm;
 mod client_state;
@@ -79,6 +83,9 @@ mod fixed_window;
 mod headers;
 mod limiter;
 mod plan_table;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod redis;
 mod rule;
 mod seqlock;
 mod service;

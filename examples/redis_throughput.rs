@@ -1,0 +1,153 @@
+//! Decisions per second against a Redis, with 1, 8 and 64 concurrent tasks on one
+//! `RedisRateLimiter` (one multiplexed connection), the round trips each decision took, and what
+//! the local deny cache saves when one client is over its limit.
+//!
+//! ```sh
+//! redis-server --port 6399 --save "" --appendonly no &
+//! cargo run --release --features redis --example redis_throughput -- --redis redis://127.0.0.1:6399
+//! ```
+//!
+//! About 15 seconds. Allow-heavy: each task its own client under a limit it never reaches.
+//! Deny-heavy: every task the same client, over its limit for the whole run, with the deny cache
+//! on and off.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tollgate::redis::RedisRateLimiter;
+use tollgate::{Algorithm, Rule};
+
+/// Each configuration runs this long.
+const RUN_TIME: Duration = Duration::from_secs(1);
+
+const TASK_COUNTS: [usize; 3] = [1, 8, 64];
+
+struct Figures {
+    per_second: f64,
+    round_trips_per_decision: f64,
+    /// Round trips that failed (a busy machine can miss the 50 ms timeout); not decisions.
+    errors: u64,
+}
+
+impl Figures {
+    fn cell(&self, precision: usize) -> String {
+        let errors = if self.errors > 0 {
+            format!(" {} err", self.errors)
+        } else {
+            String::new()
+        };
+        format!(
+            " {:>13.0} ({:.precision$}){errors}",
+            self.per_second, self.round_trips_per_decision
+        )
+    }
+}
+
+async fn measure(
+    limiter: Arc<RedisRateLimiter<&'static str>>,
+    tasks: usize,
+    shared_client: bool,
+) -> Figures {
+    let stop = Arc::new(AtomicBool::new(false));
+    let decisions = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let before = limiter.stats().round_trips;
+    let run = format!("{:?}", Instant::now());
+    let mut handles = Vec::new();
+    for task in 0..tasks {
+        let (limiter, stop) = (Arc::clone(&limiter), Arc::clone(&stop));
+        let (decisions, errors) = (Arc::clone(&decisions), Arc::clone(&errors));
+        let client = if shared_client {
+            format!("shared-{run}")
+        } else {
+            format!("task-{task}-{run}")
+        };
+        handles.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let counter = match limiter.acquire(&client, &"bench", 1).await {
+                    Ok(_) => &decisions,
+                    Err(_) => &errors,
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    let started = Instant::now();
+    tokio::time::sleep(RUN_TIME).await;
+    stop.store(true, Ordering::Relaxed);
+    for handle in handles {
+        handle.await.expect("a task panicked");
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let decisions = decisions.load(Ordering::Relaxed) as f64;
+    let round_trips = (limiter.stats().round_trips - before) as f64;
+    Figures {
+        per_second: decisions / elapsed,
+        round_trips_per_decision: round_trips / decisions.max(1.0),
+        errors: errors.load(Ordering::Relaxed),
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let mut url = "redis://127.0.0.1:6379".to_owned();
+    while let Some(flag) = args.next() {
+        match (flag.as_str(), args.next()) {
+            ("--redis", Some(value)) => url = value,
+            _ => return Err(format!("usage: redis_throughput [--redis URL], not {flag}").into()),
+        }
+    }
+
+    println!(
+        "allow-heavy (a client per task, never limited): decisions/s (round trips per decision)"
+    );
+    println!(
+        "{:<20} {:>22} {:>22} {:>22}",
+        "method", "1 task", "8 tasks", "64 tasks"
+    );
+    for algorithm in [
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindowLog,
+    ] {
+        // Far above what a run can take, for every method (the log holds at most 65,536).
+        let rule = Rule::per_hour(60_000)?;
+        let limiter = Arc::new(
+            RedisRateLimiter::builder(url.clone(), algorithm)
+                .plan("bench", rule)
+                .build()
+                .await?,
+        );
+        let mut row = format!("{:<20}", algorithm.to_string());
+        for tasks in TASK_COUNTS {
+            row += &measure(Arc::clone(&limiter), tasks, false).await.cell(2);
+        }
+        println!("{row}");
+    }
+
+    println!();
+    println!(
+        "deny-heavy (one client over its limit), token bucket: decisions/s (round trips per decision)"
+    );
+    println!(
+        "{:<20} {:>22} {:>22} {:>22}",
+        "deny cache", "1 task", "8 tasks", "64 tasks"
+    );
+    for capacity in [tollgate::redis::DEFAULT_DENY_CACHE_CAPACITY, 0] {
+        let limiter = Arc::new(
+            RedisRateLimiter::builder(url.clone(), Algorithm::TokenBucket)
+                .plan("bench", Rule::per_hour(1)?)
+                .deny_cache(capacity)
+                .build()
+                .await?,
+        );
+        let mut row = format!("{:<20}", if capacity > 0 { "on" } else { "off" });
+        for tasks in TASK_COUNTS {
+            row += &measure(Arc::clone(&limiter), tasks, true).await.cell(5);
+        }
+        println!("{row}");
+    }
+    Ok(())
+}

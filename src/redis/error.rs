@@ -1,0 +1,214 @@
+//! [`RedisError`]: what can go wrong building or asking a [`RedisRateLimiter`](super::RedisRateLimiter).
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::{Rule, RuleError};
+
+/// An error from a [`RedisRateLimiter`](super::RedisRateLimiter): a setting it cannot honour
+/// (when it is built), or a request Redis could not answer (under
+/// [`FailurePolicy::Error`](super::FailurePolicy::Error) only; the other policies answer such a
+/// request with a decision).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum RedisError {
+    /// The Redis URL cannot be parsed.
+    InvalidUrl {
+        /// The URL, with any password replaced by `***`.
+        url: String,
+        /// What the client library said.
+        source: ::redis::RedisError,
+    },
+    /// The first connection failed (unreachable server, refused connection).
+    Connect {
+        /// The URL, with any password replaced by `***`.
+        url: String,
+        /// What the client library said.
+        source: ::redis::RedisError,
+    },
+    /// The server refused the credentials in the URL.
+    Authentication {
+        /// The URL, with any password replaced by `***`.
+        url: String,
+        /// What the client library said.
+        source: ::redis::RedisError,
+    },
+    /// A round trip failed (a broken connection, a server error).
+    Command {
+        /// What the client library said.
+        source: ::redis::RedisError,
+    },
+    /// Redis did not answer within the request timeout.
+    Timeout {
+        /// The timeout that passed.
+        after: Duration,
+    },
+    /// The circuit breaker is open after repeated failures: no round trip was tried.
+    CircuitOpen {
+        /// How long until the next probe may be sent.
+        retry_in: Duration,
+    },
+    /// A key the limiter owns holds a value of another type (another program wrote it): the
+    /// script refused to touch it.
+    WrongType {
+        /// The key.
+        key: String,
+    },
+    /// Redis answered something the scripts never reply (another script under the same hash?).
+    BadReply {
+        /// The reply, as received.
+        reply: String,
+    },
+    /// The plan was not given to the builder.
+    UnknownPlan {
+        /// The plan, as `Debug` shows it.
+        plan: String,
+    },
+    /// No plan was given to the builder.
+    NoPlans,
+    /// A plan was given twice.
+    DuplicatePlan {
+        /// The plan, as `Debug` shows it.
+        plan: String,
+    },
+    /// A plan was given no rule, or the same rule twice.
+    InvalidLimits {
+        /// The plan, as `Debug` shows it.
+        plan: String,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// A plan's rule is one the method cannot honour in process (the local fallback, and the
+    /// sliding log's bound on its limit, follow the in-process limiters).
+    InvalidRule {
+        /// The plan, as `Debug` shows it.
+        plan: String,
+        /// Why.
+        source: RuleError,
+    },
+    /// A plan's rule cannot be kept exact in the scripts' integers: Lua numbers are doubles,
+    /// exact only below 2^53.
+    NotExact {
+        /// The plan, as `Debug` shows it.
+        plan: String,
+        /// The rule.
+        rule: Rule,
+        /// What is out of bounds.
+        what: &'static str,
+        /// Its value.
+        value: u128,
+        /// The bound.
+        max: u64,
+    },
+    /// A plan's window is not a whole number of microseconds, the scripts' unit of time.
+    WindowNotMicroseconds {
+        /// The plan, as `Debug` shows it.
+        plan: String,
+        /// The window.
+        window: Duration,
+    },
+    /// A plan name or key prefix holds a character that would break the key layout.
+    InvalidName {
+        /// Which name.
+        what: &'static str,
+        /// The name.
+        name: String,
+    },
+    /// A setting outside its bounds.
+    InvalidSetting {
+        /// The setting.
+        field: &'static str,
+        /// Its value.
+        value: String,
+        /// The bound it breaks.
+        bound: &'static str,
+    },
+}
+
+impl fmt::Display for RedisError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RedisError::InvalidUrl { url, source } => {
+                write!(f, "Redis URL {url} is invalid: {source}")
+            }
+            RedisError::Connect { url, source } => {
+                write!(f, "cannot connect to Redis at {url}: {source}")
+            }
+            RedisError::Authentication { url, source } => write!(
+                f,
+                "Redis at {url} refused the credentials: {source} (check the user and password \
+                 in the URL, redis://user:password@host:port)"
+            ),
+            RedisError::Command { source } => write!(f, "Redis round trip failed: {source}"),
+            RedisError::Timeout { after } => {
+                write!(f, "Redis did not answer within the timeout of {after:?}")
+            }
+            RedisError::CircuitOpen { retry_in } => write!(
+                f,
+                "Redis circuit open after repeated failures: next probe in {retry_in:?}"
+            ),
+            RedisError::WrongType { key } => write!(
+                f,
+                "Redis key {key} holds a value of another type than the limiter's: it was \
+                 written by another program; delete it or change the key prefix"
+            ),
+            RedisError::BadReply { reply } => {
+                write!(f, "Redis script replied {reply}, not a limiter's answer")
+            }
+            RedisError::UnknownPlan { plan } => {
+                write!(
+                    f,
+                    "plan {plan} has no rule: give it to the builder with .plan()"
+                )
+            }
+            RedisError::NoPlans => write!(
+                f,
+                "no plans given: a limiter needs at least one plan with a rule"
+            ),
+            RedisError::DuplicatePlan { plan } => {
+                write!(f, "plan {plan} is given twice: one entry per plan")
+            }
+            RedisError::InvalidLimits { plan, reason } => write!(f, "plan {plan}: {reason}"),
+            RedisError::InvalidRule { plan, source } => write!(f, "plan {plan}: {source}"),
+            RedisError::NotExact {
+                plan,
+                rule,
+                what,
+                value,
+                max,
+            } => write!(
+                f,
+                "plan {plan}: rule {rule} needs {what} {value}, above the {max} that Redis's \
+                 Lua numbers keep exact: pick a limit that shares more factors with the window"
+            ),
+            RedisError::WindowNotMicroseconds { plan, window } => write!(
+                f,
+                "plan {plan}: window {window:?} is not a whole number of microseconds, the unit \
+                 of time in Redis"
+            ),
+            RedisError::InvalidName { what, name } => write!(
+                f,
+                "{what} {name:?} is invalid: it must be non-empty and hold none of '{{', '}}', \
+                 ':' (they delimit the key's hash tag and fields)"
+            ),
+            RedisError::InvalidSetting {
+                field,
+                value,
+                bound,
+            } => write!(f, "{field} {value} is invalid: {bound}"),
+        }
+    }
+}
+
+impl std::error::Error for RedisError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RedisError::InvalidUrl { source, .. }
+            | RedisError::Connect { source, .. }
+            | RedisError::Authentication { source, .. }
+            | RedisError::Command { source } => Some(source),
+            RedisError::InvalidRule { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}

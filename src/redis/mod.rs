@@ -1,0 +1,66 @@
+//! A [`RedisRateLimiter`]: the per-client service with its state in Redis, so that a fleet of
+//! nodes enforces one limit together (feature `redis`).
+//!
+//! The same plans, rules, methods and [`Decision`](crate::Decision)s as
+//! [`RateLimiterService`](crate::RateLimiterService), asked asynchronously (tokio, the `redis`
+//! crate's `ConnectionManager`, which reconnects in the background).
+//!
+//! # Guarantees
+//!
+//! - **One round trip, atomic.** Each decision is one Lua script (`EVALSHA`; loaded again on
+//!   `NOSCRIPT`) that reads the state, decides and commits in one step; no other command runs
+//!   in between, so nodes never race. A denial writes nothing. A plan with several limits
+//!   ([`RedisRateLimiterBuilder::plan_with_limits`]) is one call that checks every limit, then
+//!   takes from all or none.
+//! - **The in-process decisions, exactly.** The token bucket is the same exact GCRA as
+//!   [`TokenBucket`](crate::TokenBucket), in integer ticks of `1/(N/gcd(N, W))` µs that Lua's
+//!   doubles hold exactly (a rule whose full bucket would reach 2^50 ticks is refused with
+//!   [`RedisError::NotExact`]); the fixed window and sliding log follow
+//!   [`FixedWindow`](crate::FixedWindow) and [`SlidingWindowLog`](crate::SlidingWindowLog).
+//!   Windows must be whole microseconds; figures are reported in nanoseconds rounded up, so for
+//!   times in whole microseconds the decisions equal the in-process ones (tested).
+//! - **One clock.** Scripts read the Redis server's `TIME` (scripts replicate by effects since
+//!   Redis 7), so nodes with skewed clocks agree. Windows are aligned to the Unix epoch. State
+//!   never moves backwards: a server clock that steps back is met with the stored state (a
+//!   bucket's TAT, a window's index, a log's latest admission), and grants nothing extra. (Only
+//!   the figures differ from in process, and only for a step back of more than a window: the
+//!   bucket's reported wait is then capped at two windows, to keep its integers exact.)
+//! - **Bounded memory.** Every write sets an expiry at the instant the key becomes
+//!   indistinguishable from a missing one (a full bucket, a window that is over, a log whose
+//!   admissions have all left), so Redis holds state only for clients active within a window.
+//! - **Failure.** Each round trip is bounded by a timeout (50 ms by default); after 3 consecutive
+//!   failures a circuit breaker opens and no request waits on Redis until a probe, every 500 ms,
+//!   succeeds. Meanwhile the [`FailurePolicy`] decides: return the error, allow, deny, or decide
+//!   in process with a share of each limit. [`Answer::source`] and [`RedisStats`] say which
+//!   path decided. No panic, no unbounded queue.
+//! - **Local deny cache.** A client Redis denied until an instant is denied locally until then,
+//!   without a round trip: no other node can make its state more generous sooner.
+//!
+//! A round trip that times out may still have been applied by Redis: the request is then counted
+//! there but decided by the policy, which can only make the fleet admit less.
+//!
+//! # Key layout
+//!
+//! `<prefix>:{<plan>:<client>}:<method>:<limit>/<window>us`, for example
+//! `tollgate:{Free:alice}:tb:5/1000000us`: the prefix (default `tollgate`), the hash tag shared
+//! by all of a client's keys under one plan (Redis Cluster puts them in one slot), the method
+//! (`tb`, `fw`, `swl`) and the rule, so a changed rule starts afresh. The plan is its `Debug`
+//! form without quotes. Values: the bucket is a hash `{t: TAT in µs, f: remainder in ticks}`;
+//! the window a hash `{w: window index, c: count}`; the log a sorted set of admissions scored by
+//! their expiry in µs.
+
+mod deny_cache;
+mod error;
+mod limiter;
+mod policy;
+mod script;
+mod stats;
+
+pub use error::RedisError;
+pub use limiter::{
+    Answer, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DENY_CACHE_CAPACITY, DEFAULT_PREFIX, DEFAULT_TIMEOUT,
+    RedisRateLimiter, RedisRateLimiterBuilder,
+};
+pub use policy::{CircuitBreaker, FailurePolicy, Source};
+pub use script::{MAX_BURST_TICKS, MAX_WINDOW_MICROS};
+pub use stats::RedisStats;

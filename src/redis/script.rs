@@ -1,0 +1,258 @@
+//! The Lua scripts and their interface: one limit's arguments in, its `Decision` out.
+//!
+//! Every script takes the same shape, so that one call decides a plan with several limits, all
+//! or nothing: KEYS = one key per limit, ARGV = `n`, the mode (`acquire` or `peek`), the time
+//! override (`""` for the server's `TIME`), then each limit's parameters in order. The reply is
+//! `{code, index, now_us}` and four integers per limit: allowed, remaining, retry_after,
+//! reset_after (code 1: allowed and committed; 0: denied, nothing written; -1: `KEYS[index]`
+//! holds another type, nothing written).
+
+use std::sync::LazyLock;
+
+use ::redis::{Script, ScriptInvocation};
+
+use super::RedisError;
+use crate::decision::Rejection;
+use crate::token_bucket::GcraParams;
+use crate::{Algorithm, Decision, FixedWindow, Rule, RuleError, SlidingWindowLog};
+
+pub(super) static TOKEN_BUCKET: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/token_bucket.lua")));
+pub(super) static FIXED_WINDOW: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/fixed_window.lua")));
+pub(super) static SLIDING_WINDOW_LOG: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/sliding_window_log.lua")));
+
+/// The script deciding for `algorithm`.
+pub(super) fn script_for(algorithm: Algorithm) -> &'static Script {
+    match algorithm {
+        Algorithm::TokenBucket => &TOKEN_BUCKET,
+        Algorithm::FixedWindow => &FIXED_WINDOW,
+        Algorithm::SlidingWindowLog => &SLIDING_WINDOW_LOG,
+    }
+}
+
+/// The largest full bucket, in ticks, the token bucket script accepts. A debt is capped at two
+/// full buckets (more only comes from a clock stepped back) and a request adds at most one, so
+/// every tick count stays below 3 * 2^50, and a TAT (now plus at most three windows of whole
+/// microseconds) below 2^53, where Lua's doubles stop being exact, until the year 2148.
+pub const MAX_BURST_TICKS: u64 = 1 << 50;
+
+/// The longest window the window scripts accept, in microseconds: a window index times the
+/// window, plus one window, stays below 2^53 for any time before the year 2255.
+pub const MAX_WINDOW_MICROS: u64 = 1 << 50;
+
+/// Reply codes (see the module docs).
+pub(super) const CODE_ALLOWED: i64 = 1;
+pub(super) const CODE_DENIED: i64 = 0;
+pub(super) const CODE_WRONG_TYPE: i64 = -1;
+
+/// One limit of a plan, as its script needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum LimitSpec {
+    /// Exact GCRA in ticks of `1 / ticks_per_us` µs: `g = gcd(N, W_us)`, `ticks_per_us = N / g`,
+    /// one token `W_us / g` ticks, a full bucket `N * token` ticks.
+    TokenBucket {
+        rule: Rule,
+        ticks_per_us: u64,
+        token_ticks: u64,
+        burst_ticks: u64,
+    },
+    FixedWindow {
+        rule: Rule,
+        window_us: u64,
+    },
+    SlidingWindowLog {
+        rule: Rule,
+        window_us: u64,
+    },
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+impl LimitSpec {
+    /// The script's parameters for `rule`, or why the script cannot keep it exact.
+    pub(super) fn new(algorithm: Algorithm, rule: Rule, plan: &str) -> Result<Self, RedisError> {
+        let window_nanos = rule.window_nanos();
+        if !window_nanos.is_multiple_of(1_000) {
+            return Err(RedisError::WindowNotMicroseconds {
+                plan: plan.to_owned(),
+                window: rule.window(),
+            });
+        }
+        let window_us = window_nanos / 1_000;
+        let invalid = |source: RuleError| RedisError::InvalidRule {
+            plan: plan.to_owned(),
+            source,
+        };
+        let not_exact = |what, value, max| RedisError::NotExact {
+            plan: plan.to_owned(),
+            rule,
+            what,
+            value,
+            max,
+        };
+        match algorithm {
+            Algorithm::TokenBucket => {
+                let limit = rule.limit();
+                let g = gcd(limit, window_us);
+                let ticks_per_us = limit / g;
+                let token_ticks = window_us / g;
+                let burst = u128::from(ticks_per_us) * u128::from(window_us);
+                if burst > u128::from(MAX_BURST_TICKS) {
+                    return Err(not_exact("a full bucket of ticks", burst, MAX_BURST_TICKS));
+                }
+                Ok(LimitSpec::TokenBucket {
+                    rule,
+                    ticks_per_us,
+                    token_ticks,
+                    // Fits: at most 2^50.
+                    burst_ticks: burst as u64,
+                })
+            }
+            Algorithm::FixedWindow | Algorithm::SlidingWindowLog => {
+                if window_us > MAX_WINDOW_MICROS {
+                    return Err(not_exact(
+                        "a window in microseconds of",
+                        u128::from(window_us),
+                        MAX_WINDOW_MICROS,
+                    ));
+                }
+                if algorithm == Algorithm::FixedWindow {
+                    // The count is an integer in Lua; the in-process bound is far below 2^53.
+                    FixedWindow::new(rule, crate::FakeClock::new()).map_err(invalid)?;
+                    Ok(LimitSpec::FixedWindow { rule, window_us })
+                } else {
+                    // One sorted-set member per admission: the in-process bound on the limit.
+                    SlidingWindowLog::new(rule, crate::FakeClock::new()).map_err(invalid)?;
+                    Ok(LimitSpec::SlidingWindowLog { rule, window_us })
+                }
+            }
+        }
+    }
+
+    pub(super) fn rule(&self) -> Rule {
+        match *self {
+            LimitSpec::TokenBucket { rule, .. }
+            | LimitSpec::FixedWindow { rule, .. }
+            | LimitSpec::SlidingWindowLog { rule, .. } => rule,
+        }
+    }
+
+    /// The short name of the method in keys.
+    pub(super) fn method_tag(&self) -> &'static str {
+        match self {
+            LimitSpec::TokenBucket { .. } => "tb",
+            LimitSpec::FixedWindow { .. } => "fw",
+            LimitSpec::SlidingWindowLog { .. } => "swl",
+        }
+    }
+
+    /// The key suffix naming this limit: method and rule, so that a changed rule starts afresh
+    /// (the old state expires on its own) instead of being read under the new one.
+    pub(super) fn key_suffix(&self) -> String {
+        let rule = self.rule();
+        format!(
+            "{}:{}/{}us",
+            self.method_tag(),
+            rule.limit(),
+            rule.window_nanos() / 1_000
+        )
+    }
+
+    /// The decision for `n` permits that needs no round trip: one that can never be granted.
+    pub(super) fn reject(&self, n: u64) -> Option<Decision> {
+        let rule = self.rule();
+        if n > rule.limit() {
+            let rejection = Rejection::ExceedsLimit {
+                requested: n,
+                limit: rule.limit(),
+            };
+            return Some(Decision::rejected(rule, rejection));
+        }
+        if let LimitSpec::SlidingWindowLog { .. } = self
+            && n > 1
+        {
+            // As the in-process log, so that every backend of a plan answers alike.
+            let rejection = Rejection::BatchUnsupported { requested: n };
+            return Some(Decision::rejected(rule, rejection));
+        }
+        None
+    }
+
+    /// Appends this limit's parameters to `invocation`.
+    pub(super) fn push_args(&self, invocation: &mut ScriptInvocation<'_>) {
+        match *self {
+            LimitSpec::TokenBucket {
+                ticks_per_us,
+                token_ticks,
+                burst_ticks,
+                ..
+            } => {
+                invocation
+                    .arg(ticks_per_us)
+                    .arg(token_ticks)
+                    .arg(burst_ticks);
+            }
+            LimitSpec::FixedWindow { rule, window_us }
+            | LimitSpec::SlidingWindowLog { rule, window_us } => {
+                invocation.arg(rule.limit()).arg(window_us);
+            }
+        }
+    }
+
+    /// The decision this limit's four reply integers say.
+    ///
+    /// Times come back in the script's units (ticks of the bucket, microseconds of the windows)
+    /// and are turned into nanoseconds rounded up, as the in-process limiters round their ticks:
+    /// for times and windows in whole microseconds the two answer the same figures.
+    pub(super) fn decision(&self, figures: [i64; 4]) -> Decision {
+        let [allowed, remaining, retry_after, reset_after] =
+            figures.map(|x| u64::try_from(x).unwrap_or(0));
+        let rule = self.rule();
+        let (remaining, retry_after, reset_after) = match *self {
+            LimitSpec::TokenBucket {
+                ticks_per_us,
+                token_ticks,
+                ..
+            } => {
+                let nanos = |ticks: u64| {
+                    let nanos = (u128::from(ticks) * 1_000).div_ceil(u128::from(ticks_per_us));
+                    u64::try_from(nanos).unwrap_or(u64::MAX)
+                };
+                (
+                    remaining / token_ticks.max(1),
+                    nanos(retry_after),
+                    nanos(reset_after),
+                )
+            }
+            LimitSpec::FixedWindow { .. } | LimitSpec::SlidingWindowLog { .. } => (
+                remaining,
+                retry_after.saturating_mul(1_000),
+                reset_after.saturating_mul(1_000),
+            ),
+        };
+        if allowed == 1 {
+            Decision::allowed(rule, remaining, reset_after)
+        } else {
+            Decision::denied(rule, remaining, retry_after, reset_after)
+        }
+    }
+}
+
+/// The in-process token bucket's parameters for `rule`, to check at build time that the local
+/// fallback can honour it.
+pub(super) fn check_in_process(algorithm: Algorithm, rule: Rule) -> Result<(), RuleError> {
+    match algorithm {
+        Algorithm::TokenBucket => GcraParams::new(rule).map(|_| ()),
+        Algorithm::FixedWindow => FixedWindow::new(rule, crate::FakeClock::new()).map(|_| ()),
+        Algorithm::SlidingWindowLog => {
+            SlidingWindowLog::new(rule, crate::FakeClock::new()).map(|_| ())
+        }
+    }
+}

@@ -1,0 +1,102 @@
+-- Fixed window for every limit of one plan: checks all, then commits all or none.
+--
+-- KEYS[i]   the counter of limit i: a hash {w = window index, c = permits granted in it}. A
+--           missing key is an empty window. Windows are aligned to the Unix epoch.
+-- ARGV[1]   n, the permits asked for (0 reports what is available and writes nothing)
+-- ARGV[2]   "acquire" or "peek" (peek: what one permit would get, writing nothing)
+-- ARGV[3]   the time in microseconds, or "" for the server's TIME (the normal case)
+-- ARGV[3 + 2(i-1) + 1 .. 2]  limit i: limit, window_us
+--
+-- Reply: {code, index, now_us, then per limit: allowed, remaining (permits), retry_after (us),
+-- reset_after (us)}; code 1 = allowed (and committed), 0 = denied, -1 = KEYS[index] holds another
+-- type (nothing written). Every figure is an integer below 2^53.
+
+-- Numbers go to Redis as exact integer strings: Lua's own number-to-string conversion keeps only
+-- 14 significant digits, and times in microseconds have 16.
+local function int(x)
+  return string.format('%.0f', x)
+end
+
+local n = tonumber(ARGV[1])
+local peek = ARGV[2] == 'peek'
+local now
+if ARGV[3] ~= '' then
+  now = tonumber(ARGV[3])
+else
+  local time = redis.call('TIME')
+  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+end
+
+for i = 1, #KEYS do
+  local kind = redis.call('TYPE', KEYS[i])['ok']
+  if kind ~= 'none' and kind ~= 'hash' then
+    return {-1, i, now}
+  end
+end
+
+-- floor(a / b) for integers below 2^53, corrected for the division's rounding.
+local function div(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+local reply = {1, 0, now}
+local windows = {}
+local used = {}
+local all_allowed = true
+for i = 1, #KEYS do
+  local base = 3 + 2 * (i - 1)
+  local limit, window = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
+  local stored = redis.call('HMGET', KEYS[i], 'w', 'c')
+  local w, c = tonumber(stored[1]), tonumber(stored[2])
+  local index = div(now, window)
+  -- A reading in an older window than the stored one (the server's clock stepped back) counts
+  -- in the stored window: the count never resets early.
+  if w ~= nil and c ~= nil and w >= index then
+    index, c = w, math.min(c, limit)
+  else
+    c = 0
+  end
+  local until_end = (index + 1) * window - now
+  local take = n
+  if peek then
+    take = 1
+  end
+  local allowed, remaining, retry = 1, limit - c - take, 0
+  if c + take > limit then
+    allowed, remaining, retry = 0, limit - c, until_end
+    all_allowed = false
+  elseif peek then
+    remaining = limit - c
+  end
+  windows[i], used[i] = {index, window}, c
+  local at = #reply
+  reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] = allowed, remaining, retry, until_end
+end
+
+if not all_allowed then
+  reply[1] = 0
+  return reply
+end
+if peek or n == 0 then
+  return reply
+end
+
+for i = 1, #KEYS do
+  local index, window = windows[i][1], windows[i][2]
+  redis.call('HSET', KEYS[i], 'w', int(index), 'c', int(used[i] + n))
+  -- Once the window is over the counter is indistinguishable from a missing key: expire it then
+  -- (rounded up to whole milliseconds). An injected time runs apart from the server's clock, so
+  -- such keys are kept a minute longer.
+  local ttl = math.floor(((index + 1) * window - now) / 1000) + 1
+  if ARGV[3] ~= '' then
+    ttl = ttl + 60000
+  end
+  redis.call('PEXPIRE', KEYS[i], int(ttl))
+end
+return reply

@@ -1,0 +1,95 @@
+-- Sliding window log for every limit of one plan: checks all, then commits all or none.
+--
+-- KEYS[i]   the log of limit i: a sorted set of admissions scored by their expiry (admission time
+--           + window, in microseconds). A missing key is an empty log.
+-- ARGV[1]   n, 0 or 1 (0 reports what is available and writes nothing)
+-- ARGV[2]   "acquire" or "peek" (peek: what one permit would get, writing nothing)
+-- ARGV[3]   the time in microseconds, or "" for the server's TIME (the normal case)
+-- ARGV[3 + 2(i-1) + 1 .. 2]  limit i: limit, window_us
+--
+-- An admission is allowed iff fewer than `limit` admissions are still in the window. Its time is
+-- the later of now and the latest admission's, so the log stays sorted even if the server's clock
+-- steps back. Reply: {code, index, now_us, then per limit: allowed, remaining (permits),
+-- retry_after (us), reset_after (us)}; code 1 = allowed (and committed), 0 = denied, -1 =
+-- KEYS[index] holds another type (nothing written). Every figure is an integer below 2^53.
+
+-- Numbers go to Redis as exact integer strings: Lua's own number-to-string conversion keeps only
+-- 14 significant digits, and times in microseconds have 16.
+local function int(x)
+  return string.format('%.0f', x)
+end
+
+local n = tonumber(ARGV[1])
+local peek = ARGV[2] == 'peek'
+local now
+if ARGV[3] ~= '' then
+  now = tonumber(ARGV[3])
+else
+  local time = redis.call('TIME')
+  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+end
+
+for i = 1, #KEYS do
+  local kind = redis.call('TYPE', KEYS[i])['ok']
+  if kind ~= 'none' and kind ~= 'zset' then
+    return {-1, i, now}
+  end
+end
+
+local reply = {1, 0, now}
+local times = {}
+local lives = {}
+local all_allowed = true
+for i = 1, #KEYS do
+  local base = 3 + 2 * (i - 1)
+  local limit, window = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
+  local newest = redis.call('ZRANGE', KEYS[i], -1, -1, 'WITHSCORES')
+  local latest = 0
+  if newest[2] ~= nil then
+    latest = tonumber(newest[2])
+  end
+  local time = math.max(now, latest - window)
+  -- Admissions still in the window at `time`: those that expire after it.
+  local live = redis.call('ZCOUNT', KEYS[i], '(' .. int(time), '+inf')
+  local reset = math.max(latest - now, 0)
+  local allowed, remaining, retry = 1, limit - live, 0
+  if n == 1 or peek then
+    if live >= limit then
+      -- The oldest admission still in the window must leave before the next one can enter.
+      local oldest = redis.call('ZRANGEBYSCORE', KEYS[i], '(' .. int(time), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+      allowed, remaining, retry = 0, 0, math.max(tonumber(oldest[2]) - now, 0)
+      all_allowed = false
+    elseif not peek then
+      remaining, reset = limit - live - 1, time + window - now
+    end
+  end
+  times[i], lives[i] = {time, window}, live
+  local at = #reply
+  reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] = allowed, remaining, retry, reset
+end
+
+if not all_allowed then
+  reply[1] = 0
+  return reply
+end
+if peek or n == 0 then
+  return reply
+end
+
+for i = 1, #KEYS do
+  local time, window = times[i][1], times[i][2]
+  -- Admissions that have left the window stay out of it (time never goes back): drop them.
+  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', int(time))
+  -- Members must be unique: admissions with one expiry all happen at one `time`, each seeing
+  -- one more live admission than the one before, so the count tells them apart.
+  redis.call('ZADD', KEYS[i], int(time + window), int(time + window) .. ':' .. int(lives[i]))
+  -- When the newest admission leaves the window the log is empty: expire it then (rounded up to
+  -- whole milliseconds). An injected time runs apart from the server's clock, so such keys are
+  -- kept a minute longer.
+  local ttl = math.floor((time + window - now) / 1000) + 1
+  if ARGV[3] ~= '' then
+    ttl = ttl + 60000
+  end
+  redis.call('PEXPIRE', KEYS[i], int(ttl))
+end
+return reply

@@ -1,0 +1,122 @@
+-- Token bucket (exact GCRA) for every limit of one plan: checks all, then commits all or none.
+--
+-- KEYS[i]   the bucket of limit i: a hash {t = TAT in whole microseconds, f = the TAT's remainder
+--           in ticks, 0 <= f < tpu}. A missing key is a full bucket.
+-- ARGV[1]   n, the permits asked for (0 reports what is available and writes nothing)
+-- ARGV[2]   "acquire" or "peek" (peek: what one permit would get, writing nothing)
+-- ARGV[3]   the time in microseconds, or "" for the server's TIME (the normal case)
+-- ARGV[3 + 3(i-1) + 1 .. 3]  limit i: tpu (ticks per microsecond), token (ticks per permit),
+--           burst (ticks of a full bucket = limit * token = tpu * window_us)
+--
+-- Every figure is an integer below 2^53 (the caller checks 2 * burst <= 2^52), so Lua's doubles
+-- hold them exactly. Reply: {code, index, now_us, then per limit: allowed, remaining (ticks),
+-- retry_after (ticks), reset_after (ticks)}; code 1 = allowed (and committed), 0 = denied,
+-- -1 = KEYS[index] holds another type (nothing written).
+
+-- Numbers go to Redis as exact integer strings: Lua's own number-to-string conversion keeps only
+-- 14 significant digits, and times in microseconds have 16.
+local function int(x)
+  return string.format('%.0f', x)
+end
+
+local n = tonumber(ARGV[1])
+local peek = ARGV[2] == 'peek'
+local now
+if ARGV[3] ~= '' then
+  now = tonumber(ARGV[3])
+else
+  local time = redis.call('TIME')
+  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+end
+
+for i = 1, #KEYS do
+  local kind = redis.call('TYPE', KEYS[i])['ok']
+  if kind ~= 'none' and kind ~= 'hash' then
+    return {-1, i, now}
+  end
+end
+
+-- The debt (ticks still to refill) of bucket i at `now`; a TAT behind `now` is a full bucket.
+local function debt_of(i, tpu, burst)
+  local stored = redis.call('HMGET', KEYS[i], 't', 'f')
+  local t, f = tonumber(stored[1]), tonumber(stored[2])
+  if t == nil or f == nil or t < now then
+    return 0
+  end
+  -- A TAT more than two windows ahead can only come from a clock that stepped back; cap the
+  -- debt there (it denies either way) so the product below stays exact.
+  if t - now > 2 * (burst / tpu) then
+    return 2 * burst
+  end
+  return (t - now) * tpu + f
+end
+
+-- The answer of limit i to `take` permits: allowed, remaining, retry_after, reset_after, new debt.
+local function decide(debt, take, token, burst)
+  local new_debt = debt + take * token
+  if new_debt <= burst then
+    return 1, burst - new_debt, 0, new_debt, new_debt
+  end
+  return 0, math.max(burst - debt, 0), new_debt - burst, debt, nil
+end
+
+local reply = {1, 0, now}
+local tpus = {}
+local new_debts = {}
+local all_allowed = true
+for i = 1, #KEYS do
+  local base = 3 + 3 * (i - 1)
+  local tpu, token, burst = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
+  local debt = debt_of(i, tpu, burst)
+  local allowed, remaining, retry, reset, new_debt
+  if peek then
+    allowed, remaining, retry, reset = decide(debt, 1, token, burst)
+    if allowed == 1 then
+      allowed, remaining, retry, reset = decide(debt, 0, token, burst)
+    end
+  elseif n == 0 then
+    -- Takes nothing, so it is granted whatever the debt.
+    allowed, remaining, retry, reset = 1, math.max(burst - debt, 0), 0, debt
+  else
+    allowed, remaining, retry, reset, new_debt = decide(debt, n, token, burst)
+  end
+  if allowed == 0 then
+    all_allowed = false
+  end
+  tpus[i] = tpu
+  new_debts[i] = new_debt
+  local at = #reply
+  reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] = allowed, remaining, retry, reset
+end
+
+if not all_allowed then
+  reply[1] = 0
+  return reply
+end
+if peek or n == 0 then
+  return reply
+end
+
+-- All granted: commit every bucket. new TAT = now + new_debt ticks, split into whole
+-- microseconds and a remainder; the quotient is corrected so that no rounding of the division
+-- can leave the remainder outside [0, tpu).
+for i = 1, #KEYS do
+  local tpu, new_debt = tpus[i], new_debts[i]
+  local q = math.floor(new_debt / tpu)
+  local r = new_debt - q * tpu
+  if r < 0 then
+    q, r = q - 1, r + tpu
+  elseif r >= tpu then
+    q, r = q + 1, r - tpu
+  end
+  redis.call('HSET', KEYS[i], 't', int(now + q), 'f', int(r))
+  -- The bucket is full again, indistinguishable from a missing key, q (+1 if r > 0)
+  -- microseconds from now: expire it then (rounded up to whole milliseconds). An injected time
+  -- runs apart from the server's clock, so such keys are kept a minute longer.
+  local ttl = math.floor(q / 1000) + 1
+  if ARGV[3] ~= '' then
+    ttl = ttl + 60000
+  end
+  redis.call('PEXPIRE', KEYS[i], int(ttl))
+end
+return reply

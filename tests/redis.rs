@@ -1,0 +1,748 @@
+//! The Redis backend against a real `redis-server` (started per test on a free loopback port):
+//! decisions equal to the in-process limiters', a fleet that never over-admits, keys that
+//! expire, failure policies under a killed, paused and restarted server, and bad input.
+
+mod redis_support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use ::redis::AsyncCommands;
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use redis_support::RedisServer;
+use tollgate::redis::{CircuitBreaker, FailurePolicy, RedisError, RedisRateLimiter, Source};
+use tollgate::{
+    Algorithm, Decision, FakeClock, FixedWindow, Limiter, Rule, SlidingWindowLog, TokenBucket,
+};
+
+const ALGORITHMS: [Algorithm; 3] = [
+    Algorithm::TokenBucket,
+    Algorithm::FixedWindow,
+    Algorithm::SlidingWindowLog,
+];
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+async fn limiter(
+    server: &RedisServer,
+    algorithm: Algorithm,
+    rule: Rule,
+) -> RedisRateLimiter<&'static str> {
+    RedisRateLimiter::builder(server.url(), algorithm)
+        .plan("free", rule)
+        .build()
+        .await
+        .unwrap()
+}
+
+fn in_process(algorithm: Algorithm, rule: Rule, clock: FakeClock) -> Box<dyn Limiter> {
+    match algorithm {
+        Algorithm::TokenBucket => Box::new(TokenBucket::new(rule, clock).unwrap()),
+        Algorithm::FixedWindow => Box::new(FixedWindow::new(rule, clock).unwrap()),
+        _ => Box::new(SlidingWindowLog::new(rule, clock).unwrap()),
+    }
+}
+
+/// One step of a history: wait `advance_us` (or, with `back`, step the clock back by as much,
+/// as a server clock corrected by NTP would), then take `n` permits (or peek).
+#[derive(Debug, Clone)]
+struct Step {
+    advance_us: u64,
+    back: bool,
+    n: u64,
+    peek: bool,
+}
+
+fn history(limit: u64, window_us: u64) -> impl Strategy<Value = Vec<Step>> {
+    // Waits from nothing to two windows, mostly short, so that histories both exhaust and refill.
+    let advance = prop_oneof![
+        3 => Just(0u64),
+        4 => 0..=window_us / limit.max(1),
+        2 => 0..=window_us * 2,
+    ];
+    let step = (
+        advance,
+        prop::bool::weighted(0.1),
+        0..=limit + 1,
+        prop::bool::weighted(0.1),
+    )
+        .prop_map(|(advance_us, back, n, peek)| Step {
+            // The replay keeps the clock within one window behind its latest reading: the
+            // token bucket script caps a debt beyond two windows (it denies either way, but
+            // reports a shorter wait) where the in-process bucket keeps it whole.
+            advance_us,
+            back,
+            n,
+            peek,
+        });
+    prop::collection::vec(step, 1..40)
+}
+
+/// Windows in whole microseconds, some sharing few factors with the limit.
+fn rule() -> impl Strategy<Value = Rule> {
+    let window_us = prop_oneof![
+        Just(100_000u64),
+        Just(250_000),
+        Just(1_000_000),
+        Just(3_000_000),
+        Just(7_000_000),
+        Just(60_000_000),
+    ];
+    (1u64..=12, window_us)
+        .prop_map(|(limit, window_us)| Rule::new(limit, Duration::from_micros(window_us)).unwrap())
+}
+
+/// Replays random histories with injected time through the Redis scripts and the in-process
+/// limiter, and requires the same decision at every step.
+fn equals_in_process(algorithm: Algorithm) {
+    let server = RedisServer::start();
+    let runtime = runtime();
+    let case = AtomicU64::new(0);
+    let strategy = rule().prop_flat_map(|rule| {
+        let window_us = rule.window().as_micros() as u64;
+        (Just(rule), history(rule.limit(), window_us))
+    });
+    let mut runner = TestRunner::new(Config::with_cases(256));
+    let result = runner.run(&strategy, |(rule, steps)| {
+        if algorithm == Algorithm::TokenBucket
+            && !TokenBucket::new(rule, FakeClock::new()).unwrap().is_exact()
+        {
+            // The in-process bucket rounds such rules; the script stays exact.
+            return Ok(());
+        }
+        let client = format!("case-{}", case.fetch_add(1, Ordering::Relaxed));
+        runtime.block_on(async {
+            let redis = limiter(&server, algorithm, rule).await;
+            let clock = FakeClock::new();
+            let local = in_process(algorithm, rule, clock.clone());
+            let mut now_us: u64 = 0;
+            let mut latest_us: u64 = 0;
+            let window_us = rule.window().as_micros() as u64;
+            for (i, step) in steps.iter().enumerate() {
+                now_us = if step.back {
+                    // No further back than one window behind the latest reading (see `history`).
+                    now_us
+                        .saturating_sub(step.advance_us)
+                        .max(latest_us.saturating_sub(window_us))
+                } else {
+                    now_us + step.advance_us
+                };
+                latest_us = latest_us.max(now_us);
+                clock.set(Duration::from_micros(now_us));
+                let (expected, got) = if step.peek {
+                    let got = redis.peek_at(&client, &"free", now_us).await.unwrap();
+                    (local.peek(), got)
+                } else {
+                    let got = redis
+                        .decide_at(&client, &"free", step.n, now_us)
+                        .await
+                        .unwrap();
+                    (local.try_acquire_n(step.n), got)
+                };
+                prop_assert_eq!(
+                    got.decision(),
+                    expected,
+                    "step {} of {:?} under {:?} at {} us",
+                    i,
+                    steps,
+                    rule,
+                    now_us
+                );
+            }
+            Ok::<(), TestCaseError>(())
+        })
+    });
+    if let Err(error) = result {
+        panic!("{error}");
+    }
+}
+
+#[test]
+fn token_bucket_script_decides_as_the_in_process_bucket() {
+    equals_in_process(Algorithm::TokenBucket);
+}
+
+#[test]
+fn fixed_window_script_decides_as_the_in_process_window() {
+    equals_in_process(Algorithm::FixedWindow);
+}
+
+#[test]
+fn sliding_log_script_decides_as_the_in_process_log() {
+    equals_in_process(Algorithm::SlidingWindowLog);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_admits_exactly_the_limit_over_a_long_window() {
+    let server = RedisServer::start();
+    for algorithm in ALGORITHMS {
+        let rule = Rule::per_hour(100).unwrap();
+        let mut nodes = Vec::new();
+        for _ in 0..4 {
+            nodes.push(Arc::new(limiter(&server, algorithm, rule).await));
+        }
+        let admitted = Arc::new(AtomicU64::new(0));
+        let mut tasks = Vec::new();
+        for node in &nodes {
+            for _ in 0..8 {
+                let node = Arc::clone(node);
+                let admitted = Arc::clone(&admitted);
+                tasks.push(tokio::spawn(async move {
+                    for _ in 0..50 {
+                        if node.allow("shared-client", &"free").await.unwrap() {
+                            admitted.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }));
+            }
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+        assert_eq!(
+            admitted.load(Ordering::Relaxed),
+            100,
+            "{algorithm}: 1600 requests over 4 nodes"
+        );
+        // Every key the fleet left carries an expiry.
+        let mut connection = server.connection().await;
+        let keys: Vec<String> = connection.keys("tollgate:*").await.unwrap();
+        assert!(!keys.is_empty());
+        for key in keys {
+            let ttl: i64 = connection.pttl(&key).await.unwrap();
+            assert!(ttl > 0, "{key} has no expiry (PTTL {ttl})");
+            let _: () = connection.del(&key).await.unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_expire_once_indistinguishable_from_fresh() {
+    let server = RedisServer::start();
+    let mut connection = server.connection().await;
+    for algorithm in ALGORITHMS {
+        let rule = Rule::new(3, Duration::from_millis(200)).unwrap();
+        let redis = limiter(&server, algorithm, rule).await;
+        assert!(redis.allow("brief", &"free").await.unwrap());
+        let key = redis.keys("brief", &"free").unwrap().remove(0);
+        let ttl: i64 = connection.pttl(&key).await.unwrap();
+        assert!(ttl > 0 && ttl <= 201, "{algorithm}: {key} PTTL {ttl}");
+        tokio::time::sleep(Duration::from_millis(350)).await;
+        let exists: bool = connection.exists(&key).await.unwrap();
+        assert!(!exists, "{algorithm}: {key} outlived its window");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denial_writes_nothing() {
+    let server = RedisServer::start();
+    let mut connection = server.connection().await;
+    for algorithm in ALGORITHMS {
+        let rule = Rule::per_hour(2).unwrap();
+        let redis = RedisRateLimiter::builder(server.url(), algorithm)
+            .plan("free", rule)
+            .deny_cache(0)
+            .build()
+            .await
+            .unwrap();
+        assert!(redis.allow("full", &"free").await.unwrap());
+        assert!(redis.allow("full", &"free").await.unwrap());
+        let key = redis.keys("full", &"free").unwrap().remove(0);
+        let before: Vec<u8> = ::redis::cmd("DUMP")
+            .arg(&key)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        for _ in 0..5 {
+            let answer = redis.decide("full", &"free", 1).await.unwrap();
+            assert!(answer.decision().is_denied());
+            assert_eq!(answer.source(), Source::Redis);
+        }
+        let after: Vec<u8> = ::redis::cmd("DUMP")
+            .arg(&key)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        assert_eq!(before, after, "{algorithm}: a denial changed {key}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_with_several_limits_takes_from_all_or_none() {
+    let server = RedisServer::start();
+    let mut connection = server.connection().await;
+    for algorithm in ALGORITHMS {
+        let per_second = Rule::per_second(3).unwrap();
+        let per_minute = Rule::per_minute(5).unwrap();
+        let redis = RedisRateLimiter::builder(server.url(), algorithm)
+            .plan_with_limits("free", [per_second, per_minute])
+            .build()
+            .await
+            .unwrap();
+        let keys = redis.keys("multi", &"free").unwrap();
+        let at = |us: u64| redis.decide_at("multi", &"free", 1, us);
+        // Second 0: the per-second limit denies the fourth; the per-minute one is not charged.
+        for _ in 0..3 {
+            assert!(at(0).await.unwrap().decision().is_allowed(), "{algorithm}");
+        }
+        let minute_before: Vec<u8> = ::redis::cmd("DUMP")
+            .arg(&keys[1])
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        let denied = at(0).await.unwrap().decision();
+        assert!(denied.is_denied());
+        assert_eq!(
+            denied.limit(),
+            3,
+            "{algorithm}: the per-second limit denied"
+        );
+        let minute_after: Vec<u8> = ::redis::cmd("DUMP")
+            .arg(&keys[1])
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        assert_eq!(
+            minute_before, minute_after,
+            "{algorithm}: a denial charged the other limit"
+        );
+        // Second 1: two more reach the per-minute limit, which then denies.
+        assert!(at(1_000_000).await.unwrap().decision().is_allowed());
+        assert!(at(1_000_000).await.unwrap().decision().is_allowed());
+        let denied = at(2_000_000).await.unwrap().decision();
+        assert!(denied.is_denied());
+        assert_eq!(
+            denied.limit(),
+            5,
+            "{algorithm}: the per-minute limit denied"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clock_stepped_back_grants_nothing_extra() {
+    let server = RedisServer::start();
+    for algorithm in ALGORITHMS {
+        let redis = limiter(&server, algorithm, Rule::per_second(2).unwrap()).await;
+        let later = 10_000_000;
+        assert!(
+            redis
+                .decide_at("skew", &"free", 1, later)
+                .await
+                .unwrap()
+                .decision()
+                .is_allowed()
+        );
+        assert!(
+            redis
+                .decide_at("skew", &"free", 1, later)
+                .await
+                .unwrap()
+                .decision()
+                .is_allowed()
+        );
+        // Earlier readings meet the stored state, not a fresh one.
+        for earlier in [later - 1, later - 2_000_000, 0] {
+            let decision = redis
+                .decide_at("skew", &"free", 1, earlier)
+                .await
+                .unwrap()
+                .decision();
+            assert!(
+                decision.is_denied(),
+                "{algorithm} at {earlier} us: {decision:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deny_cache_answers_without_a_round_trip_until_the_retry_instant() {
+    let server = RedisServer::start();
+    for algorithm in ALGORITHMS {
+        let redis = limiter(
+            &server,
+            algorithm,
+            Rule::new(1, Duration::from_millis(300)).unwrap(),
+        )
+        .await;
+        assert!(redis.allow("cached", &"free").await.unwrap());
+        let first = redis.decide("cached", &"free", 1).await.unwrap();
+        assert_eq!(first.source(), Source::Redis);
+        assert!(first.decision().is_denied());
+        let trips = redis.stats().round_trips;
+        for _ in 0..100 {
+            let answer = redis.decide("cached", &"free", 1).await.unwrap();
+            assert_eq!(answer.source(), Source::DenyCache, "{algorithm}");
+            assert!(answer.decision().retry_after() <= first.decision().retry_after());
+        }
+        assert_eq!(redis.stats().round_trips, trips);
+        assert_eq!(redis.stats().cache_hits, 100);
+        // Once the wait is over Redis is asked again, and grants.
+        tokio::time::sleep(first.decision().retry_after() + Duration::from_millis(5)).await;
+        let answer = redis.decide("cached", &"free", 1).await.unwrap();
+        assert_eq!(answer.source(), Source::Redis);
+        assert!(answer.decision().is_allowed(), "{algorithm}: {answer:?}");
+    }
+}
+
+async fn faulty(server: &RedisServer, policy: FailurePolicy) -> RedisRateLimiter<&'static str> {
+    RedisRateLimiter::builder(server.url(), Algorithm::TokenBucket)
+        .plan("free", Rule::per_second(1_000).unwrap())
+        .failure_policy(policy)
+        .timeout(Duration::from_millis(50))
+        .circuit_breaker(CircuitBreaker {
+            failures: 3,
+            cool_down: Duration::from_millis(200),
+        })
+        .build()
+        .await
+        .unwrap()
+}
+
+/// Asks until Redis answers again (the circuit's probe), within a few seconds.
+async fn until_redis_answers(redis: &RedisRateLimiter<&'static str>) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(answer) = redis.decide("resumed", &"free", 1).await
+            && answer.source() == Source::Redis
+        {
+            return;
+        }
+        assert!(Instant::now() < deadline, "Redis was not used again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_policy_answers_as_promised_when_the_server_dies_and_resumes_after_a_restart() {
+    let mut server = RedisServer::start();
+    let policies = [
+        FailurePolicy::Error,
+        FailurePolicy::FailOpen,
+        FailurePolicy::FailClosed,
+        FailurePolicy::Local { share: 0.5 },
+    ];
+    let mut limiters = Vec::new();
+    for policy in policies {
+        let redis = faulty(&server, policy).await;
+        assert_eq!(
+            redis.decide("c", &"free", 1).await.unwrap().source(),
+            Source::Redis
+        );
+        limiters.push(redis);
+    }
+    server.kill();
+    for redis in &limiters {
+        for _ in 0..20 {
+            let started = Instant::now();
+            let answer = redis.decide("c", &"free", 1).await;
+            assert!(
+                started.elapsed() < Duration::from_secs(1),
+                "a dead Redis held a request"
+            );
+            match (redis.failure_policy(), answer) {
+                (FailurePolicy::Error, Err(error)) => assert!(
+                    matches!(
+                        error,
+                        RedisError::Command { .. }
+                            | RedisError::Timeout { .. }
+                            | RedisError::CircuitOpen { .. }
+                    ),
+                    "{error}"
+                ),
+                (FailurePolicy::FailOpen, Ok(answer)) => {
+                    assert_eq!(answer.source(), Source::FailOpen);
+                    assert!(answer.decision().is_allowed());
+                }
+                (FailurePolicy::FailClosed, Ok(answer)) => {
+                    assert_eq!(answer.source(), Source::FailClosed);
+                    assert!(answer.decision().is_denied());
+                }
+                (FailurePolicy::Local { .. }, Ok(answer)) => {
+                    assert_eq!(answer.source(), Source::Local);
+                    assert_eq!(answer.decision().limit(), 500, "half the limit");
+                }
+                (policy, answer) => panic!("{policy:?} answered {answer:?}"),
+            }
+        }
+        let stats = redis.stats();
+        assert!(stats.circuit_opens >= 1, "{stats:?}");
+        assert!(
+            stats.short_circuits > 0,
+            "the open circuit still sent requests: {stats:?}"
+        );
+    }
+    server.restart();
+    for redis in &limiters {
+        // The restarted server has no scripts loaded: NOSCRIPT, then a reload, then an answer.
+        until_redis_answers(redis).await;
+        assert!(redis.allow("after", &"free").await.unwrap());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_server_costs_at_most_the_timeout_then_nothing_until_it_resumes() {
+    let server = RedisServer::start();
+    let redis = faulty(&server, FailurePolicy::Local { share: 0.25 }).await;
+    assert!(redis.allow("p", &"free").await.unwrap());
+    server.pause();
+    let started = Instant::now();
+    for _ in 0..50 {
+        let asked = Instant::now();
+        let answer = redis.decide("p", &"free", 1).await.unwrap();
+        let elapsed = asked.elapsed();
+        assert!(elapsed < Duration::from_millis(500), "held {elapsed:?}");
+        assert_eq!(answer.source(), Source::Local);
+    }
+    // Three timeouts open the circuit; afterwards only a probe every 200 ms waits for one.
+    let stats = redis.stats();
+    let probes = started.elapsed().as_millis() as u64 / 200 + 1;
+    assert!(stats.timeouts >= 3, "{stats:?}");
+    assert!(
+        stats.timeouts <= 3 + probes,
+        "{stats:?} in {:?}",
+        started.elapsed()
+    );
+    assert!(stats.short_circuits >= 50 - 3 - probes, "{stats:?}");
+    server.resume();
+    until_redis_answers(&redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_server_is_a_clear_error_or_the_policy() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("redis://127.0.0.1:{port}");
+    let error = RedisRateLimiter::builder(url.clone(), Algorithm::FixedWindow)
+        .plan("free", Rule::per_second(5).unwrap())
+        .build()
+        .await
+        .unwrap_err();
+    assert!(matches!(error, RedisError::Connect { .. }), "{error:?}");
+    assert!(error.to_string().contains(&url), "{error}");
+    // Built lazily, the policy decides until Redis appears.
+    let redis = RedisRateLimiter::builder(url, Algorithm::FixedWindow)
+        .plan("free", Rule::per_second(5).unwrap())
+        .failure_policy(FailurePolicy::FailClosed)
+        .build_lazy()
+        .unwrap();
+    let answer = redis.decide("c", &"free", 1).await.unwrap();
+    assert_eq!(answer.source(), Source::FailClosed);
+    assert!(answer.decision().is_denied());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_is_an_authentication_error_that_hides_the_password() {
+    let server = RedisServer::start_with(&["--requirepass", "right-one"]);
+    let url = format!("redis://:wrong-one@127.0.0.1:{}", server.port());
+    let error = RedisRateLimiter::builder(url, Algorithm::TokenBucket)
+        .plan("free", Rule::per_second(5).unwrap())
+        .build()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, RedisError::Authentication { .. }),
+        "{error:?}"
+    );
+    let message = error.to_string();
+    assert!(!message.contains("wrong-one"), "{message}");
+    assert!(message.contains("password"), "{message}");
+    let url = format!("redis://:right-one@127.0.0.1:{}", server.port());
+    let redis = RedisRateLimiter::builder(url, Algorithm::TokenBucket)
+        .plan("free", Rule::per_second(5).unwrap())
+        .build()
+        .await
+        .unwrap();
+    assert!(redis.allow("c", &"free").await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_of_another_type_is_a_typed_error_and_left_alone() {
+    let server = RedisServer::start();
+    let mut connection = server.connection().await;
+    for algorithm in ALGORITHMS {
+        let redis = limiter(&server, algorithm, Rule::per_second(5).unwrap()).await;
+        let key = redis.keys("squatted", &"free").unwrap().remove(0);
+        // A string where a hash (or sorted set) is expected; for the log, also a hash.
+        let _: () = connection.set(&key, "not ours").await.unwrap();
+        let error = redis.acquire("squatted", &"free", 1).await.unwrap_err();
+        match &error {
+            RedisError::WrongType { key: named } => assert_eq!(*named, key),
+            other => panic!("{algorithm}: {other:?}"),
+        }
+        assert!(error.to_string().contains(&key));
+        let value: String = connection.get(&key).await.unwrap();
+        assert_eq!(value, "not ours");
+        let _: () = connection.del(&key).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_the_scripts_cannot_keep_exact_are_refused_by_name() {
+    let build = |algorithm, rule| {
+        RedisRateLimiter::builder("redis://127.0.0.1:1", algorithm)
+            .plan("free", rule)
+            .build_lazy()
+    };
+    let sub_micro = Rule::new(5, Duration::from_nanos(1_500)).unwrap();
+    let error = build(Algorithm::FixedWindow, sub_micro).unwrap_err();
+    assert!(
+        matches!(error, RedisError::WindowNotMicroseconds { .. }),
+        "{error:?}"
+    );
+    // A prime limit per day: N * W_us ticks, far above 2^50.
+    let prime_per_day = Rule::new(999_983, Duration::from_secs(86_400)).unwrap();
+    let error = build(Algorithm::TokenBucket, prime_per_day).unwrap_err();
+    assert!(matches!(error, RedisError::NotExact { .. }), "{error:?}");
+    assert!(error.to_string().contains("1125899906842624"), "{error}");
+    let huge_log = Rule::per_hour(1 << 20).unwrap();
+    let error = build(Algorithm::SlidingWindowLog, huge_log).unwrap_err();
+    assert!(matches!(error, RedisError::InvalidRule { .. }), "{error:?}");
+    let error = RedisRateLimiter::builder("redis://127.0.0.1:1", Algorithm::FixedWindow)
+        .plan("free:tier", Rule::per_second(1).unwrap())
+        .build_lazy()
+        .unwrap_err();
+    assert!(matches!(error, RedisError::InvalidName { .. }), "{error:?}");
+    let error = RedisRateLimiter::builder("redis://127.0.0.1:1", Algorithm::FixedWindow)
+        .plan("free", Rule::per_second(1).unwrap())
+        .failure_policy(FailurePolicy::Local { share: 0.0 })
+        .build_lazy()
+        .unwrap_err();
+    assert!(error.to_string().contains("local share 0"), "{error}");
+    let error = RedisRateLimiter::<&str>::builder("not a url", Algorithm::FixedWindow)
+        .plan("free", Rule::per_second(1).unwrap())
+        .build_lazy()
+        .unwrap_err();
+    assert!(matches!(error, RedisError::InvalidUrl { .. }), "{error:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_that_can_never_pass_report_the_quota_and_unknown_plans_need_no_round_trip() {
+    let server = RedisServer::start();
+    let redis = limiter(
+        &server,
+        Algorithm::SlidingWindowLog,
+        Rule::per_second(5).unwrap(),
+    )
+    .await;
+    let error = redis.acquire("c", &"pro", 1).await.unwrap_err();
+    assert!(matches!(error, RedisError::UnknownPlan { .. }), "{error:?}");
+    assert_eq!(redis.stats().round_trips, 0);
+    assert!(redis.allow("c", &"free").await.unwrap());
+    let answer = redis.decide("c", &"free", 2).await.unwrap();
+    assert_eq!(answer.source(), Source::Rejected);
+    assert!(answer.decision().rejection().is_some());
+    assert_eq!(answer.decision().remaining(), 4, "the real quota");
+    let _: Decision = redis.peek("c", &"free").await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plans_keys_share_one_cluster_slot_so_its_script_runs_on_a_cluster() {
+    let dir = std::env::temp_dir().join(format!("tollgate-cluster-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let server =
+        RedisServer::start_with(&["--cluster-enabled", "yes", "--dir", dir.to_str().unwrap()]);
+    let mut connection = server.connection().await;
+    // One node holding every slot: a cluster that still refuses a script whose keys span slots.
+    let _: () = ::redis::cmd("CLUSTER")
+        .arg("ADDSLOTSRANGE")
+        .arg(0)
+        .arg(16_383)
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let info: String = ::redis::cmd("CLUSTER")
+            .arg("INFO")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        if info.contains("cluster_state:ok") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the cluster never came up: {info}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let crossing = ::redis::cmd("EVAL")
+        .arg("return 1")
+        .arg(2)
+        .arg("a")
+        .arg("b")
+        .query_async::<i64>(&mut connection)
+        .await
+        .unwrap_err();
+    assert!(
+        crossing.to_string().to_lowercase().contains("crossslot"),
+        "{crossing}"
+    );
+    for algorithm in ALGORITHMS {
+        let redis = RedisRateLimiter::builder(server.url(), algorithm)
+            .plan_with_limits(
+                "free",
+                [Rule::per_second(3).unwrap(), Rule::per_minute(5).unwrap()],
+            )
+            .build()
+            .await
+            .unwrap();
+        for _ in 0..3 {
+            assert!(redis.allow("alice", &"free").await.unwrap(), "{algorithm}");
+        }
+        assert!(!redis.allow("alice", &"free").await.unwrap(), "{algorithm}");
+        let mut slots = Vec::new();
+        for key in redis.keys("alice", &"free").unwrap() {
+            let slot: i64 = ::redis::cmd("CLUSTER")
+                .arg("KEYSLOT")
+                .arg(&key)
+                .query_async(&mut connection)
+                .await
+                .unwrap();
+            slots.push(slot);
+        }
+        assert_eq!(slots.len(), 2);
+        assert_eq!(slots[0], slots[1], "{algorithm}");
+    }
+    drop(server);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_falling_back_locally_keeps_to_the_limit_by_its_shares() {
+    // No server at all: every node decides alone, with a quarter of the limit.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    for algorithm in ALGORITHMS {
+        let mut admitted = 0;
+        for _ in 0..4 {
+            let node = RedisRateLimiter::builder(format!("redis://127.0.0.1:{port}"), algorithm)
+                .plan("free", Rule::per_hour(100).unwrap())
+                .failure_policy(FailurePolicy::Local { share: 0.25 })
+                .build_lazy()
+                .unwrap();
+            for _ in 0..100 {
+                let answer = node.decide("shared", &"free", 1).await.unwrap();
+                assert_eq!(answer.source(), Source::Local);
+                admitted += u64::from(answer.decision().is_allowed());
+            }
+        }
+        assert_eq!(admitted, 100, "{algorithm}");
+    }
+}
