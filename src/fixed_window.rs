@@ -184,9 +184,15 @@ impl WindowParams {
     /// Nanoseconds from `now_nanos` to the end of window `index`.
     #[inline]
     fn until_end_of(&self, index: u64, now_nanos: u64) -> u64 {
-        (index + 1)
-            .saturating_mul(self.rule.window_nanos())
-            .saturating_sub(now_nanos)
+        let end = (index + 1)
+            .checked_mul(self.rule.window_nanos())
+            .filter(|end| index < self.max_index && self.origin_nanos.checked_add(*end).is_some());
+        match end {
+            Some(end) => end.saturating_sub(now_nanos),
+            // The last window the word can count, or one that ends past the clock's last reading:
+            // time stands still in it, so it never ends (a denial there is for good, and says so).
+            None => u64::MAX,
+        }
     }
 
     /// The pure decision: what taking `n` permits at `now_nanos` from `word` answers, and the

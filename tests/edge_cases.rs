@@ -609,3 +609,16 @@ fn zero_permit_attempts_are_counted_for_known_and_unknown_clients_alike() {
     assert!(service.acquire(&2, &"free", 0).unwrap().is_allowed());
     assert_eq!(service.stats(&"free").unwrap().allowed, 3);
 }
+
+#[test]
+fn a_fixed_window_pinned_at_its_horizon_says_its_denial_is_for_good() {
+    let clock = FakeClock::new();
+    let window = limiter(Algorithm::FixedWindow, Rule::per_second(2).unwrap(), &clock);
+    clock.set(Duration::MAX);
+    assert_eq!(burst(&window, 5), 2);
+    let denied = window.try_acquire_n(1);
+    assert!(denied.is_denied());
+    assert!(denied.retry_after() > Duration::from_secs(100 * 365 * 24 * 3600), "{denied:?}");
+    clock.advance(denied.retry_after());
+    assert!(window.try_acquire_n(1).is_denied(), "time stands still there");
+}
