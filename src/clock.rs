@@ -184,8 +184,12 @@ pub struct CoarseClock {
 
 impl CoarseClock {
     /// Starts the refreshing thread, updating the reading every `interval` (1 ms is typical)
-    /// from a [`MonotonicClock`]. Errors when `interval` is zero (the thread would spin) or the
-    /// OS refuses a thread.
+    /// from a [`MonotonicClock`].
+    ///
+    /// # Errors
+    ///
+    /// An [`std::io::Error`] of kind `InvalidInput` when `interval` is zero (the thread would
+    /// spin), or the OS's error when it refuses a thread.
     pub fn start(interval: Duration) -> std::io::Result<Self> {
         if interval.is_zero() {
             return Err(std::io::Error::new(

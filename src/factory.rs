@@ -87,6 +87,10 @@ impl LimiterFactory {
     }
 
     /// Checks that the method can honour `rule`, without making a limiter.
+    ///
+    /// # Errors
+    ///
+    /// The [`RuleError`] the method's limiter would give for `rule`.
     pub fn check(&self, rule: Rule) -> Result<(), RuleError> {
         crate::client_state::ClientParams::new(self.algorithm, rule, 0).map(|_| ())
     }

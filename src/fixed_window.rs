@@ -472,6 +472,12 @@ pub struct FixedWindow<C = crate::MonotonicClock> {
 
 impl<C: Clock> FixedWindow<C> {
     /// An empty window for `rule`, reading time from `clock`.
+    ///
+    /// # Errors
+    ///
+    /// [`RuleError::LimitTooLarge`] when the count would reach the retired flag,
+    /// [`RuleError::HorizonTooShort`] when the packed window index would wrap within
+    /// [`RuleError::MIN_HORIZON`].
     pub fn new(rule: Rule, clock: C) -> Result<Self, RuleError> {
         let params = WindowParams::new(rule)?.starting_at(clock.now_nanos());
         Ok(FixedWindow {

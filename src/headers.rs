@@ -91,6 +91,10 @@ impl Decision {
     /// assert_eq!(decision.ratelimit_policy_header("free")?, r#""free";q=100;w=60"#);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidPolicyName`] when `policy` is empty or not printable ASCII.
     pub fn ratelimit_policy_header(&self, policy: &str) -> Result<String, InvalidPolicyName> {
         Ok(format!(
             "{};q={};w={}",
@@ -115,6 +119,10 @@ impl Decision {
     /// assert_eq!(decision.ratelimit_header("free")?, r#""free";r=60;t=15"#);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidPolicyName`] when `policy` is empty or not printable ASCII.
     pub fn ratelimit_header(&self, policy: &str) -> Result<String, InvalidPolicyName> {
         Ok(format!(
             "{};r={};t={}",

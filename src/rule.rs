@@ -41,6 +41,11 @@ impl Rule {
     ///
     /// Errors when `limit` is 0, when `window` is zero, or when `window` exceeds
     /// [`Rule::MAX_WINDOW`].
+    ///
+    /// # Errors
+    ///
+    /// [`RuleError::ZeroLimit`], [`RuleError::ZeroWindow`], or [`RuleError::WindowTooLong`] with the
+    /// maximum.
     pub fn new(limit: u64, window: Duration) -> Result<Rule, RuleError> {
         if limit == 0 {
             return Err(RuleError::ZeroLimit);
@@ -61,6 +66,10 @@ impl Rule {
     }
 
     /// At most `limit` permits per second.
+    ///
+    /// # Errors
+    ///
+    /// [`RuleError::ZeroLimit`] when `limit` is 0.
     pub fn per_second(limit: u64) -> Result<Rule, RuleError> {
         Rule::new(limit, Duration::from_secs(1))
     }
@@ -71,6 +80,10 @@ impl Rule {
     }
 
     /// At most `limit` permits per hour.
+    ///
+    /// # Errors
+    ///
+    /// [`RuleError::ZeroLimit`] when `limit` is 0.
     pub fn per_hour(limit: u64) -> Result<Rule, RuleError> {
         Rule::new(limit, Duration::from_secs(3600))
     }

@@ -153,8 +153,11 @@ where
 {
     /// A service applying `algorithm`, with one rule per plan, reading time from `clock`.
     ///
-    /// Errors when no plan is given, when a plan is given twice, or when the method cannot honour
-    /// a plan's rule (the error names the plan).
+    /// # Errors
+    ///
+    /// [`ServiceError::NoPlans`] when no plan is given, [`ServiceError::DuplicatePlan`] when a
+    /// plan is given twice, [`ServiceError::InvalidRule`] (naming the plan) when the method
+    /// cannot honour a plan's rule.
     pub fn new(
         algorithm: Algorithm,
         rules: impl IntoIterator<Item = (P, Rule)>,
@@ -267,7 +270,11 @@ where
 
     /// Takes one permit for `client` under `plan`'s rule; `Ok(false)` when it is denied.
     ///
-    /// The client's limiter is made on its first request. Errors only when `plan` has no rule.
+    /// The client's limiter is made on its first request.
+    ///
+    /// # Errors
+    ///
+    /// [`ServiceError::UnknownPlan`] when the service has no such plan.
     #[inline]
     pub fn allow<Q>(&self, client: &Q, plan: &P) -> Result<bool, ServiceError>
     where
@@ -282,6 +289,10 @@ where
     /// [`Limiter::try_acquire_n`](crate::Limiter::try_acquire_n) for `n = 0` and `n` above the
     /// limit). An attempt of 0 permits does not make a limiter for a client the service does not
     /// hold.
+    ///
+    /// # Errors
+    ///
+    /// [`ServiceError::UnknownPlan`] when the service has no such plan.
     #[inline]
     pub fn acquire<Q>(&self, client: &Q, plan: &P, n: u64) -> Result<Decision, ServiceError>
     where
@@ -383,6 +394,10 @@ where
     /// Reports, taking nothing, what one permit for `client` under `plan` would get now. A client
     /// the service does not hold under `plan` (or holds under an earlier rule) is reported as
     /// fresh, and nothing is added or changed.
+    ///
+    /// # Errors
+    ///
+    /// [`ServiceError::UnknownPlan`] when the service has no such plan.
     pub fn peek<Q>(&self, client: &Q, plan: &P) -> Result<Decision, ServiceError>
     where
         K: Borrow<Q>,
@@ -785,8 +800,12 @@ pub struct Sweeper {
 
 impl Sweeper {
     /// Starts sweeping `service` every `interval`. The thread holds only a weak reference, so it
-    /// never keeps the service alive. Errors when `interval` is zero (the thread would spin) or
-    /// the OS refuses a new thread.
+    /// never keeps the service alive.
+    ///
+    /// # Errors
+    ///
+    /// An [`std::io::Error`] of kind `InvalidInput` when `interval` is zero (the thread would
+    /// spin), or the OS's error when it refuses a new thread.
     pub fn start<K, P, C, S>(
         service: &std::sync::Arc<RateLimiterService<K, P, C, S>>,
         interval: std::time::Duration,

@@ -538,6 +538,12 @@ impl<C: Clock> SlidingWindowLog<C> {
 
     /// An empty log for `rule`, reading time from `clock`. Errors when the limit exceeds
     /// [`SlidingWindowLog::MAX_LIMIT`].
+    ///
+    /// # Errors
+    ///
+    /// [`RuleError::LimitTooLarge`] when the limit exceeds [`SlidingWindowLog::MAX_LIMIT`],
+    /// [`RuleError::HorizonTooShort`] for a window too long to leave [`RuleError::MIN_HORIZON`] of
+    /// time.
     pub fn new(rule: Rule, clock: C) -> Result<Self, RuleError> {
         let params = LogParams::new(rule)?.starting_at(clock.now_nanos());
         Ok(SlidingWindowLog {

@@ -428,6 +428,12 @@ pub struct TokenBucket<C = crate::MonotonicClock> {
 
 impl<C: Clock> TokenBucket<C> {
     /// A full bucket for `rule`, reading time from `clock`.
+    ///
+    /// # Errors
+    ///
+    /// [`RuleError::RateTooHigh`] when no tick scale that lasts [`RuleError::MIN_HORIZON`] keeps the
+    /// refill within 1/1000 of the rule, [`RuleError::WindowTooLong`] when the full bucket cannot be
+    /// counted.
     pub fn new(rule: Rule, clock: C) -> Result<Self, RuleError> {
         let params = GcraParams::new(rule)?.starting_at(clock.now_nanos());
         Ok(TokenBucket {

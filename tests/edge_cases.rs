@@ -618,7 +618,13 @@ fn a_fixed_window_pinned_at_its_horizon_says_its_denial_is_for_good() {
     assert_eq!(burst(&window, 5), 2);
     let denied = window.try_acquire_n(1);
     assert!(denied.is_denied());
-    assert!(denied.retry_after() > Duration::from_secs(100 * 365 * 24 * 3600), "{denied:?}");
+    assert!(
+        denied.retry_after() > Duration::from_secs(100 * 365 * 24 * 3600),
+        "{denied:?}"
+    );
     clock.advance(denied.retry_after());
-    assert!(window.try_acquire_n(1).is_denied(), "time stands still there");
+    assert!(
+        window.try_acquire_n(1).is_denied(),
+        "time stands still there"
+    );
 }
