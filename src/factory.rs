@@ -92,7 +92,7 @@ impl LimiterFactory {
     ///
     /// The [`RuleError`] the method's limiter would give for `rule`.
     pub fn check(&self, rule: Rule) -> Result<(), RuleError> {
-        crate::client_state::ClientParams::new(self.algorithm, rule, 0).map(|_| ())
+        crate::service::client_state::ClientParams::new(self.algorithm, rule, 0).map(|_| ())
     }
 
     /// A fresh limiter for `rule`, reading time from `clock`.

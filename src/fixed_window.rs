@@ -11,10 +11,10 @@
 
 use crossbeam_utils::{Backoff, CachePadded};
 
-use crate::client_state::PARAM_WORDS;
 use crate::clock::Clock;
 use crate::decision::{Admit, Decision, Rejection};
 use crate::error::RuleError;
+use crate::service::client_state::PARAM_WORDS;
 use crate::sync::{AtomicWord, Ordering, Word};
 use crate::token_bucket::RETIRE_ORDERING;
 use crate::{Algorithm, Limiter, Rule};

@@ -72,7 +72,6 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod algorithm;
-mod client_state;
 mod clock;
 #[cfg(feature = "serde")]
 mod config;
@@ -82,14 +81,11 @@ mod factory;
 mod fixed_window;
 mod headers;
 mod limiter;
-mod plan_table;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 mod rule;
-mod seqlock;
 mod service;
-mod several_limits;
 mod sliding_window_log;
 mod sync;
 mod token_bucket;
@@ -104,9 +100,8 @@ pub use factory::{AnyLimiter, LimiterFactory};
 pub use fixed_window::FixedWindow;
 pub use headers::InvalidPolicyName;
 pub use limiter::Limiter;
-pub use plan_table::PlanStats;
 pub use rule::Rule;
-pub use service::{RateLimiterService, ServiceBuilder, Sweeper};
+pub use service::{PlanStats, RateLimiterService, ServiceBuilder, Sweeper};
 pub use sliding_window_log::SlidingWindowLog;
 pub use token_bucket::TokenBucket;
 
@@ -118,7 +113,7 @@ pub use token_bucket::TokenBucket;
 #[doc(hidden)]
 pub mod loom_support {
     pub use crate::fixed_window::WindowParams;
-    pub use crate::seqlock::VersionedWords;
+    pub use crate::service::seqlock::VersionedWords;
     pub use crate::sliding_window_log::{LogParams, LogRing};
     pub use crate::sync::AtomicWord;
     pub use crate::token_bucket::GcraParams;

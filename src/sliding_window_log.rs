@@ -10,10 +10,10 @@
 
 use crossbeam_utils::{Backoff, CachePadded};
 
-use crate::client_state::PARAM_WORDS;
 use crate::clock::Clock;
 use crate::decision::{Decision, Rejection};
 use crate::error::RuleError;
+use crate::service::client_state::PARAM_WORDS;
 use crate::sync::{AtomicWord, Ordering, Word};
 use crate::{Algorithm, Limiter, Rule};
 

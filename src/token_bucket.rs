@@ -13,10 +13,10 @@ use std::num::NonZeroU64;
 
 use crossbeam_utils::{Backoff, CachePadded};
 
-use crate::client_state::PARAM_WORDS;
 use crate::clock::Clock;
 use crate::decision::{Admit, Decision, Rejection, Scale};
 use crate::error::RuleError;
+use crate::service::client_state::PARAM_WORDS;
 use crate::sync::{AtomicWord, Ordering, Word};
 use crate::{Algorithm, Limiter, Rule};
 

@@ -4,11 +4,11 @@
 //! constants once per plan and the clock once in all, so each client costs only its state: one
 //! word for the token bucket and the fixed window, a ring for the sliding log.
 
+use super::several_limits::SeveralLimits;
 use crate::clock::Clock;
 use crate::decision::Admit;
 use crate::error::RuleError;
 use crate::fixed_window::WindowParams;
-use crate::several_limits::SeveralLimits;
 use crate::sliding_window_log::{LogParams, LogRing};
 use crate::sync::Word;
 use crate::token_bucket::GcraParams;

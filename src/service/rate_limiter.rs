@@ -4,16 +4,15 @@ use std::borrow::Borrow;
 use std::fmt;
 use std::hash::{BuildHasher, Hash, RandomState};
 
-use papaya::ResizeMode;
-
-use crate::client_state::{ClientParams, ClientState};
+use super::builder::{ServiceBuilder, limits_of};
+use super::client_state::{ClientParams, ClientState};
+use super::plan_table::{MAX_LIMITS, PlanTable};
+use super::several_limits::SeveralLimits;
 use crate::clock::Clock;
 use crate::decision::Admit;
 use crate::error::ServiceError;
-use crate::plan_table::{MAX_LIMITS, MAX_PLANS, PlanTable};
-use crate::several_limits::SeveralLimits;
 use crate::sync::{AtomicWord, Ordering, Word};
-use crate::{Algorithm, Decision, MonotonicClock, PlanStats, Rule, RuleError};
+use crate::{Algorithm, Decision, MonotonicClock, PlanStats, Rule};
 
 /// What a service call answers: a whole [`Decision`], or only whether one permit was granted
 /// (which builds no figures: `allow` pays for nothing it does not return).
@@ -70,7 +69,7 @@ impl Answer for Admit {
 /// One client's limiter under one plan: the state, and the version of the plan's rule it was
 /// made under.
 #[derive(Debug)]
-struct ClientEntry {
+pub(super) struct ClientEntry {
     version: u64,
     state: ClientState,
 }
@@ -115,15 +114,15 @@ struct ClientEntry {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct RateLimiterService<K, P, C = MonotonicClock, S = RandomState> {
-    plans: PlanTable<P>,
-    clock: C,
+    pub(super) plans: PlanTable<P>,
+    pub(super) clock: C,
     /// One map per plan, indexed as the plan table is: a lookup hashes only the client's key,
     /// and each entry stores the key once.
-    clients: Box<[papaya::HashMap<K, ClientEntry, S>]>,
+    pub(super) clients: Box<[papaya::HashMap<K, ClientEntry, S>]>,
     /// The latest clock reading any sweep retired limiters at. New limiters are made as of it,
     /// so that one replacing a retired limiter is at least as strict for every reading, even one
     /// older than the sweep's (a clock stepped back, or another core's counter slightly behind).
-    evicted_up_to: Word,
+    pub(super) evicted_up_to: Word,
 }
 
 impl<K, P, C, S> fmt::Debug for RateLimiterService<K, P, C, S>
@@ -555,303 +554,5 @@ where
             clients.remove_if(client, |_, current| std::ptr::eq(current, entry)),
             Ok(Some(_))
         )
-    }
-}
-
-/// Builds a [`RateLimiterService`] with a chosen hasher or initial capacity.
-///
-/// # Examples
-///
-/// ```
-/// use tollgate::{Algorithm, FakeClock, Rule, ServiceBuilder};
-///
-/// let service = ServiceBuilder::new(Algorithm::FixedWindow, FakeClock::new())
-///     .plan("free", Rule::per_minute(100)?)
-///     .plan("pro", Rule::per_minute(10_000)?)
-///     .capacity(100_000)
-///     .build::<u64>()?;
-/// assert!(service.allow(&7, &"free")?);
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Debug)]
-pub struct ServiceBuilder<P, C, S = RandomState> {
-    algorithm: Algorithm,
-    clock: C,
-    plans: Vec<(P, Vec<Rule>)>,
-    hasher: S,
-    capacity: usize,
-    count_decisions: bool,
-}
-
-impl<P: Eq + fmt::Debug, C: Clock> ServiceBuilder<P, C> {
-    /// A builder for a service applying `algorithm` with `clock`.
-    pub fn new(algorithm: Algorithm, clock: C) -> Self {
-        ServiceBuilder {
-            algorithm,
-            clock,
-            plans: Vec::new(),
-            hasher: RandomState::new(),
-            capacity: 0,
-            count_decisions: false,
-        }
-    }
-}
-
-impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher + Clone> ServiceBuilder<P, C, S> {
-    /// The largest initial capacity a service may be built with: 2^28 clients, whose table
-    /// takes a few GiB up front. Larger maps come from growth, as clients arrive.
-    pub const MAX_CAPACITY: usize = 1 << 28;
-
-    /// Adds `plan` with its `rule`.
-    pub fn plan(mut self, plan: P, rule: Rule) -> Self {
-        self.plans.push((plan, vec![rule]));
-        self
-    }
-
-    /// Adds `plan` with several limits, enforced together: a request is granted only if every
-    /// limit grants it, and then takes from all (see [`RateLimiterService`]). At most
-    /// [`RateLimiterService::MAX_LIMITS`]; the token bucket and the fixed window take several.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tollgate::{Algorithm, FakeClock, Rule, ServiceBuilder};
-    ///
-    /// let clock = FakeClock::new();
-    /// let service = ServiceBuilder::new(Algorithm::TokenBucket, clock.clone())
-    ///     .plan_limits("free", [Rule::per_second(3)?, Rule::new(5, Duration::from_secs(10))?])
-    ///     .build::<u64>()?;
-    /// let burst = (0..10).filter(|_| service.allow(&1, &"free").unwrap()).count();
-    /// assert_eq!(burst, 3); // the per-second limit
-    /// clock.advance(Duration::from_secs(1));
-    /// let later = (0..10).filter(|_| service.allow(&1, &"free").unwrap()).count();
-    /// assert_eq!(later, 2); // the 10-second limit: 5 in all
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn plan_limits(mut self, plan: P, limits: impl IntoIterator<Item = Rule>) -> Self {
-        self.plans.push((plan, limits.into_iter().collect()));
-        self
-    }
-
-    /// Adds each plan with its rule.
-    pub fn plans(mut self, rules: impl IntoIterator<Item = (P, Rule)>) -> Self {
-        self.plans
-            .extend(rules.into_iter().map(|(plan, rule)| (plan, vec![rule])));
-        self
-    }
-
-    /// Hashes client keys with `hasher` instead of the default randomly seeded one. Each plan's
-    /// map gets a clone of it.
-    pub fn hasher<T: BuildHasher>(self, hasher: T) -> ServiceBuilder<P, C, T> {
-        ServiceBuilder {
-            algorithm: self.algorithm,
-            clock: self.clock,
-            plans: self.plans,
-            hasher,
-            capacity: self.capacity,
-            count_decisions: self.count_decisions,
-        }
-    }
-
-    /// Counts allowed and denied decisions per plan, for [`RateLimiterService::stats`]: one
-    /// uncontended atomic add on a per-thread shard per decision. Off unless asked for.
-    pub fn count_decisions(mut self, count: bool) -> Self {
-        self.count_decisions = count;
-        self
-    }
-
-    /// Room for `capacity` clients under each plan before that plan's map first grows (each
-    /// plan has its own map, so that a lookup hashes only the client's key). The tables are
-    /// allocated when the service is built (about 10 to 20 bytes per client of capacity), so
-    /// [`build`](ServiceBuilder::build) refuses more than [`ServiceBuilder::MAX_CAPACITY`] over
-    /// all plans; the maps still grow past their capacity as clients arrive.
-    pub fn capacity(mut self, capacity: usize) -> Self {
-        self.capacity = capacity;
-        self
-    }
-
-    /// The service, or the first problem with its plans or capacity.
-    ///
-    /// # Errors
-    ///
-    /// [`ServiceError::NoPlans`], [`ServiceError::TooManyPlans`],
-    /// [`ServiceError::DuplicatePlan`], [`ServiceError::InvalidRule`] (naming the plan) or
-    /// [`ServiceError::CapacityTooLarge`].
-    pub fn build<K: Hash + Eq>(self) -> Result<RateLimiterService<K, P, C, S>, ServiceError> {
-        if self.capacity.saturating_mul(self.plans.len().max(1)) > Self::MAX_CAPACITY {
-            return Err(ServiceError::CapacityTooLarge {
-                capacity: self.capacity,
-                max: Self::MAX_CAPACITY / self.plans.len().max(1),
-            });
-        }
-        if self.plans.is_empty() {
-            return Err(ServiceError::NoPlans);
-        }
-        if self.plans.len() > MAX_PLANS {
-            return Err(ServiceError::TooManyPlans {
-                count: self.plans.len(),
-                max: MAX_PLANS,
-            });
-        }
-        // Every rule's timeline starts here, so that a limiter's horizon is counted from the
-        // service's start, wherever the clock's origin lies.
-        let start_nanos = self.clock.now_nanos();
-        let mut plans: Vec<(P, Vec<ClientParams>)> = Vec::with_capacity(self.plans.len());
-        for (plan, rules) in self.plans {
-            if plans.iter().any(|(existing, _)| *existing == plan) {
-                return Err(ServiceError::DuplicatePlan {
-                    plan: format!("{plan:?}"),
-                });
-            }
-            let limits = limits_of(&plan, &rules, |rule| {
-                ClientParams::new(self.algorithm, rule, start_nanos)
-            })?;
-            plans.push((plan, limits));
-        }
-        // Blocking resizes: the default incremental mode, filled by inserts, was measured to leave
-        // lookups about ten times slower and to collapse multi-threaded throughput.
-        let clients = plans
-            .iter()
-            .map(|_| {
-                papaya::HashMap::builder()
-                    .hasher(self.hasher.clone())
-                    .capacity(self.capacity)
-                    .resize_mode(ResizeMode::Blocking)
-                    .build()
-            })
-            .collect();
-        Ok(RateLimiterService {
-            evicted_up_to: Word::new(0),
-            plans: PlanTable::new(self.algorithm, start_nanos, plans, self.count_decisions),
-            clock: self.clock,
-            clients,
-        })
-    }
-}
-
-/// The constants of `plan`'s `rules`, made by `params`, or why they cannot be a plan's limits.
-fn limits_of<P: fmt::Debug>(
-    plan: &P,
-    rules: &[Rule],
-    params: impl Fn(Rule) -> Result<ClientParams, RuleError>,
-) -> Result<Vec<ClientParams>, ServiceError> {
-    let plan_name = || format!("{plan:?}");
-    if rules.is_empty() || rules.len() > MAX_LIMITS {
-        return Err(ServiceError::LimitCount {
-            plan: plan_name(),
-            count: rules.len(),
-            max: MAX_LIMITS,
-        });
-    }
-    let limits = rules
-        .iter()
-        .enumerate()
-        .map(|(position, &rule)| {
-            params(rule).map_err(|source| {
-                if rules.len() == 1 {
-                    ServiceError::InvalidRule {
-                        plan: plan_name(),
-                        source,
-                    }
-                } else {
-                    ServiceError::InvalidLimit {
-                        plan: plan_name(),
-                        position,
-                        source,
-                    }
-                }
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    if limits.len() > 1
-        && let Some(first) = limits.iter().find(|limit| !limit.can_undo())
-    {
-        return Err(ServiceError::SeveralLimitsUnsupported {
-            plan: plan_name(),
-            algorithm: first.algorithm(),
-        });
-    }
-    Ok(limits)
-}
-
-/// Runs [`RateLimiterService::sweep`] on a background thread every `interval`; the thread stops
-/// when this handle is dropped (or when the service is).
-///
-/// # Examples
-///
-/// ```
-/// use std::sync::Arc;
-/// use std::time::Duration;
-/// use tollgate::{Algorithm, FakeClock, RateLimiterService, Rule, Sweeper};
-///
-/// let service: Arc<RateLimiterService<u64, &str, FakeClock>> = Arc::new(
-///     RateLimiterService::new(Algorithm::TokenBucket, [("free", Rule::per_second(5)?)], FakeClock::new())?,
-/// );
-/// let sweeper = Sweeper::start(&service, Duration::from_millis(100))?;
-/// // ... serve requests ...
-/// drop(sweeper); // stops and joins the thread
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Debug)]
-#[must_use = "the sweeper stops as soon as this handle is dropped"]
-pub struct Sweeper {
-    stop: Option<std::sync::mpsc::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Sweeper {
-    /// Starts sweeping `service` every `interval`. The thread holds only a weak reference, so it
-    /// never keeps the service alive.
-    ///
-    /// # Errors
-    ///
-    /// An [`std::io::Error`] of kind `InvalidInput` when `interval` is zero (the thread would
-    /// spin), or the OS's error when it refuses a new thread.
-    pub fn start<K, P, C, S>(
-        service: &std::sync::Arc<RateLimiterService<K, P, C, S>>,
-        interval: std::time::Duration,
-    ) -> std::io::Result<Sweeper>
-    where
-        K: Hash + Eq + Send + Sync + 'static,
-        P: Eq + fmt::Debug + Send + Sync + 'static,
-        C: Clock + 'static,
-        S: BuildHasher + Send + Sync + 'static,
-    {
-        if interval.is_zero() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "sweep interval 0s is invalid: it must be at least 1ns (1ms is typical)",
-            ));
-        }
-        let service = std::sync::Arc::downgrade(service);
-        let (stop, stopped) = std::sync::mpsc::channel::<()>();
-        let thread = std::thread::Builder::new()
-            .name("tollgate-sweeper".into())
-            .spawn(move || {
-                // A timeout means "sweep now"; a message or a dropped sender means "stop".
-                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
-                    stopped.recv_timeout(interval)
-                {
-                    match service.upgrade() {
-                        Some(service) => {
-                            service.sweep();
-                        }
-                        None => return,
-                    }
-                }
-            })?;
-        Ok(Sweeper {
-            stop: Some(stop),
-            thread: Some(thread),
-        })
-    }
-}
-
-impl Drop for Sweeper {
-    fn drop(&mut self) {
-        drop(self.stop.take());
-        if let Some(thread) = self.thread.take() {
-            // A sweep that panicked has nothing left to clean up; the join only waits for it.
-            let _ = thread.join();
-        }
     }
 }

@@ -24,7 +24,7 @@
 //! one whose commit finds the gate retired gives its permits back and starts afresh, as a request
 //! meeting a retired single-limit state does.
 
-use crate::client_state::{ClientParams, ClientState};
+use super::client_state::{ClientParams, ClientState};
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::sync::{Ordering, Word};
@@ -93,7 +93,7 @@ impl SeveralLimits {
             let first = each.next()?;
             return Some(closest_to_exhaustion(first, each));
         }
-        let mut granted = [None; crate::plan_table::MAX_LIMITS];
+        let mut granted = [None; super::plan_table::MAX_LIMITS];
         for (taken, (limit, state)) in limits.iter().zip(self.states.iter()).enumerate() {
             let decision = limit.acquire(state, n, &reading, true);
             if decision.is_allowed() {
