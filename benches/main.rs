@@ -10,7 +10,7 @@
 //! - [`memory`]: heap per idle client, printed after the timings (criterion cannot measure it).
 //!
 //! Run `cargo bench` (about seven minutes), or `cargo bench -- <filter>` for a part; then
-//! `cargo run --release --features serde --example bench_report` writes `BENCHMARKS.md` from
+//! `cargo bench --bench report` writes `BENCHMARKS.md` from
 //! criterion's results and `memory.json`.
 
 use std::path::PathBuf;

@@ -6,7 +6,7 @@
 //! request each (and then idle) is divided by 100 000. That includes the map's own table at the
 //! load it happens to be at, and anything the map has not yet freed (papaya reclaims the tables
 //! it outgrew in batches). The table is printed and written to `memory.json` in criterion's
-//! output directory, where `examples/bench_report.rs` finds it.
+//! output directory, where `benches/report.rs` finds it.
 
 use std::fmt::Write as _;
 

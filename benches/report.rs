@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo bench
-//! cargo run --release --example bench_report [-- <criterion dir> [<output>]]
+//! cargo bench --bench report [-- <criterion dir> [<output>]]
 //! ```
 //!
 //! Every figure is criterion's median over its samples (the machine this runs on is shared and
@@ -28,7 +28,10 @@ const CLIENT_COUNTS: [u64; 2] = [10_000, 1_000_000];
 type Error = Box<dyn std::error::Error>;
 
 fn main() -> Result<(), Error> {
-    let mut args = std::env::args().skip(1);
+    // `cargo bench` passes its own flags (`--bench`) to a harness-less target: skip them.
+    let mut args = std::env::args()
+        .skip(1)
+        .filter(|arg| !arg.starts_with("--"));
     let criterion_dir = args
         .next()
         .map_or_else(|| PathBuf::from("target/criterion"), PathBuf::from);
@@ -39,7 +42,7 @@ fn main() -> Result<(), Error> {
     let results = Results::load(&criterion_dir)?;
     if results.by_id.is_empty() {
         return Err(format!(
-            "no criterion results under {}: run `cargo bench` first",
+            "no criterion results under {}: run `cargo bench --bench tollgate` first",
             criterion_dir.display()
         )
         .into());
@@ -239,7 +242,7 @@ impl Report<'_> {
             out,
             "# Benchmarks\n\n\
              Generated from one run of `cargo bench` by \
-             `cargo run --release --example bench_report`; do not edit by hand.\n\n\
+             `cargo bench --bench report`; do not edit by hand.\n\n\
              Machine: {cpu}, {cpus} logical CPUs. Source: {}. Figures are criterion's medians. \
              *tollgate* is this crate, *mutex* the seed design's limiters behind a \
              `std::sync::Mutex` (`tests/support/reference.rs`), *governor* the governor crate \
