@@ -21,6 +21,7 @@
 //! | plan table reads | a read that checks only the copy's parity | `rule_change::check_reads_racing_changes` |
 //! | rule change racing requests | the plan read once, before the lookup | `rule_change::check_change_racing_requests` |
 //! | several limits, all or nothing | an undo that gives back twice what it took | `several_limits::check_two_limits` |
+//! | several limits, eviction | the gate retired by a check and a blind store | `several_limits::check_gate_racing_a_sweep` |
 
 use loom::sync::atomic::{AtomicU64, Ordering};
 use tollgate::loom_support::{GcraParams, WindowParams};
@@ -394,4 +395,10 @@ fn service_reading_the_plan_once_before_the_lookup_fails_rule_change_model() {
 #[should_panic(expected = "inexact reservation")]
 fn several_limits_with_an_inexact_undo_fail_the_reservation_model() {
     crate::several_limits::check_two_limits(2, crate::several_limits::Undo::Twice);
+}
+
+#[test]
+#[should_panic(expected = "forgot a committed permit")]
+fn several_limits_gate_retired_by_a_blind_store_fails_the_eviction_model() {
+    crate::several_limits::check_gate_racing_a_sweep(crate::several_limits::Sweep::BlindStore);
 }

@@ -6,14 +6,19 @@
 //! reservations are exact: once every thread is done, each limit's state holds exactly the
 //! permits of the requests that were granted, nothing of those refused.
 //!
-//! `negative_controls` runs the same model with an undo that is not exact and shows it caught.
+//! And the gate that evicts such a client's limits together: a sweep retires it only when every
+//! committed permit has left its limit, and a request whose commit meets the retired gate gives
+//! its permits back.
+//!
+//! `negative_controls` runs the same models with an undo that is not exact, and with a sweep
+//! that retires the gate by a check and a blind store, and shows each caught.
 
 use loom::sync::Arc;
 use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::thread;
-use tollgate::loom_support::GcraParams;
+use tollgate::loom_support::{Gate, GcraParams};
 
-use crate::support::{FixedClock, explore, rule};
+use crate::support::{FixedClock, WINDOW, explore, rule};
 
 /// How a refused reservation gives back what it took.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,4 +96,48 @@ fn two_limits_two_requests_keep_nothing_of_a_refusal() {
 #[test]
 fn two_limits_three_requests_keep_nothing_of_a_refusal() {
     check_two_limits(3, Undo::Exact);
+}
+
+/// How the sweep retires the gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sweep {
+    /// `Gate::retire_if_idle`.
+    Exchange,
+    /// A check, then a blind store.
+    BlindStore,
+}
+
+/// A request that took a permit (busy until the end of the window) commits while a sweep half
+/// a window in tries to retire the gate. Whatever the order, a retired gate never forgets a
+/// committed permit: either the commit failed (and the request gave its permit back), or the
+/// permit had left its limit by the sweep's instant. Panics with "forgot a committed permit".
+pub(crate) fn check_gate_racing_a_sweep(sweep: Sweep) {
+    explore(3, move || {
+        let gate = Arc::new(Gate::<AtomicU64>::new());
+        let request = {
+            let gate = Arc::clone(&gate);
+            thread::spawn(move || gate.commit(WINDOW))
+        };
+        let sweeper = {
+            let gate = Arc::clone(&gate);
+            thread::spawn(move || match sweep {
+                Sweep::Exchange => gate.retire_if_idle(WINDOW / 2),
+                Sweep::BlindStore => gate.retire_if_idle_by_blind_store(WINDOW / 2),
+            })
+        };
+        let committed = request.join().expect("the request panicked");
+        let retired = sweeper.join().expect("the sweep panicked");
+        assert!(
+            !(committed && retired),
+            "forgot a committed permit: the sweep at {} retired a gate busy until {WINDOW}",
+            WINDOW / 2
+        );
+        assert!(committed || retired, "one of them wins");
+        assert_eq!(gate.is_retired(), retired);
+    });
+}
+
+#[test]
+fn a_sweep_racing_a_commit_never_forgets_a_committed_permit() {
+    check_gate_racing_a_sweep(Sweep::Exchange);
 }

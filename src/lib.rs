@@ -114,6 +114,7 @@ pub use token_bucket::TokenBucket;
 pub mod loom_support {
     pub use crate::fixed_window::WindowParams;
     pub use crate::service::seqlock::VersionedWords;
+    pub use crate::service::several_limits::Gate;
     pub use crate::sliding_window_log::{LogParams, LogRing};
     pub use crate::sync::AtomicWord;
     pub use crate::token_bucket::GcraParams;

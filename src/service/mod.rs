@@ -13,7 +13,7 @@ pub(crate) mod client_state;
 mod plan_table;
 mod rate_limiter;
 pub(crate) mod seqlock;
-mod several_limits;
+pub(crate) mod several_limits;
 mod stats;
 mod sweeper;
 

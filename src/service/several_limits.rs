@@ -24,10 +24,13 @@
 //! one whose commit finds the gate retired gives its permits back and starts afresh, as a request
 //! meeting a retired single-limit state does.
 
+// `Gate` is public only for the `loom` feature's re-exports.
+#![cfg_attr(not(feature = "loom"), allow(unreachable_pub))]
+
 use super::client_state::{ClientParams, ClientState};
 use crate::clock::Clock;
 use crate::decision::Decision;
-use crate::sync::{Ordering, Word};
+use crate::sync::{AtomicWord, Ordering, Word};
 
 /// The gate of a retired entry.
 const RETIRED: u64 = u64::MAX;
@@ -39,9 +42,115 @@ const RETIRE_ORDERING: Ordering = Ordering::Release;
 /// One client's states under a plan of several limits, and the gate that retires them together.
 #[derive(Debug)]
 pub(crate) struct SeveralLimits {
-    /// The clock reading by which every granted permit has left its limit, or [`RETIRED`].
-    gate: Word,
+    gate: Gate<Word>,
     states: Box<[ClientState]>,
+}
+
+/// The word that retires a client's limits together: the clock reading by which every granted
+/// permit has left its limit (`busy_until`), or RETIRED. Generic over the atomic word so that
+/// loom can check it.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct Gate<A> {
+    word: A,
+}
+
+impl<A: AtomicWord> Gate<A> {
+    /// An open gate: nothing granted yet.
+    pub fn new() -> Self {
+        Gate { word: A::new(0) }
+    }
+
+    /// Whether the gate is retired (an early exit only: [`Gate::commit`] decides).
+    pub fn is_retired(&self) -> bool {
+        // Relaxed: see above.
+        self.word.load(Ordering::Relaxed) == RETIRED
+    }
+
+    /// A request's commit point, after it has taken from every limit: moves `busy_until` on to
+    /// at least `busy_until`. False when the gate was retired first: the request must give its
+    /// permits back.
+    pub fn commit(&self, busy_until: u64) -> bool {
+        let busy_until = busy_until.min(RETIRED - 1);
+        // Relaxed: the gate's exchanges are totally ordered with the sweep's, which is all the
+        // commit needs; the limits' own words carry the permits.
+        let mut gate = self.word.load(Ordering::Relaxed);
+        loop {
+            if gate == RETIRED {
+                return false;
+            }
+            if gate >= busy_until {
+                return true;
+            }
+            match self.word.compare_exchange_weak(
+                gate,
+                busy_until,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                Err(actual) => gate = actual,
+            }
+        }
+    }
+
+    /// Retires the gate whatever it holds.
+    pub fn retire_now(&self) {
+        // Relaxed load: the exchange decides.
+        let mut current = self.word.load(Ordering::Relaxed);
+        while current != RETIRED {
+            // Release: see `RETIRE_ORDERING`.
+            match self.word.compare_exchange_weak(
+                current,
+                RETIRED,
+                RETIRE_ORDERING,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// Retires the gate if every committed permit has left its limit by `now_nanos`. One
+    /// exchange on the word commits move: a commit that lands first keeps the gate open.
+    pub fn retire_if_idle(&self, now_nanos: u64) -> bool {
+        // Relaxed load: the exchange below decides.
+        let busy_until = self.word.load(Ordering::Relaxed);
+        busy_until != RETIRED
+            && busy_until <= now_nanos
+            // Release: see `RETIRE_ORDERING`.
+            && self
+                .word
+                .compare_exchange(busy_until, RETIRED, RETIRE_ORDERING, Ordering::Relaxed)
+                .is_ok()
+    }
+}
+
+#[cfg(feature = "loom")]
+impl<A: AtomicWord> Gate<A> {
+    /// [`Gate::retire_if_idle`] with its exchange replaced by a check and a blind store: a
+    /// commit between the two is lost. Kept for the loom model's negative control, which must
+    /// catch it.
+    pub fn retire_if_idle_by_blind_store(&self, now_nanos: u64) -> bool {
+        let busy_until = self.word.load(Ordering::Relaxed);
+        if busy_until == RETIRED || busy_until > now_nanos {
+            return false;
+        }
+        let _ = self.word.compare_exchange(
+            self.word.load(Ordering::Relaxed),
+            RETIRED,
+            RETIRE_ORDERING,
+            Ordering::Relaxed,
+        );
+        true
+    }
+}
+
+impl<A: AtomicWord> Default for Gate<A> {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 /// A clock that reads one fixed instant, so that every limit of one request decides at the
@@ -59,7 +168,7 @@ impl SeveralLimits {
     /// A fresh state for `limits`, as of `since_nanos` (see `ClientParams::fresh_state`).
     pub(crate) fn fresh(limits: &[ClientParams], since_nanos: u64) -> SeveralLimits {
         SeveralLimits {
-            gate: Word::new(0),
+            gate: Gate::new(),
             states: limits
                 .iter()
                 .map(|limit| limit.fresh_state(since_nanos))
@@ -68,8 +177,7 @@ impl SeveralLimits {
     }
 
     fn is_retired(&self) -> bool {
-        // Relaxed: an early exit only; the commit's exchange decides.
-        self.gate.load(Ordering::Relaxed) == RETIRED
+        self.gate.is_retired()
     }
 
     /// Takes `n` permits from every limit, or from none. `None` when the entry is retired (the
@@ -115,28 +223,10 @@ impl SeveralLimits {
             .flatten()
             .map(|decision| now.saturating_add(nanos(decision.reset_after())))
             .max()
-            .unwrap_or(now)
-            .min(RETIRED - 1);
-        // Relaxed: the gate's exchanges are totally ordered with the sweep's, which is all the
-        // commit needs; the limits' own words carry the permits.
-        let mut gate = self.gate.load(Ordering::Relaxed);
-        loop {
-            if gate == RETIRED {
-                self.give_back(limits, n, &granted, now);
-                return None;
-            }
-            if gate >= busy_until {
-                break;
-            }
-            match self.gate.compare_exchange_weak(
-                gate,
-                busy_until,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => break,
-                Err(actual) => gate = actual,
-            }
+            .unwrap_or(now);
+        if !self.gate.commit(busy_until) {
+            self.give_back(limits, n, &granted, now);
+            return None;
         }
         let mut each = granted.iter().flatten().copied();
         let first = each.next()?;
@@ -208,20 +298,12 @@ impl SeveralLimits {
 
     /// Retires the entry whatever it holds (a client whose plan changed its limits).
     pub(crate) fn retire_now(&self) {
-        // Release: see `RETIRE_ORDERING`.
-        let _ = self.gate.swap_retired(RETIRE_ORDERING);
+        self.gate.retire_now();
     }
 
     /// Retires the entry if every permit it granted has left its limit by `now_nanos`.
     pub(crate) fn retire_if_idle(&self, now_nanos: u64) -> bool {
-        // Relaxed load: the exchange below decides.
-        let busy_until = self.gate.load(Ordering::Relaxed);
-        busy_until != RETIRED
-            && busy_until <= now_nanos
-            && self
-                .gate
-                .compare_exchange(busy_until, RETIRED, RETIRE_ORDERING, Ordering::Relaxed)
-                .is_ok()
+        self.gate.retire_if_idle(now_nanos)
     }
 }
 
@@ -252,23 +334,4 @@ fn combined(first: Decision, others: impl Iterator<Item = Decision>) -> Decision
             _ => combined,
         }
     })
-}
-
-/// Retiring the gate whatever it holds.
-trait SwapRetired {
-    fn swap_retired(&self, order: Ordering) -> u64;
-}
-
-impl SwapRetired for Word {
-    fn swap_retired(&self, order: Ordering) -> u64 {
-        // Relaxed on failure: the exchange is retried with the value it returned.
-        let mut current = self.load(Ordering::Relaxed);
-        while current != RETIRED {
-            match self.compare_exchange_weak(current, RETIRED, order, Ordering::Relaxed) {
-                Ok(previous) => return previous,
-                Err(actual) => current = actual,
-            }
-        }
-        RETIRED
-    }
 }
