@@ -9,15 +9,16 @@
 // The parameter types and `AtomicWord` are public only for the `loom` feature's re-exports.
 #![cfg_attr(not(feature = "loom"), allow(unreachable_pub))]
 
-use crossbeam_utils::{Backoff, CachePadded};
+use crossbeam_utils::CachePadded;
 
 use crate::clock::Clock;
 use crate::decision::{Admit, Decision, Rejection};
 use crate::error::RuleError;
+use crate::method::word::{self, Step};
+use crate::method::{Method, standalone_limiter};
 use crate::service::client_state::PARAM_WORDS;
 use crate::sync::{AtomicWord, Ordering, Word};
-use crate::token_bucket::RETIRE_ORDERING;
-use crate::{Algorithm, Limiter, Rule};
+use crate::{Algorithm, Rule};
 
 /// Set on a word retired for eviction; no permit is granted from it.
 const RETIRED: u64 = 1 << 63;
@@ -240,7 +241,7 @@ impl WindowParams {
         // Relaxed, for every access to the word: the decision depends on this one word only, and
         // read-modify-writes of one word are totally ordered, so each grant sees every earlier
         // one. No other memory is published through it.
-        let mut current = word.load(Ordering::Relaxed);
+        let current = word.load(Ordering::Relaxed);
         let now = self.elapsed(clock.now_nanos());
         if n == 1 && current & RETIRED == 0 {
             let (index, count) = self.unpack(current);
@@ -249,21 +250,15 @@ impl WindowParams {
             }
         }
         // One clock reading per attempt, kept on a retry (see `GcraParams::acquire`).
-        let backoff = Backoff::new();
-        loop {
+        word::update(word, current, |current| {
             if current & RETIRED != 0 {
-                return Decision::retired(self.rule);
+                return Step::Answer(Decision::retired(self.rule));
             }
-            let (decision, new) = self.decide_elapsed(current, now, n);
-            let Some(new) = new else {
-                return decision;
-            };
-            match word.compare_exchange_weak(current, new, Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => return decision,
-                Err(actual) => current = actual,
+            match self.decide_elapsed(current, now, n) {
+                (decision, Some(new)) => Step::Store(new, decision),
+                (decision, None) => Step::Answer(decision),
             }
-            backoff.spin();
-        }
+        })
     }
 
     /// Takes one permit if one is available now: [`WindowParams::acquire`] for `n = 1`,
@@ -271,7 +266,7 @@ impl WindowParams {
     #[inline]
     pub(crate) fn acquire_one<A: AtomicWord>(&self, word: &A, clock: &impl Clock) -> Admit {
         // Relaxed, for every access to the word: see `acquire`.
-        let mut current = word.load(Ordering::Relaxed);
+        let current = word.load(Ordering::Relaxed);
         let now = self.elapsed(clock.now_nanos());
         let limit = self.rule.limit();
         if current & RETIRED == 0 {
@@ -288,10 +283,9 @@ impl WindowParams {
                 };
             }
         }
-        let backoff = Backoff::new();
-        loop {
+        word::update(word, current, |current| {
             if current & RETIRED != 0 {
-                return Admit::Retired;
+                return Step::Answer(Admit::Retired);
             }
             // As `decide_elapsed` for n = 1.
             let (stored_index, count) = self.unpack(current);
@@ -300,15 +294,11 @@ impl WindowParams {
                 None => (stored_index, count.min(limit)),
             };
             if used >= limit {
-                return Admit::Denied;
+                Step::Answer(Admit::Denied)
+            } else {
+                Step::Store(self.pack(index, used + 1), Admit::Granted)
             }
-            let new = self.pack(index, used + 1);
-            match word.compare_exchange_weak(current, new, Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => return Admit::Granted,
-                Err(actual) => current = actual,
-            }
-            backoff.spin();
-        }
+        })
     }
 
     /// Gives back `n` permits that `granted` (an allowed decision of this window's, made at
@@ -322,24 +312,14 @@ impl WindowParams {
         let Some(index) = (end / self.rule.window_nanos()).checked_sub(1) else {
             return;
         };
-        // Relaxed: as in `acquire`; the exchange decides.
-        let mut current = word.load(Ordering::Relaxed);
-        loop {
+        // Relaxed: see `word::update`.
+        word::update(word, word.load(Ordering::Relaxed), |current| {
             let (stored, count) = self.unpack(current);
             if current & RETIRED != 0 || stored != index.min(self.max_index) {
-                return;
+                return Step::Answer(());
             }
-            let given_back = self.pack(stored, count.saturating_sub(n));
-            match word.compare_exchange_weak(
-                current,
-                given_back,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return,
-                Err(actual) => current = actual,
-            }
-        }
+            Step::Store(self.pack(stored, count.saturating_sub(n)), ())
+        });
     }
 
     /// What taking `n` permits at the clock's reading would answer, taking nothing.
@@ -390,36 +370,21 @@ impl WindowParams {
     /// Retires the word whatever its state (for a client that moved to another rule). Returns
     /// whether this call did it (false if it already was).
     pub fn retire_now<A: AtomicWord>(word: &A) -> bool {
-        // Relaxed load: the exchange below decides.
-        let mut current = word.load(Ordering::Relaxed);
-        while current & RETIRED == 0 {
-            // Release: see `RETIRE_ORDERING`.
-            match word.compare_exchange_weak(
-                current,
-                current | RETIRED,
-                RETIRE_ORDERING,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return true,
-                Err(actual) => current = actual,
-            }
-        }
-        false
+        word::retire_now(word, |current| {
+            (current & RETIRED == 0).then_some(current | RETIRED)
+        })
     }
 
     /// Retires the word if its window is over at `now_nanos` (so it is indistinguishable from a
     /// fresh one). Returns whether it did. Retiring and acquiring are read-modify-writes of the
     /// same word, so exactly one of them wins.
     pub fn retire_if_idle<A: AtomicWord>(&self, word: &A, now_nanos: u64) -> bool {
-        // Relaxed load: the exchange below decides.
-        let current = word.load(Ordering::Relaxed);
-        let (index, count) = self.unpack(current);
-        current & RETIRED == 0
-            && (index < self.index_at(self.elapsed(now_nanos)) || count == 0)
-            // Release: see `RETIRE_ORDERING`.
-            && word
-                .compare_exchange(current, current | RETIRED, RETIRE_ORDERING, Ordering::Relaxed)
-                .is_ok()
+        let now_index = self.index_at(self.elapsed(now_nanos));
+        word::retire_if(word, |current| {
+            let (index, count) = self.unpack(current);
+            (current & RETIRED == 0 && (index < now_index || count == 0))
+                .then_some(current | RETIRED)
+        })
     }
 }
 
@@ -465,7 +430,7 @@ impl WindowParams {
 /// ```
 #[derive(Debug)]
 pub struct FixedWindow<C = crate::MonotonicClock> {
-    word: CachePadded<Word>,
+    state: CachePadded<Word>,
     params: WindowParams,
     clock: C,
 }
@@ -481,36 +446,35 @@ impl<C: Clock> FixedWindow<C> {
     pub fn new(rule: Rule, clock: C) -> Result<Self, RuleError> {
         let params = WindowParams::new(rule)?.starting_at(clock.now_nanos());
         Ok(FixedWindow {
-            word: CachePadded::new(Word::new(0)),
+            state: CachePadded::new(Word::new(0)),
             params,
             clock,
         })
     }
-
-    /// The clock this window reads.
-    pub fn clock(&self) -> &C {
-        &self.clock
-    }
 }
 
-impl<C: Clock> Limiter for FixedWindow<C> {
+standalone_limiter!(FixedWindow);
+
+impl Method for WindowParams {
+    type State = CachePadded<Word>;
+
     #[inline]
-    fn try_acquire(&self) -> bool {
-        self.params.acquire_one(&*self.word, &self.clock) == Admit::Granted
+    fn acquire(&self, state: &Self::State, n: u64, clock: &impl Clock) -> Decision {
+        WindowParams::acquire(self, &**state, n, clock)
     }
 
     #[inline]
-    fn try_acquire_n(&self, n: u64) -> Decision {
-        self.params.acquire(&*self.word, n, &self.clock)
+    fn try_acquire(&self, state: &Self::State, clock: &impl Clock) -> bool {
+        self.acquire_one(&**state, clock) == Admit::Granted
     }
 
     #[inline]
-    fn peek(&self) -> Decision {
-        self.params.peek(&*self.word, &self.clock)
+    fn peek(&self, state: &Self::State, clock: &impl Clock) -> Decision {
+        WindowParams::peek(self, &**state, clock)
     }
 
     fn rule(&self) -> Rule {
-        self.params.rule()
+        self.rule
     }
 }
 

@@ -81,6 +81,7 @@ mod factory;
 mod fixed_window;
 mod headers;
 mod limiter;
+mod method;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;

@@ -11,22 +11,19 @@
 
 use std::num::NonZeroU64;
 
-use crossbeam_utils::{Backoff, CachePadded};
+use crossbeam_utils::CachePadded;
 
 use crate::clock::Clock;
 use crate::decision::{Admit, Decision, Rejection, Scale};
 use crate::error::RuleError;
+use crate::method::word::{self, Step};
+use crate::method::{Method, standalone_limiter};
 use crate::service::client_state::PARAM_WORDS;
 use crate::sync::{AtomicWord, Ordering, Word};
-use crate::{Algorithm, Limiter, Rule};
+use crate::{Algorithm, Rule};
 
 /// The TAT of a retired bucket: no acquire can succeed from it (see `GcraParams::retire_if_full`).
 const RETIRED: u64 = u64::MAX;
-
-/// The ordering of a retiring exchange. Release: a service writes the instant it retired at before
-/// retiring, and an acquirer that meets the retired word (and then an Acquire fence) must see it
-/// when it makes the replacement (see `RateLimiterService::sweep`).
-pub(crate) const RETIRE_ORDERING: Ordering = Ordering::Release;
 
 /// The fallback mode's rounding may make the refill at most 1/1000 slower than the rule; a rule
 /// it would round more (above about 10^7 permits per second of window) is refused.
@@ -245,63 +242,44 @@ impl GcraParams {
     /// Takes `n` permits from the bucket whose TAT is `tat`, if all are available now.
     #[inline]
     pub fn acquire<A: AtomicWord>(&self, tat: &A, n: u64, clock: &impl Clock) -> Decision {
-        // Relaxed, here and in the exchange below: the decision depends only on this one word,
-        // and read-modify-writes of one word are totally ordered, so no two grants can both see
-        // the same TAT. No other memory is published through it.
-        //
         // The clock is read once per attempt, not again on a retry: a retry means another thread
         // moved the TAT, and a reading older than the state it meets only makes the decision
         // stricter. Re-reading (about 10 ns) inside the loop let the other core take the line
         // back every time, and two threads granting on one bucket ran 4x slower than this.
         let now = clock.now_nanos();
-        let backoff = Backoff::new();
-        let mut current = tat.load(Ordering::Relaxed);
-        loop {
+        // Relaxed: see `word::update`.
+        word::update(tat, tat.load(Ordering::Relaxed), |current| {
             if current == RETIRED {
-                return Decision::retired(self.rule);
+                return Step::Answer(Decision::retired(self.rule));
             }
-            let (decision, new) = self.decide(current, now, n);
-            let Some(new) = new else {
-                return decision;
-            };
-            match tat.compare_exchange_weak(current, new, Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => return decision,
-                Err(actual) => current = actual,
+            match self.decide(current, now, n) {
+                (decision, Some(new)) => Step::Store(new, decision),
+                (decision, None) => Step::Answer(decision),
             }
-            backoff.spin();
-        }
+        })
     }
 
     /// Takes one permit if one is available now: [`GcraParams::acquire`] for `n = 1`, answering
     /// only whether (no [`Decision`] is built), for callers that ask nothing more.
     #[inline]
     pub(crate) fn acquire_one<A: AtomicWord>(&self, tat: &A, clock: &impl Clock) -> Admit {
-        // Relaxed, and one clock reading per attempt: as in `acquire`.
+        // One clock reading per attempt: as in `acquire`.
         let now = self.now_ticks(clock.now_nanos());
-        let backoff = Backoff::new();
-        let mut current = tat.load(Ordering::Relaxed);
-        loop {
+        // Relaxed: see `word::update`.
+        word::update(tat, tat.load(Ordering::Relaxed), |current| {
             if current == RETIRED {
-                return Admit::Retired;
+                return Step::Answer(Admit::Retired);
             }
             // As `decide` for n = 1 (which never exceeds the limit): the debt after the grant
             // must fit in a full bucket. `base - now + T <= N*T`, all within 2^63.
             let base = current.max(now);
             let new_debt = (base - now).saturating_add(self.token_ticks);
             if new_debt > self.burst_ticks {
-                return Admit::Denied;
+                Step::Answer(Admit::Denied)
+            } else {
+                Step::Store(now + new_debt, Admit::Granted)
             }
-            match tat.compare_exchange_weak(
-                current,
-                now + new_debt,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return Admit::Granted,
-                Err(actual) => current = actual,
-            }
-            backoff.spin();
-        }
+        })
     }
 
     /// Gives back `n` permits that an acquire on `tat` granted (a reservation across several
@@ -309,20 +287,16 @@ impl GcraParams {
     /// moving it back by as much leaves every other grant's share in place; a TAT that has since
     /// fallen behind the clock is a full bucket either way.
     pub fn undo<A: AtomicWord>(&self, tat: &A, n: u64) {
-        // Relaxed: as in `acquire`; the exchange decides.
-        let mut current = tat.load(Ordering::Relaxed);
-        while current != RETIRED {
-            let given_back = current.saturating_sub(n.saturating_mul(self.token_ticks));
-            match tat.compare_exchange_weak(
-                current,
-                given_back,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return,
-                Err(actual) => current = actual,
+        // Relaxed: see `word::update`.
+        word::update(tat, tat.load(Ordering::Relaxed), |current| {
+            if current == RETIRED {
+                return Step::Answer(());
             }
-        }
+            Step::Store(
+                current.saturating_sub(n.saturating_mul(self.token_ticks)),
+                (),
+            )
+        });
     }
 
     /// What taking `n` permits at the clock's reading would answer, taking nothing.
@@ -350,16 +324,7 @@ impl GcraParams {
     /// Retires the bucket whatever its state (for a client that moved to another rule). Returns
     /// whether this call did it (false if it already was).
     pub fn retire_now<A: AtomicWord>(tat: &A) -> bool {
-        // Relaxed load: the exchange below decides.
-        let mut current = tat.load(Ordering::Relaxed);
-        while current != RETIRED {
-            // Release: see `RETIRE_ORDERING`.
-            match tat.compare_exchange_weak(current, RETIRED, RETIRE_ORDERING, Ordering::Relaxed) {
-                Ok(_) => return true,
-                Err(actual) => current = actual,
-            }
-        }
-        false
+        word::retire_now(tat, |current| (current != RETIRED).then_some(RETIRED))
     }
 
     /// Retires the bucket if it is full at `now_nanos` (indistinguishable from a fresh one), so
@@ -369,13 +334,10 @@ impl GcraParams {
     /// acquire either lands before (the bucket is no longer full, retiring fails) or meets the
     /// retired word and moves to a fresh bucket, which is equivalent.
     pub fn retire_if_full<A: AtomicWord>(&self, tat: &A, now_nanos: u64) -> bool {
-        // Relaxed load: the exchange below decides.
-        let current = tat.load(Ordering::Relaxed);
-        current != RETIRED
-            && current <= self.now_ticks(now_nanos)
-            && tat
-                .compare_exchange(current, RETIRED, RETIRE_ORDERING, Ordering::Relaxed)
-                .is_ok()
+        let now = self.now_ticks(now_nanos);
+        word::retire_if(tat, |current| {
+            (current != RETIRED && current <= now).then_some(RETIRED)
+        })
     }
 }
 
@@ -421,7 +383,7 @@ impl GcraParams {
 /// ```
 #[derive(Debug)]
 pub struct TokenBucket<C = crate::MonotonicClock> {
-    tat: CachePadded<Word>,
+    state: CachePadded<Word>,
     params: GcraParams,
     clock: C,
 }
@@ -437,7 +399,7 @@ impl<C: Clock> TokenBucket<C> {
     pub fn new(rule: Rule, clock: C) -> Result<Self, RuleError> {
         let params = GcraParams::new(rule)?.starting_at(clock.now_nanos());
         Ok(TokenBucket {
-            tat: CachePadded::new(Word::new(0)),
+            state: CachePadded::new(Word::new(0)),
             params,
             clock,
         })
@@ -447,31 +409,30 @@ impl<C: Clock> TokenBucket<C> {
     pub fn is_exact(&self) -> bool {
         self.params.is_exact()
     }
-
-    /// The clock this bucket reads.
-    pub fn clock(&self) -> &C {
-        &self.clock
-    }
 }
 
-impl<C: Clock> Limiter for TokenBucket<C> {
+standalone_limiter!(TokenBucket);
+
+impl Method for GcraParams {
+    type State = CachePadded<Word>;
+
     #[inline]
-    fn try_acquire(&self) -> bool {
-        self.params.acquire_one(&*self.tat, &self.clock) == Admit::Granted
+    fn acquire(&self, state: &Self::State, n: u64, clock: &impl Clock) -> Decision {
+        GcraParams::acquire(self, &**state, n, clock)
     }
 
     #[inline]
-    fn try_acquire_n(&self, n: u64) -> Decision {
-        self.params.acquire(&*self.tat, n, &self.clock)
+    fn try_acquire(&self, state: &Self::State, clock: &impl Clock) -> bool {
+        self.acquire_one(&**state, clock) == Admit::Granted
     }
 
     #[inline]
-    fn peek(&self) -> Decision {
-        self.params.peek(&*self.tat, &self.clock)
+    fn peek(&self, state: &Self::State, clock: &impl Clock) -> Decision {
+        GcraParams::peek(self, &**state, clock)
     }
 
     fn rule(&self) -> Rule {
-        self.params.rule()
+        self.rule
     }
 }
 

@@ -30,14 +30,11 @@
 use super::client_state::{ClientParams, ClientState};
 use crate::clock::Clock;
 use crate::decision::Decision;
+use crate::method::word::{self, Step};
 use crate::sync::{AtomicWord, Ordering, Word};
 
 /// The gate of a retired entry.
 const RETIRED: u64 = u64::MAX;
-
-/// The ordering of a retiring exchange on the gate: as `token_bucket::RETIRE_ORDERING`, so an
-/// acquirer that meets the retired gate (and then an Acquire fence) sees the sweep's instant.
-const RETIRE_ORDERING: Ordering = Ordering::Release;
 
 /// One client's states under a plan of several limits, and the gate that retires them together.
 #[derive(Debug)]
@@ -74,56 +71,28 @@ impl<A: AtomicWord> Gate<A> {
         let busy_until = busy_until.min(RETIRED - 1);
         // Relaxed: the gate's exchanges are totally ordered with the sweep's, which is all the
         // commit needs; the limits' own words carry the permits.
-        let mut gate = self.word.load(Ordering::Relaxed);
-        loop {
+        word::update(&self.word, self.word.load(Ordering::Relaxed), |gate| {
             if gate == RETIRED {
-                return false;
+                Step::Answer(false)
+            } else if gate >= busy_until {
+                Step::Answer(true)
+            } else {
+                Step::Store(busy_until, true)
             }
-            if gate >= busy_until {
-                return true;
-            }
-            match self.word.compare_exchange_weak(
-                gate,
-                busy_until,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return true,
-                Err(actual) => gate = actual,
-            }
-        }
+        })
     }
 
     /// Retires the gate whatever it holds.
     pub fn retire_now(&self) {
-        // Relaxed load: the exchange decides.
-        let mut current = self.word.load(Ordering::Relaxed);
-        while current != RETIRED {
-            // Release: see `RETIRE_ORDERING`.
-            match self.word.compare_exchange_weak(
-                current,
-                RETIRED,
-                RETIRE_ORDERING,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return,
-                Err(actual) => current = actual,
-            }
-        }
+        word::retire_now(&self.word, |gate| (gate != RETIRED).then_some(RETIRED));
     }
 
     /// Retires the gate if every committed permit has left its limit by `now_nanos`. One
     /// exchange on the word commits move: a commit that lands first keeps the gate open.
     pub fn retire_if_idle(&self, now_nanos: u64) -> bool {
-        // Relaxed load: the exchange below decides.
-        let busy_until = self.word.load(Ordering::Relaxed);
-        busy_until != RETIRED
-            && busy_until <= now_nanos
-            // Release: see `RETIRE_ORDERING`.
-            && self
-                .word
-                .compare_exchange(busy_until, RETIRED, RETIRE_ORDERING, Ordering::Relaxed)
-                .is_ok()
+        word::retire_if(&self.word, |busy_until| {
+            (busy_until != RETIRED && busy_until <= now_nanos).then_some(RETIRED)
+        })
     }
 }
 
@@ -140,7 +109,7 @@ impl<A: AtomicWord> Gate<A> {
         let _ = self.word.compare_exchange(
             self.word.load(Ordering::Relaxed),
             RETIRED,
-            RETIRE_ORDERING,
+            word::RETIRE_ORDERING,
             Ordering::Relaxed,
         );
         true

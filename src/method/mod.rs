@@ -1,0 +1,69 @@
+//! The methods' shared machinery. Each method keeps its state in atomics and decides with a pure
+//! function of that state; what they share is written once here.
+//!
+//! - `word.rs`: the compare-and-swap loop every one-word method's decisions run through, and
+//!   retiring a word for eviction.
+//! - [`Method`] and `standalone_limiter!`: a method's constants deciding on its state, and the
+//!   public limiter wrapped around them (state, constants and clock), written once for all.
+
+pub(crate) mod word;
+
+use crate::clock::Clock;
+use crate::decision::Decision;
+use crate::rule::Rule;
+
+/// A method's constants for one rule, deciding on one client's state: what the public limiters
+/// and the service both run.
+pub(crate) trait Method {
+    /// One client's state (an atomic word, or a ring of them).
+    type State;
+
+    /// Takes `n` permits from `state` if all are available now (see
+    /// [`Limiter::try_acquire_n`](crate::Limiter::try_acquire_n)).
+    fn acquire(&self, state: &Self::State, n: u64, clock: &impl Clock) -> Decision;
+
+    /// Takes one permit if one is available now, answering only whether.
+    fn try_acquire(&self, state: &Self::State, clock: &impl Clock) -> bool;
+
+    /// What one permit would get now, taking nothing.
+    fn peek(&self, state: &Self::State, clock: &impl Clock) -> Decision;
+
+    /// The rule these constants enforce.
+    fn rule(&self) -> Rule;
+}
+
+/// The public limiter's accessors and its [`Limiter`](crate::Limiter) impl, for a struct with
+/// fields `state` (the method's state on its own cache line), `params` (a [`Method`]) and
+/// `clock`.
+macro_rules! standalone_limiter {
+    ($limiter:ident) => {
+        impl<C: $crate::Clock> $limiter<C> {
+            /// The clock this limiter reads.
+            pub fn clock(&self) -> &C {
+                &self.clock
+            }
+        }
+
+        impl<C: $crate::Clock> $crate::Limiter for $limiter<C> {
+            #[inline]
+            fn try_acquire(&self) -> bool {
+                $crate::method::Method::try_acquire(&self.params, &self.state, &self.clock)
+            }
+
+            #[inline]
+            fn try_acquire_n(&self, n: u64) -> $crate::Decision {
+                $crate::method::Method::acquire(&self.params, &self.state, n, &self.clock)
+            }
+
+            #[inline]
+            fn peek(&self) -> $crate::Decision {
+                $crate::method::Method::peek(&self.params, &self.state, &self.clock)
+            }
+
+            fn rule(&self) -> $crate::Rule {
+                $crate::method::Method::rule(&self.params)
+            }
+        }
+    };
+}
+pub(crate) use standalone_limiter;

@@ -1,0 +1,80 @@
+//! What every one-word method shares: the compare-and-swap loop its decisions run through, and
+//! retiring the word for eviction.
+//!
+//! A one-word method decides with a pure step, `current word -> answer, and the word to store if
+//! it must change`; [`update`] runs that step against the atomic word until its exchange lands
+//! (or the step answers without a write). Every decision, grant, give-back and retirement of the
+//! token bucket, the fixed window and the sliding window counter goes through it.
+
+use crossbeam_utils::Backoff;
+
+use crate::sync::{AtomicWord, Ordering};
+
+/// The ordering of a retiring exchange. Release: a service writes the instant it retired at
+/// before retiring, and an acquirer that meets the retired word (and then an Acquire fence) must
+/// see it when it makes the replacement (see `RateLimiterService::sweep`).
+pub(crate) const RETIRE_ORDERING: Ordering = Ordering::Release;
+
+/// What one step of a decision says about the word it read.
+pub(crate) enum Step<T> {
+    /// The answer, with nothing to write (a denial, a look, a retired word).
+    Answer(T),
+    /// The answer, if this word replaces the one read.
+    Store(u64, T),
+}
+
+/// Runs `step` on `word`, starting from `current` (a load the caller already made), until it
+/// answers without a write or its write lands; a failed exchange runs it again on the word it
+/// found.
+///
+/// Relaxed, for every access: each method's decision depends on its one word only, and
+/// read-modify-writes of one word are totally ordered, so no two grants can both see the same
+/// word. No other memory is published through it.
+#[inline]
+pub(crate) fn update<A: AtomicWord, T>(
+    word: &A,
+    mut current: u64,
+    mut step: impl FnMut(u64) -> Step<T>,
+) -> T {
+    let backoff = Backoff::new();
+    loop {
+        match step(current) {
+            Step::Answer(answer) => return answer,
+            Step::Store(new, answer) => {
+                match word.compare_exchange_weak(current, new, Ordering::Relaxed, Ordering::Relaxed)
+                {
+                    Ok(_) => return answer,
+                    Err(actual) => current = actual,
+                }
+            }
+        }
+        backoff.spin();
+    }
+}
+
+/// Retires `word` whatever it holds: `retired` gives the retired form of a live word, `None`
+/// for one retired already. Returns whether this call retired it.
+pub(crate) fn retire_now<A: AtomicWord>(word: &A, retired: impl Fn(u64) -> Option<u64>) -> bool {
+    // Relaxed load: the exchange below decides.
+    let mut current = word.load(Ordering::Relaxed);
+    while let Some(new) = retired(current) {
+        // Release: see `RETIRE_ORDERING`.
+        match word.compare_exchange_weak(current, new, RETIRE_ORDERING, Ordering::Relaxed) {
+            Ok(_) => return true,
+            Err(actual) => current = actual,
+        }
+    }
+    false
+}
+
+/// Retires `word` if `idle` says it is indistinguishable from a fresh one, giving its retired
+/// form; one exchange, so exactly one of this and a racing acquire wins. Returns whether it did.
+pub(crate) fn retire_if<A: AtomicWord>(word: &A, idle: impl Fn(u64) -> Option<u64>) -> bool {
+    // Relaxed load: the exchange below decides.
+    let current = word.load(Ordering::Relaxed);
+    idle(current).is_some_and(|retired| {
+        // Release: see `RETIRE_ORDERING`.
+        word.compare_exchange(current, retired, RETIRE_ORDERING, Ordering::Relaxed)
+            .is_ok()
+    })
+}
