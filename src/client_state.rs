@@ -2,12 +2,14 @@
 //!
 //! A standalone limiter holds its rule's constants, its state and a clock. The service holds the
 //! constants once per plan and the clock once in all, so each client costs only its state: one
-//! word for the token bucket and the fixed window, a ring for the sliding log.
+//! word for the token bucket, the fixed window and the sliding window counter, a ring for the
+//! sliding log.
 
 use crate::clock::Clock;
 use crate::decision::Admit;
 use crate::error::RuleError;
 use crate::fixed_window::WindowParams;
+use crate::sliding_window_counter::CounterParams;
 use crate::sliding_window_log::{LogParams, LogRing};
 use crate::sync::Word;
 use crate::token_bucket::GcraParams;
@@ -22,12 +24,13 @@ pub(crate) enum ClientParams {
     TokenBucket(GcraParams),
     FixedWindow(WindowParams),
     SlidingWindowLog(LogParams),
+    SlidingWindowCounter(CounterParams),
 }
 
 /// One client's state.
 #[derive(Debug)]
 pub(crate) enum ClientState {
-    /// The token bucket's TAT or the fixed window's packed word.
+    /// The token bucket's TAT, or the fixed window's or the sliding window counter's packed word.
     Word(Word),
     /// The sliding log's ring; boxed so that the one-word methods' entries stay one word.
     Ring(Box<LogRing<Word>>),
@@ -51,6 +54,9 @@ impl ClientParams {
             Algorithm::SlidingWindowLog => {
                 ClientParams::SlidingWindowLog(LogParams::new(rule)?.starting_at(start_nanos))
             }
+            Algorithm::SlidingWindowCounter => ClientParams::SlidingWindowCounter(
+                CounterParams::new(rule)?.starting_at(start_nanos),
+            ),
         })
     }
 
@@ -60,6 +66,7 @@ impl ClientParams {
             ClientParams::TokenBucket(params) => params.to_words(),
             ClientParams::FixedWindow(params) => params.to_words(),
             ClientParams::SlidingWindowLog(params) => params.to_words(),
+            ClientParams::SlidingWindowCounter(params) => params.to_words(),
         }
     }
 
@@ -75,6 +82,9 @@ impl ClientParams {
             Algorithm::SlidingWindowLog => {
                 ClientParams::SlidingWindowLog(LogParams::from_words(words)?)
             }
+            Algorithm::SlidingWindowCounter => {
+                ClientParams::SlidingWindowCounter(CounterParams::from_words(words)?)
+            }
         })
     }
 
@@ -83,6 +93,7 @@ impl ClientParams {
             ClientParams::TokenBucket(params) => params.rule(),
             ClientParams::FixedWindow(params) => params.rule(),
             ClientParams::SlidingWindowLog(params) => params.rule(),
+            ClientParams::SlidingWindowCounter(params) => params.rule(),
         }
     }
 
@@ -99,6 +110,9 @@ impl ClientParams {
             }
             ClientParams::SlidingWindowLog(params) => {
                 ClientState::Ring(Box::new(LogRing::empty_since(params, since_nanos)))
+            }
+            ClientParams::SlidingWindowCounter(params) => {
+                ClientState::Word(Word::new(params.empty_since(since_nanos)))
             }
         }
     }
@@ -145,6 +159,9 @@ impl ClientParams {
             (ClientParams::SlidingWindowLog(params), ClientState::Ring(ring)) => {
                 params.acquire_counting(ring, n, clock, count_remaining)
             }
+            (ClientParams::SlidingWindowCounter(params), ClientState::Word(word)) => {
+                params.acquire(word, n, clock)
+            }
             // A state of another method's shape: treat it as retired so the service replaces it.
             _ => Decision::retired(self.rule()),
         }
@@ -170,6 +187,9 @@ impl ClientParams {
                     Admit::Denied
                 }
             }
+            (ClientParams::SlidingWindowCounter(params), ClientState::Word(word)) => {
+                params.acquire_one(word, clock)
+            }
             _ => Admit::Retired,
         }
     }
@@ -186,6 +206,9 @@ impl ClientParams {
             (ClientParams::SlidingWindowLog(params), ClientState::Ring(ring)) => {
                 params.peek(ring, clock)
             }
+            (ClientParams::SlidingWindowCounter(params), ClientState::Word(word)) => {
+                params.peek(word, clock)
+            }
             _ => Decision::retired(self.rule()),
         }
     }
@@ -200,6 +223,9 @@ impl ClientParams {
             }
             (ClientParams::FixedWindow(_), ClientState::Word(word)) => {
                 WindowParams::retire_now(word);
+            }
+            (ClientParams::SlidingWindowCounter(_), ClientState::Word(word)) => {
+                CounterParams::retire_now(word);
             }
             (_, ClientState::Ring(ring)) => {
                 ring.retire(None);
@@ -220,6 +246,9 @@ impl ClientParams {
             }
             (ClientParams::SlidingWindowLog(params), ClientState::Ring(ring)) => {
                 params.retire_if_idle(ring.as_ref(), now_nanos)
+            }
+            (ClientParams::SlidingWindowCounter(params), ClientState::Word(word)) => {
+                params.retire_if_idle(word, now_nanos)
             }
             _ => false,
         }
