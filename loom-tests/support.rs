@@ -335,7 +335,7 @@ impl OneWord for WindowParams {
 /// `reset_after`, measured from `now`, runs to the start of the window after next from the window
 /// it counted in, as `SlidingWindowCounter`'s docs say.
 pub(crate) fn counter_counted_time(decision: &Decision, now: u64) -> u64 {
-    let reset_at = now + duration_nanos(decision.reset_after());
+    let reset_at = now.saturating_add(duration_nanos(decision.reset_after()));
     now.max(reset_at.saturating_sub(2 * duration_nanos(decision.window())))
 }
 
