@@ -655,6 +655,35 @@ mod tests {
         assert_eq!(later.remaining(), 5);
     }
 
+    /// Takes permits one at a time at `now` until one is denied; how many were granted.
+    fn take_all(counter: &CounterParams, word: &mut u64, now: u64) -> u64 {
+        let mut granted = 0;
+        while let (decision, Some(new)) = counter.decide(*word, now, 1) {
+            assert!(decision.is_allowed());
+            *word = new;
+            granted += 1;
+        }
+        granted
+    }
+
+    #[test]
+    fn the_worst_span_of_one_window_holds_2n_minus_ceil_2n_over_w() {
+        for (limit, window) in [(5, SECOND), (4, 4)] {
+            let counter = params(limit, Duration::from_nanos(window));
+            let mut word = 0;
+            // N in the last nanosecond of window 0, then what is left two nanoseconds before
+            // window 1 ends: all within the span [W - 1, 2W - 1).
+            let at_end = take_all(&counter, &mut word, window - 1);
+            let before_next_end = take_all(&counter, &mut word, 2 * window - 2);
+            assert_eq!(at_end, limit);
+            assert_eq!(
+                at_end + before_next_end,
+                2 * limit - (2 * limit).div_ceil(window),
+                "{limit} per {window} ns"
+            );
+        }
+    }
+
     #[test]
     fn a_window_rolls_its_count_into_the_previous_one_and_later_ones_forget_both() {
         let counter = params(5, Duration::from_secs(1));
