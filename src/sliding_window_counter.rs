@@ -300,6 +300,9 @@ impl CounterParams {
 
     /// The pure decision: what taking `n` permits at `now_nanos` from `word` answers, and the
     /// word to store if it must change. `word` must not be retired.
+    // For the unit tests and the loom models; the limiters, which clamp the reading once per
+    // attempt, call `decide_elapsed`.
+    #[cfg_attr(not(feature = "loom"), allow(dead_code))]
     #[inline]
     pub fn decide(&self, word: u64, now_nanos: u64, n: u64) -> (Decision, Option<u64>) {
         self.decide_elapsed(word, self.elapsed(now_nanos), n)
