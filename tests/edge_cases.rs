@@ -80,7 +80,11 @@ fn a_clock_at_its_far_end_never_panics_nor_admits_without_bound() {
 
 #[test]
 fn try_acquire_n_is_all_or_nothing() {
-    for algorithm in [Algorithm::TokenBucket, Algorithm::FixedWindow] {
+    for algorithm in [
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindowCounter,
+    ] {
         let clock = FakeClock::new();
         let limiter = limiter(algorithm, Rule::per_second(5).unwrap(), &clock);
         assert!(limiter.try_acquire_n(3).is_allowed(), "{algorithm}");
