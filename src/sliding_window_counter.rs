@@ -480,17 +480,21 @@ impl CounterParams {
 ///
 /// # Guarantee
 ///
+/// Instants here are those a grant is counted at: its reading, or the start of the stored window
+/// for a reading behind it (see below).
+///
 /// 1. Every grant at `e` into window k keeps `ceil(P * (W - e) / W) + C <= N`, counting itself.
 /// 2. So at most N permits are granted per aligned window (the weighted part is never negative).
 /// 3. In any span `[s, s + W)` of one window, at most `2N - ceil(2N / W)` permits are granted
 ///    (W in nanoseconds; for `W = 1` a span is one aligned window, so at most N). The span
 ///    holds the end of window k-1, at most `P <= N` permits, and the first `e <= W - 2`
 ///    nanoseconds of window k, where the last grant needed `C <= N - ceil(P * (W - e) / W)`:
-///    in all at most `P + N - ceil(2P / W)`, largest at `P = N`. That worst case is reached
-///    only by N permits in the last nanosecond of a window and the rest two nanoseconds before
-///    the next one ends: for 5 per second, 9 permits within 1 second, where the fixed window
-///    lets 10 through within 2 nanoseconds. Spread evenly, traffic meets an estimate that is
-///    the true count.
+///    in all at most `P + N - ceil(2P / W)`, largest at `P = N`. That worst case is reached by N
+///    permits in the last nanosecond of a window and the rest two nanoseconds before the next
+///    one ends: for 5 per second, 9 permits within 1 second, where the fixed window lets 10
+///    through within 2 nanoseconds.
+/// 4. With window k-1's permits spread evenly over it, the estimate is at least the true count
+///    of the sliding window, which is then at most N.
 ///
 /// These hold under any interleaving: an attempt reads the word, decides from what it read, and
 /// writes only by a compare-and-swap from that very word, so every grant is checked against all
