@@ -17,10 +17,11 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-const METHODS: [(&str, &str); 3] = [
+const METHODS: [(&str, &str); 4] = [
     ("token_bucket", "token bucket"),
     ("fixed_window", "fixed window"),
     ("sliding_window_log", "sliding window log"),
+    ("sliding_window_counter", "sliding window counter"),
 ];
 const THREAD_COUNTS: [u64; 3] = [1, 2, 4];
 const CLIENT_COUNTS: [u64; 2] = [10_000, 1_000_000];
@@ -465,7 +466,8 @@ impl Report<'_> {
             "## One limiter, one thread\n\n\
              ns per decision (`try_acquire`). *allow*: a rule so generous nothing is denied \
              (10⁹ per second; the sliding log, capped at 65 536 slots, 1 024 per µs so that its \
-             slots have always expired when the ring comes round). *deny*: a limiter exhausted \
+             slots have always expired when the ring comes round; the sliding window counter, \
+             whose counts have at most 31 bits, 2³¹ − 1 per 292 years). *deny*: a limiter exhausted \
              for an hour (100 per hour).\n"
         );
         for workload in ["allow", "deny"] {

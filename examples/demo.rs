@@ -1,5 +1,5 @@
-//! The seed design's demo on tollgate: seven behaviours, each checked. Exits non-zero on any
-//! failure.
+//! The seed design's demo on tollgate: seven behaviours, each checked, and the same window-edge
+//! burst on the sliding window counter. Exits non-zero on any failure.
 //!
 //! Run with `cargo run --release --example demo`.
 
@@ -87,6 +87,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     check(
         a + b == 5,
         "sliding window log: the same edge burst is held to 5, the true limit",
+    );
+
+    // The same two bursts again: 10 ms into the next window, the last window's 5 still weigh
+    // ceil(5 * 990 / 1000) = 5.
+    let c4 = FakeClock::starting_at(Duration::from_millis(1_990));
+    let sc = service(Algorithm::SlidingWindowCounter, &c4)?;
+    let a = count(&sc, "grace", Tier::Free, 5)?;
+    c4.advance(Duration::from_millis(20));
+    let b = count(&sc, "grace", Tier::Free, 5)?;
+    check(
+        (a, b) == (5, 0),
+        "sliding window counter: the same edge burst is held to 5, the last window weighed in",
     );
 
     // 1,000 requests from 16 threads, all at one frozen instant.

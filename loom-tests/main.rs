@@ -6,8 +6,8 @@
 //! interleaving (within a preemption bound) that:
 //!
 //! - no method admits more than its guarantee allows: `token_bucket`, `fixed_window`,
-//!   `sliding_window_log`;
-//! - one-word races are linearizable (`token_bucket`, `fixed_window`);
+//!   `sliding_window_log`, `sliding_window_counter`;
+//! - one-word races are linearizable (`token_bucket`, `fixed_window`, `sliding_window_counter`);
 //! - retiring a state for eviction while threads acquire never over-admits;
 //! - the service's first requests for a client make exactly one limiter, and its sweep never
 //!   over-admits (`service`, with a small stand-in for the map);
@@ -24,6 +24,7 @@ mod negative_controls;
 mod rule_change;
 mod service;
 mod several_limits;
+mod sliding_window_counter;
 mod sliding_window_log;
 mod support;
 mod token_bucket;

@@ -13,6 +13,7 @@
 //! | bound, token bucket | TAT: load, decide, write | `token_bucket::THREE_AT_ONE_INSTANT` |
 //! | bound, fixed window | word: load, decide, write | `fixed_window::ROLL_WITH_LATE_READING` |
 //! | bound, sliding log | claim by CAS on head, then write the slot | `sliding_window_log::LAP_WRAP_OF_ONE_SLOT` |
+//! | bound, sliding window counter | word: load, decide, write | `sliding_window_counter::THREE_HALF_WAY_INTO_NEXT` |
 //! | linearizability | TAT: load, decide, write | `token_bucket::BOTH_TOKENS_AT_ONE_INSTANT` |
 //! | acquire racing retire | retire: load, check idle, write | `fixed_window::RETIRE_RACING_ROLL` |
 //! | first requests | map insert: load, write if empty | `service::TWO_FIRST_REQUESTS` |
@@ -24,14 +25,16 @@
 //! | several limits, eviction | the gate retired by a check and a blind store | `several_limits::check_gate_racing_a_sweep` |
 
 use loom::sync::atomic::{AtomicU64, Ordering};
-use tollgate::loom_support::{GcraParams, WindowParams};
+use tollgate::loom_support::{CounterParams, GcraParams, WindowParams};
 use tollgate::{Decision, Rule};
 
 use crate::fixed_window::{self, window};
 use crate::service::{self, CasSlot, ClientSlot, Fence};
+use crate::sliding_window_counter::{self, counter};
 use crate::sliding_window_log;
 use crate::support::{
-    Admission, Answer, Bound, Evictable, Method, OneWord, WINDOW, answer, counted_time, rule,
+    Admission, Answer, Bound, Evictable, Method, OneWord, WINDOW, answer, counted_time,
+    counter_counted_time, rule,
 };
 use crate::token_bucket::{self, bucket};
 
@@ -197,6 +200,48 @@ impl Evictable for BlindRetireFixedWindow {
 #[should_panic(expected = "over-admitted")]
 fn fixed_window_with_blind_retire_fails_acquire_racing_retire_model() {
     fixed_window::RETIRE_RACING_ROLL.check(BlindRetireFixedWindow(window(1)));
+}
+
+/// The sliding window counter's retired flag (bit 63 of the word, as `SlidingWindowCounter`'s docs
+/// lay out).
+const COUNTER_RETIRED: u64 = 1 << 63;
+
+/// `CounterParams::acquire` with its compare-and-swap replaced by a blind write: threads that
+/// load the same word each add their permits to the count they read, and all but one addition is
+/// lost.
+#[derive(Debug, Clone, Copy)]
+struct BlindWriteCounter(CounterParams);
+
+impl Method for BlindWriteCounter {
+    type State = AtomicU64;
+    const BOUND: Bound = Bound::WeightedEstimate;
+
+    fn rule(&self) -> Rule {
+        self.0.rule()
+    }
+
+    fn fresh_state(&self) -> AtomicU64 {
+        AtomicU64::new(0)
+    }
+
+    fn acquire(&self, word: &AtomicU64, n: u64, now: u64) -> Answer {
+        let current = word.load(Ordering::Relaxed);
+        if current & COUNTER_RETIRED != 0 {
+            return Answer::Retired;
+        }
+        let (decision, new) = self.0.decide(current, now, n);
+        if let Some(new) = new {
+            // The racy step: a blind write where `acquire` has a compare-and-swap.
+            word.swap(new, Ordering::Relaxed);
+        }
+        answer(&decision, n, counter_counted_time(&decision, now))
+    }
+}
+
+#[test]
+#[should_panic(expected = "over-admitted")]
+fn sliding_window_counter_with_blind_write_fails_concurrent_acquire_model() {
+    sliding_window_counter::THREE_HALF_WAY_INTO_NEXT.check(BlindWriteCounter(counter(2)));
 }
 
 /// The sliding log's slot layout, `[63] lap mark · [62 .. 0] expiry`, as `SlidingWindowLog`'s

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use loom::sync::atomic::AtomicU64;
-use tollgate::loom_support::{GcraParams, LogParams, LogRing, WindowParams};
+use tollgate::loom_support::{CounterParams, GcraParams, LogParams, LogRing, WindowParams};
 use tollgate::{Clock, Decision, Rule};
 
 /// The window of every rule in the models: one second. The fixed window refuses windows whose
@@ -91,6 +91,11 @@ pub(crate) enum Bound {
     PerAlignedWindow,
     /// Sliding log: at most N permits in every span `[t, t + W)`.
     EverySpanOfOneWindow,
+    /// Sliding window counter: in every window k, with C permits in it, P in window k-1 and the
+    /// latest admission `e` into it, `ceil(P * (W - e) / W) + C <= N`. (The last admission made
+    /// in window k, at some `e' <= e`, was checked against all of C and a weight at least this
+    /// one.) It implies at most N per aligned window.
+    WeightedEstimate,
 }
 
 /// Panics with "over-admitted" if `admissions` break `bound` for `rule`.
@@ -125,6 +130,25 @@ pub(crate) fn assert_within_bound(bound: Bound, rule: Rule, admissions: &[Admiss
                 assert!(
                     taken <= limit,
                     "over-admitted: {taken} permits in window {index}, limit {limit}; \
+                     admissions: {admissions:?}"
+                );
+            }
+            Bound::WeightedEstimate => {
+                let index = u128::from(start) / window;
+                let in_window = |time: u64| u128::from(time) / window == index;
+                let current = permits_in(&in_window);
+                let previous = permits_in(&|time| u128::from(time) / window + 1 == index);
+                let latest = admissions
+                    .iter()
+                    .filter(|admission| in_window(admission.time))
+                    .map(|admission| u128::from(admission.time) % window)
+                    .max()
+                    .unwrap_or(0);
+                let estimate = (previous * (window - latest)).div_ceil(window) + current;
+                assert!(
+                    estimate <= limit,
+                    "over-admitted: window {index} holds {current} permits beside {previous} in \
+                     the one before, weighing {estimate} at {latest} ns in, limit {limit}; \
                      admissions: {admissions:?}"
                 );
             }
@@ -303,6 +327,61 @@ impl OneWord for WindowParams {
 
     fn decide(&self, word: u64, now: u64, n: u64) -> (Decision, Option<u64>) {
         WindowParams::decide(self, word, now, n)
+    }
+}
+
+/// When the sliding window counter counted an admission made at `now`: at `now`, or at the start
+/// of the window the word had already moved to, for a reading that lags it. An allowed decision's
+/// `reset_after`, measured from `now`, runs to the start of the window after next from the window
+/// it counted in, as `SlidingWindowCounter`'s docs say.
+pub(crate) fn counter_counted_time(decision: &Decision, now: u64) -> u64 {
+    let reset_at = now.saturating_add(duration_nanos(decision.reset_after()));
+    now.max(reset_at.saturating_sub(2 * duration_nanos(decision.window())))
+}
+
+impl Method for CounterParams {
+    type State = AtomicU64;
+    const BOUND: Bound = Bound::WeightedEstimate;
+
+    fn rule(&self) -> Rule {
+        CounterParams::rule(self)
+    }
+
+    fn fresh_state(&self) -> AtomicU64 {
+        AtomicU64::new(0)
+    }
+
+    fn acquire(&self, state: &AtomicU64, n: u64, now: u64) -> Answer {
+        let decision = self.acquire_decision(state, n, now);
+        answer(&decision, n, counter_counted_time(&decision, now))
+    }
+}
+
+impl Evictable for CounterParams {
+    fn retire_if_idle(&self, state: &AtomicU64, now: u64) -> bool {
+        CounterParams::retire_if_idle(self, state, now)
+    }
+
+    fn retire_now(&self, state: &AtomicU64) -> bool {
+        CounterParams::retire_now(state)
+    }
+
+    fn fresh_state_since(&self, since: u64) -> AtomicU64 {
+        AtomicU64::new(self.empty_since(since))
+    }
+
+    fn state_is_retired(&self, state: &AtomicU64, now: u64) -> bool {
+        is_retired(&self.peek(state, &FixedClock(now)))
+    }
+}
+
+impl OneWord for CounterParams {
+    fn acquire_decision(&self, word: &AtomicU64, n: u64, now: u64) -> Decision {
+        CounterParams::acquire(self, word, n, &FixedClock(now))
+    }
+
+    fn decide(&self, word: u64, now: u64, n: u64) -> (Decision, Option<u64>) {
+        CounterParams::decide(self, word, now, n)
     }
 }
 

@@ -10,6 +10,7 @@ use std::str::FromStr;
 /// | [`TokenBucket`](crate::TokenBucket) | exact token bucket (GCRA): bursts of N, refilled N per window | 8 bytes |
 /// | [`FixedWindow`](crate::FixedWindow) | at most N per aligned window; up to 2N across an edge | 8 bytes |
 /// | [`SlidingWindowLog`](crate::SlidingWindowLog) | at most N in every span of one window | 8 bytes × N |
+/// | [`SlidingWindowCounter`](crate::SlidingWindowCounter) | the last window's count weighted by its overlap, plus this window's, at most N: at most N per aligned window, under 2N in any span of one window | 8 bytes |
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Algorithm {
@@ -19,22 +20,27 @@ pub enum Algorithm {
     FixedWindow,
     /// See [`SlidingWindowLog`](crate::SlidingWindowLog).
     SlidingWindowLog,
+    /// See [`SlidingWindowCounter`](crate::SlidingWindowCounter).
+    SlidingWindowCounter,
 }
 
 impl Algorithm {
     /// Every method, in a fixed order.
-    pub const ALL: [Algorithm; 3] = [
+    pub const ALL: [Algorithm; 4] = [
         Algorithm::TokenBucket,
         Algorithm::FixedWindow,
         Algorithm::SlidingWindowLog,
+        Algorithm::SlidingWindowCounter,
     ];
 
-    /// The setting's name: `token_bucket`, `fixed_window` or `sliding_window_log`.
+    /// The setting's name: `token_bucket`, `fixed_window`, `sliding_window_log` or
+    /// `sliding_window_counter`.
     pub fn name(self) -> &'static str {
         match self {
             Algorithm::TokenBucket => "token_bucket",
             Algorithm::FixedWindow => "fixed_window",
             Algorithm::SlidingWindowLog => "sliding_window_log",
+            Algorithm::SlidingWindowCounter => "sliding_window_counter",
         }
     }
 }
@@ -45,6 +51,7 @@ impl fmt::Display for Algorithm {
             Algorithm::TokenBucket => "token bucket",
             Algorithm::FixedWindow => "fixed window",
             Algorithm::SlidingWindowLog => "sliding window log",
+            Algorithm::SlidingWindowCounter => "sliding window counter",
         })
     }
 }
@@ -58,7 +65,7 @@ impl fmt::Display for UnknownAlgorithm {
         write!(
             f,
             "algorithm {:?} is unknown: expected one of token_bucket, fixed_window, \
-             sliding_window_log",
+             sliding_window_log, sliding_window_counter",
             self.0
         )
     }

@@ -231,8 +231,8 @@ impl fmt::Display for ServiceError {
             ServiceError::SeveralLimitsUnsupported { plan, algorithm } => write!(
                 f,
                 "plan {plan} has several limits, which the {algorithm} cannot enforce together \
-                 (a granted permit cannot be given back): use one limit, or the token bucket \
-                 or fixed window"
+                 (a granted permit cannot be given back): use one limit, or the token bucket, \
+                 the fixed window or the sliding window counter"
             ),
             ServiceError::InvalidPolicyName { source } => write!(f, "{source}"),
             ServiceError::CapacityTooLarge { capacity, max } => {

@@ -3,7 +3,8 @@
 use crate::clock::Clock;
 use crate::error::RuleError;
 use crate::{
-    Algorithm, Decision, FixedWindow, Limiter, MonotonicClock, Rule, SlidingWindowLog, TokenBucket,
+    Algorithm, Decision, FixedWindow, Limiter, MonotonicClock, Rule, SlidingWindowCounter,
+    SlidingWindowLog, TokenBucket,
 };
 
 /// A limiter of any method, dispatched by `match` (no boxing, no virtual call).
@@ -28,6 +29,8 @@ pub enum AnyLimiter<C = MonotonicClock> {
     FixedWindow(FixedWindow<C>),
     /// A sliding window log.
     SlidingWindowLog(SlidingWindowLog<C>),
+    /// A sliding window counter.
+    SlidingWindowCounter(SlidingWindowCounter<C>),
 }
 
 impl<C: Clock> AnyLimiter<C> {
@@ -37,6 +40,7 @@ impl<C: Clock> AnyLimiter<C> {
             AnyLimiter::TokenBucket(_) => Algorithm::TokenBucket,
             AnyLimiter::FixedWindow(_) => Algorithm::FixedWindow,
             AnyLimiter::SlidingWindowLog(_) => Algorithm::SlidingWindowLog,
+            AnyLimiter::SlidingWindowCounter(_) => Algorithm::SlidingWindowCounter,
         }
     }
 }
@@ -48,6 +52,7 @@ impl<C: Clock> Limiter for AnyLimiter<C> {
             AnyLimiter::TokenBucket(limiter) => limiter.try_acquire_n(n),
             AnyLimiter::FixedWindow(limiter) => limiter.try_acquire_n(n),
             AnyLimiter::SlidingWindowLog(limiter) => limiter.try_acquire_n(n),
+            AnyLimiter::SlidingWindowCounter(limiter) => limiter.try_acquire_n(n),
         }
     }
 
@@ -57,6 +62,7 @@ impl<C: Clock> Limiter for AnyLimiter<C> {
             AnyLimiter::TokenBucket(limiter) => limiter.peek(),
             AnyLimiter::FixedWindow(limiter) => limiter.peek(),
             AnyLimiter::SlidingWindowLog(limiter) => limiter.peek(),
+            AnyLimiter::SlidingWindowCounter(limiter) => limiter.peek(),
         }
     }
 
@@ -65,6 +71,7 @@ impl<C: Clock> Limiter for AnyLimiter<C> {
             AnyLimiter::TokenBucket(limiter) => limiter.rule(),
             AnyLimiter::FixedWindow(limiter) => limiter.rule(),
             AnyLimiter::SlidingWindowLog(limiter) => limiter.rule(),
+            AnyLimiter::SlidingWindowCounter(limiter) => limiter.rule(),
         }
     }
 }
@@ -102,6 +109,9 @@ impl LimiterFactory {
             Algorithm::FixedWindow => AnyLimiter::FixedWindow(FixedWindow::new(rule, clock)?),
             Algorithm::SlidingWindowLog => {
                 AnyLimiter::SlidingWindowLog(SlidingWindowLog::new(rule, clock)?)
+            }
+            Algorithm::SlidingWindowCounter => {
+                AnyLimiter::SlidingWindowCounter(SlidingWindowCounter::new(rule, clock)?)
             }
         })
     }

@@ -34,11 +34,12 @@
 //! | [`TokenBucket`] | exact token bucket (GCRA): bursts up to N, refilled N per window; at most `N + N*s/W` in any span `s` | one `AtomicU64` |
 //! | [`FixedWindow`] | at most N per window aligned to the clock's origin; up to 2N across an edge | one `AtomicU64` |
 //! | [`SlidingWindowLog`] | at most N in every span of one window, wherever it starts | N `AtomicU64`s (N ≤ 65 536) |
+//! | [`SlidingWindowCounter`] | the last window's count weighted by how much of it the sliding window covers, plus this window's, at most N: at most N per aligned window, at most `2N - ceil(2N/W)` in any span of one window | one `AtomicU64` |
 //!
 //! Every method is lock-free: the state lives in atomics updated by compare-and-swap loops (the
 //! fixed window takes a single `fetch_add` for one permit in the current window), and no decision
 //! path takes a lock. A denied attempt changes nothing that any answer depends on: the token
-//! bucket and the sliding log only read their state; the fixed window's single-permit path adds to
+//! bucket, the sliding log and the sliding window counter only read their state; the fixed window's single-permit path adds to
 //! a count that racing grants already filled, which the count's headroom absorbs. (The service
 //! also counts each decision in a per-thread shard, and may retire and replace a client's limiter
 //! made under an earlier rule, on any call, even one of 0 permits.) Each module documents its
@@ -87,6 +88,7 @@ mod method;
 pub mod redis;
 mod rule;
 mod service;
+mod sliding_window_counter;
 mod sliding_window_log;
 mod sync;
 mod token_bucket;
@@ -103,6 +105,7 @@ pub use headers::InvalidPolicyName;
 pub use limiter::Limiter;
 pub use rule::Rule;
 pub use service::{PlanStats, RateLimiterService, ServiceBuilder, Sweeper};
+pub use sliding_window_counter::SlidingWindowCounter;
 pub use sliding_window_log::SlidingWindowLog;
 pub use token_bucket::TokenBucket;
 
@@ -116,6 +119,7 @@ pub mod loom_support {
     pub use crate::fixed_window::WindowParams;
     pub use crate::service::seqlock::VersionedWords;
     pub use crate::service::several_limits::Gate;
+    pub use crate::sliding_window_counter::CounterParams;
     pub use crate::sliding_window_log::{LogParams, LogRing};
     pub use crate::sync::AtomicWord;
     pub use crate::token_bucket::GcraParams;

@@ -40,7 +40,7 @@ fn an_unknown_algorithm_name_is_an_error_listing_the_known_ones() {
     assert_eq!(
         error.to_string(),
         "algorithm \"leaky_bucket\" is unknown: expected one of token_bucket, fixed_window, \
-         sliding_window_log"
+         sliding_window_log, sliding_window_counter"
     );
     for algorithm in Algorithm::ALL {
         assert_eq!(algorithm.name().parse::<Algorithm>(), Ok(algorithm));

@@ -47,8 +47,14 @@ fn a_clock_set_backwards_never_grants_extra() {
             );
             assert!(limiter.peek().is_denied(), "{algorithm}");
         }
-        // Time resumes from where the limiter last saw it: one window later, a full quota.
-        clock.set(Duration::from_secs(101));
+        // Time resumes from where the limiter last saw it: one window later, a full quota (two for
+        // the sliding window counter, whose next window still weighs the burst's in full at its
+        // start).
+        let recovered = match algorithm {
+            Algorithm::SlidingWindowCounter => 102,
+            _ => 101,
+        };
+        clock.set(Duration::from_secs(recovered));
         assert_eq!(
             burst(&limiter, 10),
             5,
@@ -74,7 +80,11 @@ fn a_clock_at_its_far_end_never_panics_nor_admits_without_bound() {
 
 #[test]
 fn try_acquire_n_is_all_or_nothing() {
-    for algorithm in [Algorithm::TokenBucket, Algorithm::FixedWindow] {
+    for algorithm in [
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindowCounter,
+    ] {
         let clock = FakeClock::new();
         let limiter = limiter(algorithm, Rule::per_second(5).unwrap(), &clock);
         assert!(limiter.try_acquire_n(3).is_allowed(), "{algorithm}");
@@ -180,6 +190,8 @@ fn a_denial_says_exactly_when_to_retry() {
         let wait = denied.retry_after();
         let expected = match algorithm {
             Algorithm::TokenBucket => Duration::from_millis(250),
+            // The next window, once the 4 weigh ceil(4 * (W - e) / W) <= 3: a quarter into it.
+            Algorithm::SlidingWindowCounter => Duration::from_millis(1_250),
             _ => Duration::from_secs(1),
         };
         assert_eq!(wait, expected, "{algorithm}");

@@ -31,10 +31,10 @@ use proptest::test_runner::{
 };
 use tollgate::{
     AnyLimiter, Clock, Decision, FakeClock, FixedWindow, Limiter, Rejection, Rule, RuleError,
-    SlidingWindowLog, TokenBucket,
+    SlidingWindowCounter, SlidingWindowLog, TokenBucket,
 };
 
-use reference::{RefFixedWindow, RefSlidingWindowLog, RefTokenBucket};
+use reference::{RefFixedWindow, RefSlidingWindowCounter, RefSlidingWindowLog, RefTokenBucket};
 
 const HOUR: u64 = 3_600_000_000_000;
 const DAY: u64 = 24 * HOUR;
@@ -170,14 +170,28 @@ macro_rules! impl_reference {
     )*};
 }
 
-impl_reference!(RefTokenBucket, RefFixedWindow, RefSlidingWindowLog);
+impl_reference!(
+    RefTokenBucket,
+    RefFixedWindow,
+    RefSlidingWindowLog,
+    RefSlidingWindowCounter
+);
 
 #[derive(Debug, Clone, Copy)]
 enum Method {
     TokenBucket,
     FixedWindow,
     SlidingWindowLog,
+    SlidingWindowCounter,
 }
+
+/// Every method, for the properties they all share.
+const METHODS: [Method; 4] = [
+    Method::TokenBucket,
+    Method::FixedWindow,
+    Method::SlidingWindowLog,
+    Method::SlidingWindowCounter,
+];
 
 /// How closely a limiter must follow its reference.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -216,6 +230,10 @@ impl<L: Limiter> Pair<L> {
             Method::SlidingWindowLog => {
                 (Box::new(RefSlidingWindowLog::new(rule, clock.clone())), 1)
             }
+            Method::SlidingWindowCounter => (
+                Box::new(RefSlidingWindowCounter::new(rule, clock.clone())),
+                rule.limit(),
+            ),
         };
         Pair {
             limiter,
@@ -240,7 +258,8 @@ fn agreement_of(bucket: &TokenBucket<FakeClock>) -> Agreement {
 }
 
 /// A limiter of `method` for the scenario, or `None` when the method refuses the rule for a
-/// documented reason (a fixed window's index would wrap within ten years for nanosecond windows;
+/// documented reason (a fixed window's or a sliding window counter's index would wrap within ten
+/// years for nanosecond windows;
 /// a token bucket cannot represent several permits per nanosecond outside its exact mode).
 fn limiter(
     method: Method,
@@ -254,11 +273,18 @@ fn limiter(
         Method::SlidingWindowLog => {
             SlidingWindowLog::new(rule, clock.clone()).map(AnyLimiter::SlidingWindowLog)
         }
+        Method::SlidingWindowCounter => {
+            SlidingWindowCounter::new(rule, clock.clone()).map(AnyLimiter::SlidingWindowCounter)
+        }
     };
     match made {
         Ok(limiter) => Some(limiter),
         Err(RuleError::RateTooHigh { .. }) if matches!(method, Method::TokenBucket) => None,
-        Err(RuleError::HorizonTooShort { .. }) if matches!(method, Method::FixedWindow) => None,
+        Err(RuleError::HorizonTooShort { .. })
+            if matches!(method, Method::FixedWindow | Method::SlidingWindowCounter) =>
+        {
+            None
+        }
         Err(error) => panic!("{method:?} refused {rule:?}: {error}"),
     }
 }
@@ -466,15 +492,20 @@ proptest! {
     }
 
     #[test]
+    fn sliding_window_counter_decides_like_the_reference(scenario in scenarios()) {
+        check_agreement(Method::SlidingWindowCounter, &scenario)?;
+    }
+
+    #[test]
     fn peek_never_changes_state_and_reports_the_next_permit(scenario in scenarios()) {
-        for method in [Method::TokenBucket, Method::FixedWindow, Method::SlidingWindowLog] {
+        for method in METHODS {
             peek_changes_nothing(method, &scenario)?;
         }
     }
 
     #[test]
     fn retry_after_of_a_denial_is_exact_to_the_nanosecond(scenario in scenarios()) {
-        for method in [Method::TokenBucket, Method::FixedWindow, Method::SlidingWindowLog] {
+        for method in METHODS {
             check_retry_after(method, &scenario)?;
         }
     }
@@ -573,6 +604,29 @@ fn checker_catches_a_token_bucket_with_one_permit_too_many() {
     let minimal = failure.expect("an extra permit went unnoticed");
     assert!(
         check_agreement(Method::TokenBucket, &minimal).is_ok(),
+        "{minimal:?}"
+    );
+}
+
+#[test]
+fn checker_catches_a_sliding_window_counter_that_reads_a_nanosecond_ahead() {
+    // A nanosecond ahead, the previous window weighs a nanosecond less: the estimate drops early.
+    let failure = find_failure(|scenario| {
+        let clock = start_clock(scenario);
+        let Ok(skewed) = SlidingWindowCounter::new(scenario.rule, OneAhead(clock.clone())) else {
+            return Ok(());
+        };
+        let pair = Pair::new(
+            Method::SlidingWindowCounter,
+            clock,
+            skewed,
+            Agreement::Exact,
+        );
+        agrees_with_reference(&pair, &scenario.steps)
+    });
+    let minimal = failure.expect("a counter weighing a nanosecond early went unnoticed");
+    assert!(
+        check_agreement(Method::SlidingWindowCounter, &minimal).is_ok(),
         "{minimal:?}"
     );
 }

@@ -250,7 +250,7 @@ fn an_unknown_algorithm_is_named() {
     assert_eq!(
         error.to_string(),
         "field \"algorithm\" is \"leaky_bucket\": expected one of \"token_bucket\", \
-         \"fixed_window\", \"sliding_window_log\""
+         \"fixed_window\", \"sliding_window_log\", \"sliding_window_counter\""
     );
 }
 

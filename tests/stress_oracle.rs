@@ -14,13 +14,17 @@
 //!
 //! - sliding window log: at most N in every half-open span of one window;
 //! - token bucket: at most `N + floor(N * s / W)` in every closed span of length `s`;
-//! - fixed window: at most N in every window aligned to the clock's origin.
+//! - fixed window: at most N in every window aligned to the clock's origin;
+//! - sliding window counter: in every aligned window, its admissions plus the previous window's
+//!   weighted by the overlap left after its latest admission, rounded up, at most N (it counts a
+//!   lagging reading in the newer window, as the fixed window does).
 //!
 //! With the clock frozen, every method admits exactly `min(N, attempts)` of many racing
 //! attempts, as in the seed's check of 1,000 requests from 16 threads.
 //!
 //! The last tests plant bugs (a token bucket and a log that admit one too many, a fixed window
-//! that loses racing updates) and check that the same oracle reports each.
+//! that loses racing updates, a counter that forgets the previous window) and check that the same
+//! oracle reports each.
 
 #[path = "support/reference.rs"]
 mod reference;
@@ -31,7 +35,10 @@ use std::sync::{Barrier, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use tollgate::{Clock, FakeClock, FixedWindow, Limiter, Rule, SlidingWindowLog, TokenBucket};
+use tollgate::{
+    Clock, FakeClock, FixedWindow, Limiter, Rule, SlidingWindowCounter, SlidingWindowLog,
+    TokenBucket,
+};
 
 use reference::RefSlidingWindowLog;
 
@@ -240,6 +247,39 @@ fn check_aligned_windows(history: &History, limit: u64, window: u64) -> Result<(
     }
 }
 
+/// Sliding window counter: in every aligned window k, `C + ceil(P * (W - e) / W) <= limit`, with
+/// C its admissions, P those of window k-1 and `e` the latest offset into window k any of them was
+/// counted at. Only admissions whose whole interval lies in one window are counted (fewer
+/// admissions only lower the sum), and `e` is taken from their `after` (a later offset only
+/// lowers the weight), so the check is sound whatever the interleaving.
+fn check_weighted_windows(history: &History, limit: u64, window: u64) -> Result<(), String> {
+    // Window index -> (admissions, latest offset of an `after` into the window).
+    let mut per_window = BTreeMap::<u64, (u64, u64)>::new();
+    for admission in &history.admissions {
+        let index = admission.before / window;
+        if admission.after / window == index {
+            let entry = per_window.entry(index).or_default();
+            entry.0 += 1;
+            entry.1 = entry.1.max(admission.after % window);
+        }
+    }
+    for (&index, &(current, latest)) in &per_window {
+        let previous = index
+            .checked_sub(1)
+            .and_then(|before| per_window.get(&before))
+            .map_or(0, |&(count, _)| count);
+        let weighted =
+            (u128::from(previous) * u128::from(window - latest)).div_ceil(u128::from(window));
+        if weighted + u128::from(current) > u128::from(limit) {
+            return Err(format!(
+                "{current} admissions within window {index} beside {previous} in the one before, \
+                 weighing {weighted} at {latest} ns in: the limit is {limit}"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Asserts that the run exercised many window edges, so that passing means something.
 fn assert_covered(history: &History, step_nanos: u64, window: u64) {
     let windows = history.steps_taken * step_nanos / window;
@@ -295,6 +335,18 @@ fn fixed_window_never_exceeds_limit_in_an_aligned_window() {
     check_aligned_windows(&history, limit, window).unwrap();
 }
 
+#[test]
+fn sliding_window_counter_never_exceeds_its_weighted_estimate() {
+    let _machine = machine();
+    // The fixed window's rule and steps: the counter holds it for as long.
+    let (limit, window, step) = WINDOW;
+    let clock = FakeClock::new();
+    let counter = SlidingWindowCounter::new(rule(limit, window), clock.clone()).unwrap();
+    let history = stress(&clock, step, || counter.try_acquire());
+    assert_covered(&history, step, window);
+    check_weighted_windows(&history, limit, window).unwrap();
+}
+
 /// Makes `threads` threads race through `attempts` calls of `attempt`, released together, and
 /// returns how many were granted.
 fn admitted_at_one_instant(
@@ -340,16 +392,18 @@ fn every_method_admits_exactly_min_of_limit_and_attempts_at_a_frozen_instant() {
             let bucket = TokenBucket::new(rule, frozen_clock()).unwrap();
             let fixed = FixedWindow::new(rule, frozen_clock()).unwrap();
             let log = SlidingWindowLog::new(rule, frozen_clock()).unwrap();
+            let counter = SlidingWindowCounter::new(rule, frozen_clock()).unwrap();
             let admitted = [
                 admitted_at_one_instant(attempts, 16, || bucket.try_acquire()),
                 admitted_at_one_instant(attempts, 16, || fixed.try_acquire()),
                 admitted_at_one_instant(attempts, 16, || log.try_acquire()),
+                admitted_at_one_instant(attempts, 16, || counter.try_acquire()),
             ];
             assert_eq!(
                 admitted,
-                [limit.min(attempts); 3],
-                "token bucket, fixed window, sliding log; trial {trial}: {attempts} attempts on \
-                 {rule:?}"
+                [limit.min(attempts); 4],
+                "token bucket, fixed window, sliding log, sliding window counter; trial \
+                 {trial}: {attempts} attempts on {rule:?}"
             );
         }
     }
@@ -474,4 +528,15 @@ fn oracle_catches_a_sliding_log_that_keeps_one_too_many() {
     let planted = RefSlidingWindowLog::new(rule(limit + 1, window), clock.clone());
     let history = stress(&clock, step, || planted.try_acquire());
     assert!(check_every_window(&history, limit, window).is_err());
+}
+
+#[test]
+fn oracle_catches_a_counter_that_forgets_the_previous_window() {
+    let _machine = machine();
+    let (limit, window, step) = WINDOW;
+    let clock = FakeClock::new();
+    // A fixed window is a sliding window counter that weighs the previous window as nothing.
+    let planted = FixedWindow::new(rule(limit, window), clock.clone()).unwrap();
+    let history = stress(&clock, step, || planted.try_acquire());
+    assert!(check_weighted_windows(&history, limit, window).is_err());
 }

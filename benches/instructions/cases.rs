@@ -15,7 +15,7 @@ use governor::clock::QuantaInstant;
 use governor::middleware::NoOpMiddleware;
 use tollgate::{
     Algorithm, FixedWindow, Limiter, MonotonicClock, RateLimiterService, Rule, ServiceBuilder,
-    SlidingWindowLog, TokenBucket,
+    SlidingWindowCounter, SlidingWindowLog, TokenBucket,
 };
 
 /// One measured case.
@@ -170,6 +170,26 @@ pub(crate) const CASES: &[Case] = &[
         },
     },
     Case {
+        name: "sliding_window_counter_allow/tollgate",
+        decisions_per_round: 1,
+        rounds: PER_DECISION_ROUNDS,
+        run: |rounds| {
+            let counter = SlidingWindowCounter::new(counter_rule(), MonotonicClock::new())
+                .map_err(|error| error.to_string())?;
+            drive(Tollgate(counter), rounds, Expect::Allowed)
+        },
+    },
+    Case {
+        name: "sliding_window_counter_deny/tollgate",
+        decisions_per_round: 1,
+        rounds: PER_DECISION_ROUNDS,
+        run: |rounds| {
+            let counter = SlidingWindowCounter::new(exhausted_rule(), MonotonicClock::new())
+                .map_err(|error| error.to_string())?;
+            drive(exhaust(Tollgate(counter))?, rounds, Expect::Denied)
+        },
+    },
+    Case {
         name: "service_lookup_default_hasher/tollgate",
         decisions_per_round: 1,
         rounds: PER_DECISION_ROUNDS,
@@ -271,6 +291,13 @@ fn refilling_rule() -> Rule {
 /// a limit no run reaches: no decision meets a window's edge.
 fn window_rule() -> Rule {
     Rule::per_hour(1_000_000_000).expect("a valid rule")
+}
+
+/// The sliding window counter's allow rule: as `window_rule`, with a limit its 20-bit counts hold
+/// for an hour-long window (the word cannot hold a billion an hour for ten years) and that no run
+/// (`MAX_ROUNDS` at most) reaches.
+fn counter_rule() -> Rule {
+    Rule::per_hour(1_000_000).expect("a valid rule")
 }
 
 /// The sliding log's allow rule: a slot per permit, and a window no run outlasts, so no run

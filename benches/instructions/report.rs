@@ -60,6 +60,16 @@ const ROWS: &[Row] = &[
         governor: None,
     },
     Row {
+        label: "sliding window counter, allow",
+        tollgate: "sliding_window_counter_allow/tollgate",
+        governor: None,
+    },
+    Row {
+        label: "sliding window counter, deny",
+        tollgate: "sliding_window_counter_deny/tollgate",
+        governor: None,
+    },
+    Row {
         label: "service lookup, default hasher",
         tollgate: "service_lookup_default_hasher/tollgate",
         governor: Some("service_lookup_default_hasher/governor"),
@@ -120,8 +130,8 @@ impl Measured {
              round. tollgate reads `MonotonicClock`, governor its default \
              `QuantaClock`: both read quanta's counter.\n\n\
              *allow*: 10⁹ per second for the token bucket (full again at every decision), 10⁹ per \
-             hour for the fixed window, 65 536 per hour for the sliding log (more than a run \
-             takes). *deny*: 1 per hour, its one permit taken before counting. *whole `Decision`*: \
+             hour for the fixed window, 65 536 per hour for the sliding log and 10⁶ per hour for \
+             the sliding window counter (more than a run takes). *deny*: 1 per hour, its one permit taken before counting. *whole `Decision`*: \
              `try_acquire_n(1)`, keeping what response headers need, instead of `try_acquire`. \
              governor has only GCRA, the token bucket's algorithm.\n\n\
              *service*: token bucket, `u64` keys, one plan: `RateLimiterService::allow` against \

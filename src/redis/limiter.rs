@@ -383,7 +383,10 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
         mode: Mode,
         now_us: Option<u64>,
     ) -> Result<Vec<i64>, RedisError> {
-        let mut invocation = script::script_for(self.algorithm).prepare_invoke();
+        let script = script::script_for(self.algorithm).ok_or(RedisError::UnsupportedMethod {
+            algorithm: self.algorithm,
+        })?;
+        let mut invocation = script.prepare_invoke();
         for key in keys {
             invocation.key(key);
         }
@@ -613,9 +616,9 @@ impl<P: Eq + fmt::Debug> RedisRateLimiterBuilder<P> {
                 Algorithm::FixedWindow,
                 Algorithm::SlidingWindowLog,
             ] {
-                script::script_for(algorithm)
-                    .load_async(&mut connection)
-                    .await?;
+                if let Some(script) = script::script_for(algorithm) {
+                    script.load_async(&mut connection).await?;
+                }
             }
             Ok::<(), ::redis::RedisError>(())
         };

@@ -23,12 +23,13 @@ pub(super) static FIXED_WINDOW: LazyLock<Script> =
 pub(super) static SLIDING_WINDOW_LOG: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/sliding_window_log.lua")));
 
-/// The script deciding for `algorithm`.
-pub(super) fn script_for(algorithm: Algorithm) -> &'static Script {
+/// The script deciding for `algorithm`, if Redis has one for it.
+pub(super) fn script_for(algorithm: Algorithm) -> Option<&'static Script> {
     match algorithm {
-        Algorithm::TokenBucket => &TOKEN_BUCKET,
-        Algorithm::FixedWindow => &FIXED_WINDOW,
-        Algorithm::SlidingWindowLog => &SLIDING_WINDOW_LOG,
+        Algorithm::TokenBucket => Some(&TOKEN_BUCKET),
+        Algorithm::FixedWindow => Some(&FIXED_WINDOW),
+        Algorithm::SlidingWindowLog => Some(&SLIDING_WINDOW_LOG),
+        Algorithm::SlidingWindowCounter => None,
     }
 }
 
@@ -97,6 +98,9 @@ impl LimitSpec {
             value,
             max,
         };
+        if script_for(algorithm).is_none() {
+            return Err(RedisError::UnsupportedMethod { algorithm });
+        }
         match algorithm {
             Algorithm::TokenBucket => {
                 let limit = rule.limit();
@@ -133,6 +137,7 @@ impl LimitSpec {
                     Ok(LimitSpec::SlidingWindowLog { rule, window_us })
                 }
             }
+            Algorithm::SlidingWindowCounter => Err(RedisError::UnsupportedMethod { algorithm }),
         }
     }
 
@@ -253,6 +258,9 @@ pub(super) fn check_in_process(algorithm: Algorithm, rule: Rule) -> Result<(), R
         Algorithm::FixedWindow => FixedWindow::new(rule, crate::FakeClock::new()).map(|_| ()),
         Algorithm::SlidingWindowLog => {
             SlidingWindowLog::new(rule, crate::FakeClock::new()).map(|_| ())
+        }
+        Algorithm::SlidingWindowCounter => {
+            crate::SlidingWindowCounter::new(rule, crate::FakeClock::new()).map(|_| ())
         }
     }
 }

@@ -65,7 +65,8 @@ impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher + Clone> ServiceBuilder<P, C, 
 
     /// Adds `plan` with several limits, enforced together: a request is granted only if every
     /// limit grants it, and then takes from all (see [`RateLimiterService`]). At most
-    /// [`RateLimiterService::MAX_LIMITS`]; the token bucket and the fixed window take several.
+    /// [`RateLimiterService::MAX_LIMITS`]; the token bucket, the fixed window and the sliding window
+    /// counter take several.
     ///
     /// ```
     /// use std::time::Duration;

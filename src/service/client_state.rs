@@ -2,13 +2,15 @@
 //!
 //! A standalone limiter holds its rule's constants, its state and a clock. The service holds the
 //! constants once per plan and the clock once in all, so each client costs only its state: one
-//! word for the token bucket and the fixed window, a ring for the sliding log.
+//! word for the token bucket, the fixed window and the sliding window counter, a ring for the
+//! sliding log.
 
 use super::several_limits::SeveralLimits;
 use crate::clock::Clock;
 use crate::decision::Admit;
 use crate::error::RuleError;
 use crate::fixed_window::WindowParams;
+use crate::sliding_window_counter::CounterParams;
 use crate::sliding_window_log::{LogParams, LogRing};
 use crate::sync::Word;
 use crate::token_bucket::GcraParams;
@@ -23,12 +25,13 @@ pub(crate) enum ClientParams {
     TokenBucket(GcraParams),
     FixedWindow(WindowParams),
     SlidingWindowLog(LogParams),
+    SlidingWindowCounter(CounterParams),
 }
 
 /// One client's state.
 #[derive(Debug)]
 pub(crate) enum ClientState {
-    /// The token bucket's TAT or the fixed window's packed word.
+    /// The token bucket's TAT, or the fixed window's or the sliding window counter's packed word.
     Word(Word),
     /// The sliding log's ring; boxed so that the one-word methods' entries stay one word.
     Ring(Box<LogRing<Word>>),
@@ -54,6 +57,9 @@ impl ClientParams {
             Algorithm::SlidingWindowLog => {
                 ClientParams::SlidingWindowLog(LogParams::new(rule)?.starting_at(start_nanos))
             }
+            Algorithm::SlidingWindowCounter => ClientParams::SlidingWindowCounter(
+                CounterParams::new(rule)?.starting_at(start_nanos),
+            ),
         })
     }
 
@@ -63,6 +69,7 @@ impl ClientParams {
             ClientParams::TokenBucket(params) => params.to_words(),
             ClientParams::FixedWindow(params) => params.to_words(),
             ClientParams::SlidingWindowLog(params) => params.to_words(),
+            ClientParams::SlidingWindowCounter(params) => params.to_words(),
         }
     }
 
@@ -78,6 +85,9 @@ impl ClientParams {
             Algorithm::SlidingWindowLog => {
                 ClientParams::SlidingWindowLog(LogParams::from_words(words)?)
             }
+            Algorithm::SlidingWindowCounter => {
+                ClientParams::SlidingWindowCounter(CounterParams::from_words(words)?)
+            }
         })
     }
 
@@ -87,6 +97,7 @@ impl ClientParams {
             ClientParams::TokenBucket(_) => Algorithm::TokenBucket,
             ClientParams::FixedWindow(_) => Algorithm::FixedWindow,
             ClientParams::SlidingWindowLog(_) => Algorithm::SlidingWindowLog,
+            ClientParams::SlidingWindowCounter(_) => Algorithm::SlidingWindowCounter,
         }
     }
 
@@ -95,6 +106,7 @@ impl ClientParams {
             ClientParams::TokenBucket(params) => params.rule(),
             ClientParams::FixedWindow(params) => params.rule(),
             ClientParams::SlidingWindowLog(params) => params.rule(),
+            ClientParams::SlidingWindowCounter(params) => params.rule(),
         }
     }
 
@@ -111,6 +123,9 @@ impl ClientParams {
             }
             ClientParams::SlidingWindowLog(params) => {
                 ClientState::Ring(Box::new(LogRing::empty_since(params, since_nanos)))
+            }
+            ClientParams::SlidingWindowCounter(params) => {
+                ClientState::Word(Word::new(params.empty_since(since_nanos)))
             }
         }
     }
@@ -157,6 +172,9 @@ impl ClientParams {
             (ClientParams::SlidingWindowLog(params), ClientState::Ring(ring)) => {
                 params.acquire_counting(ring, n, clock, count_remaining)
             }
+            (ClientParams::SlidingWindowCounter(params), ClientState::Word(word)) => {
+                params.acquire(word, n, clock)
+            }
             // A state of another method's shape: treat it as retired so the service replaces it.
             _ => Decision::retired(self.rule()),
         }
@@ -182,6 +200,9 @@ impl ClientParams {
                     Admit::Denied
                 }
             }
+            (ClientParams::SlidingWindowCounter(params), ClientState::Word(word)) => {
+                params.acquire_one(word, clock)
+            }
             _ => Admit::Retired,
         }
     }
@@ -205,6 +226,10 @@ impl ClientParams {
                 params.undo(word, n, granted, now_nanos);
                 Some(())
             }
+            (ClientParams::SlidingWindowCounter(params), ClientState::Word(word)) => {
+                params.undo(word, n, now_nanos);
+                Some(())
+            }
             _ => None,
         }
     }
@@ -213,7 +238,9 @@ impl ClientParams {
     pub(crate) fn can_undo(&self) -> bool {
         matches!(
             self,
-            ClientParams::TokenBucket(_) | ClientParams::FixedWindow(_)
+            ClientParams::TokenBucket(_)
+                | ClientParams::FixedWindow(_)
+                | ClientParams::SlidingWindowCounter(_)
         )
     }
 
@@ -224,6 +251,9 @@ impl ClientParams {
                 params.dry_run(word, n, clock)
             }
             (ClientParams::FixedWindow(params), ClientState::Word(word)) => {
+                params.dry_run(word, n, clock)
+            }
+            (ClientParams::SlidingWindowCounter(params), ClientState::Word(word)) => {
                 params.dry_run(word, n, clock)
             }
             _ => self.peek(state, clock),
@@ -242,6 +272,9 @@ impl ClientParams {
             (ClientParams::SlidingWindowLog(params), ClientState::Ring(ring)) => {
                 params.peek(ring, clock)
             }
+            (ClientParams::SlidingWindowCounter(params), ClientState::Word(word)) => {
+                params.peek(word, clock)
+            }
             _ => Decision::retired(self.rule()),
         }
     }
@@ -256,6 +289,9 @@ impl ClientParams {
             }
             (ClientParams::FixedWindow(_), ClientState::Word(word)) => {
                 WindowParams::retire_now(word);
+            }
+            (ClientParams::SlidingWindowCounter(_), ClientState::Word(word)) => {
+                CounterParams::retire_now(word);
             }
             (_, ClientState::Ring(ring)) => {
                 ring.retire(None);
@@ -279,6 +315,9 @@ impl ClientParams {
             }
             (ClientParams::SlidingWindowLog(params), ClientState::Ring(ring)) => {
                 params.retire_if_idle(ring.as_ref(), now_nanos)
+            }
+            (ClientParams::SlidingWindowCounter(params), ClientState::Word(word)) => {
+                params.retire_if_idle(word, now_nanos)
             }
             _ => false,
         }

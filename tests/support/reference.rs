@@ -191,3 +191,66 @@ impl<C: Clock> RefSlidingWindowLog<C> {
         self.limit - log.len() as u64
     }
 }
+
+/// The sliding window counter: the permits of the current aligned window plus those of the
+/// previous one, weighted by the part of it the sliding window still covers, rounded up. Exact
+/// rational arithmetic in 128-bit integers; a reading earlier than the current window counts at
+/// its start.
+#[derive(Debug)]
+pub struct RefSlidingWindowCounter<C> {
+    limit: u64,
+    window: u64,
+    clock: C,
+    /// (index of the current window, permits granted in it, permits granted in the one before).
+    state: Mutex<(u64, u64, u64)>,
+}
+
+impl<C: Clock> RefSlidingWindowCounter<C> {
+    pub fn new(rule: Rule, clock: C) -> Self {
+        RefSlidingWindowCounter {
+            limit: rule.limit(),
+            window: rule.window().as_nanos() as u64,
+            clock,
+            state: Mutex::new((0, 0, 0)),
+        }
+    }
+
+    /// Moves the counts to the window of the current reading (never back); returns the estimate
+    /// at that reading.
+    fn estimate(&self, state: &mut (u64, u64, u64)) -> u64 {
+        let now = self.clock.now_nanos();
+        let index = now / self.window;
+        if index > state.0 {
+            let previous = if index == state.0 + 1 { state.1 } else { 0 };
+            *state = (index, 0, previous);
+        }
+        // A reading behind the current window weighs as its start.
+        let into = if index < state.0 {
+            0
+        } else {
+            now % self.window
+        };
+        let overlap = u128::from(self.window - into);
+        let weighted = (u128::from(state.2) * overlap).div_ceil(u128::from(self.window));
+        weighted as u64 + state.1
+    }
+
+    pub fn try_acquire_n(&self, n: u64) -> bool {
+        let mut state = lock(&self.state);
+        if self.estimate(&mut state) + n <= self.limit {
+            state.1 += n;
+            true
+        } else {
+            false
+        }
+    }
+
+    pub fn try_acquire(&self) -> bool {
+        self.try_acquire_n(1)
+    }
+
+    pub fn available(&self) -> u64 {
+        let mut state = lock(&self.state);
+        self.limit.saturating_sub(self.estimate(&mut state))
+    }
+}
