@@ -18,7 +18,8 @@
 //! - `retry_after()` of a denial is exact: one nanosecond earlier the request is still denied,
 //!   at that moment it is granted.
 //!
-//! The last tests plant a bug in a limiter and check that the same comparison finds it.
+//! The last tests plant a bug in a limiter (among them a sliding log whose batches are not all or
+//! nothing) and check that the same comparison finds it.
 
 #[path = "support/reference.rs"]
 mod reference;
@@ -557,6 +558,50 @@ fn checker_catches_a_token_bucket_with_one_permit_too_many() {
     let minimal = failure.expect("an extra permit went unnoticed");
     assert!(
         check_agreement(Method::TokenBucket, &minimal).is_ok(),
+        "{minimal:?}"
+    );
+}
+
+/// A sliding log that takes a batch as single permits one after another, keeping those it got
+/// when one is denied: a batch that is not all or nothing.
+struct PermitByPermitBatches(SlidingWindowLog<FakeClock>);
+
+impl Limiter for PermitByPermitBatches {
+    fn try_acquire_n(&self, n: u64) -> Decision {
+        if n < 2 || n > self.0.rule().limit() {
+            return self.0.try_acquire_n(n);
+        }
+        let mut last = self.0.try_acquire_n(1);
+        for _ in 1..n {
+            if last.is_denied() {
+                break;
+            }
+            last = self.0.try_acquire_n(1);
+        }
+        last
+    }
+
+    fn peek(&self) -> Decision {
+        self.0.peek()
+    }
+
+    fn rule(&self) -> Rule {
+        self.0.rule()
+    }
+}
+
+#[test]
+fn checker_catches_a_sliding_log_whose_batches_are_not_all_or_nothing() {
+    let failure = find_failure(|scenario| {
+        let clock = start_clock(scenario);
+        let log = SlidingWindowLog::new(scenario.rule, clock.clone()).unwrap();
+        let planted = PermitByPermitBatches(log);
+        let pair = Pair::new(Method::SlidingWindowLog, clock, planted, Agreement::Exact);
+        agrees_with_reference(&pair, &scenario.steps)
+    });
+    let minimal = failure.expect("a partly granted batch went unnoticed");
+    assert!(
+        check_agreement(Method::SlidingWindowLog, &minimal).is_ok(),
         "{minimal:?}"
     );
 }
