@@ -781,5 +781,37 @@ mod tests {
         );
         assert_eq!(ring.index_after(2, 2), 1);
         assert_eq!(ring.index_after(0, 2), 2);
+        let lap = 1 << LAP_SHIFT;
+        assert_eq!(ring.position_after(1, 1), 2);
+        assert_eq!(ring.position_after(1, 2), lap);
+        assert_eq!(ring.position_after(lap | 2, 2), (2 * lap) | 1);
+    }
+
+    #[test]
+    fn an_undone_claim_stays_used_for_its_lap_and_keeps_the_ring_sorted() {
+        // A batch of two at 50 claims slot 1, a single at 50 takes slot 2 between its claims, and
+        // the batch gives slot 1 back, as a batch interrupted on another thread does.
+        let params = LogParams::new(Rule::new(3, Duration::from_nanos(100)).unwrap()).unwrap();
+        let ring: LogRing<Word> = LogRing::new(&params);
+        let clock = crate::FakeClock::new();
+        assert!(params.acquire(&ring, 1, &clock).is_allowed());
+        clock.advance(Duration::from_nanos(50));
+        let Snapshot { head, slot, latest } = ring.snapshot();
+        assert_eq!((head, latest & EXPIRY_MASK), (1, 100));
+        assert!(matches!(ring.claim_run(head, slot, 1, 50, 150), (1, None)));
+        assert!(params.acquire(&ring, 1, &clock).is_allowed());
+        ring.give_back(head, 1, 150, 100);
+
+        // Slot 1 now reads as an admission that expires with the one at 0.
+        let expiries: Vec<u64> = (0..3)
+            .map(|index| ring.slot(index).load(Ordering::Relaxed) & EXPIRY_MASK)
+            .collect();
+        assert_eq!(expiries, [100, 100, 150]);
+        assert_eq!(params.peek(&ring, &clock).remaining(), 0);
+        assert!(params.acquire(&ring, 1, &clock).is_denied());
+        clock.advance(Duration::from_nanos(50));
+        let batch = params.acquire(&ring, 2, &clock);
+        assert!(batch.is_allowed(), "{batch:?}");
+        assert_eq!(batch.remaining(), 0);
     }
 }
