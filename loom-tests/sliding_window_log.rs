@@ -224,9 +224,11 @@ fn sliding_log_unconditional_retire_takes_effect_once() {
 }
 
 /// A batch whose clock lags the evictor's by a window races it and a single permit on an empty
-/// ring of two: the evictor may retire the ring between the batch's two claims (the batch's
-/// first admission has expired by its reading), and the batch then gives its slot back and moves
-/// to the fresh ring, which denies its lagging reading.
+/// ring of two: the evictor retires the ring before the batch or after it (the batch's
+/// admissions have expired by its reading), or finds the single's admission and leaves the ring
+/// be; a batch that meets the retired ring moves to the fresh one, which denies its lagging
+/// reading. (A retire between the batch's two claims takes two preemptions here, over a minute
+/// of checking; `RETIRE_NOW_WHILE_TAKING_A_BATCH` reaches one with a single preemption.)
 static RETIRE_RACING_A_BATCH: RetireRace = RetireRace {
     prefill: &[],
     retire_at: 2 * WINDOW,
@@ -240,7 +242,8 @@ fn sliding_log_batch_racing_retire_never_over_admits() {
 }
 
 /// Two threads retire a ring of two unconditionally while a third takes a batch of two: the
-/// batch gets both permits before the retire or is told the ring is retired, never denied.
+/// batch gets both permits before the retire or is told the ring is retired, never denied, also
+/// when the retire lands between its two claims (the batch then gives its first slot back).
 static RETIRE_NOW_WHILE_TAKING_A_BATCH: RetireNowRace = RetireNowRace {
     prefill: &[],
     acquirer: at(WINDOW, 2),
