@@ -14,6 +14,8 @@
 //! | bound, fixed window | word: load, decide, write | `fixed_window::ROLL_WITH_LATE_READING` |
 //! | bound, sliding log | claim by CAS on head, then write the slot | `sliding_window_log::LAP_WRAP_OF_ONE_SLOT` |
 //! | bound, sliding window counter | word: load, decide, write | `sliding_window_counter::THREE_HALF_WAY_INTO_NEXT` |
+//! | a denied batch leaves nothing | a batch that leaves its claims in place | `sliding_window_log::BATCH_INTERRUPTED_BY_A_SINGLE` |
+//! | true figures after a batch | a batch that undoes a claim to an empty slot | `sliding_window_log::BATCH_INTERRUPTED_BY_A_SINGLE` |
 //! | linearizability | TAT: load, decide, write | `token_bucket::BOTH_TOKENS_AT_ONE_INSTANT` |
 //! | acquire racing retire | retire: load, check idle, write | `fixed_window::RETIRE_RACING_ROLL` |
 //! | first requests | map insert: load, write if empty | `service::TWO_FIRST_REQUESTS` |
@@ -31,7 +33,7 @@ use tollgate::{Decision, Rule};
 use crate::fixed_window::{self, window};
 use crate::service::{self, CasSlot, ClientSlot, Fence};
 use crate::sliding_window_counter::{self, counter};
-use crate::sliding_window_log;
+use crate::sliding_window_log::{self, Reports};
 use crate::support::{
     Admission, Answer, Bound, Evictable, Method, OneWord, WINDOW, answer, counted_time,
     counter_counted_time, rule,
@@ -311,7 +313,7 @@ impl Method for HeadClaimedLog {
     /// `LogParams::acquire` for one permit, but for the claim, and without the retirement marks
     /// and the far-future clamp, which these models never reach.
     fn acquire(&self, ring: &HeadClaimedRing, n: u64, now: u64) -> Answer {
-        assert_eq!(n, 1, "the ring grants one permit per attempt");
+        assert_eq!(n, 1, "this copy takes single permits only");
         loop {
             let (head, slot, latest) = self.snapshot(ring);
             let mark = self.lap_mark(head);
@@ -344,6 +346,212 @@ impl Method for HeadClaimedLog {
 #[should_panic(expected = "over-admitted")]
 fn sliding_log_claimed_by_head_fails_lap_wrap_model() {
     sliding_window_log::LAP_WRAP_OF_ONE_SLOT.check(HeadClaimedLog { limit: 1 });
+}
+
+/// How [`CopiedBatchLog`] undoes the claims of an interrupted batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Undo {
+    /// As `LogRing::give_back`: the slot keeps this lap's mark and gets the later of the latest
+    /// admission's expiry before the batch and the batch's time.
+    Exact,
+    /// The claims stay in place: a denied batch keeps slots as if it had been admitted.
+    Skipped,
+    /// The slot keeps this lap's mark but gets the expiry of a fresh ring, 0: the ring is no
+    /// longer sorted, and its count of free slots is wrong.
+    EmptySlot,
+}
+
+/// The sliding log's single and batch acquires and its count of free slots, copied from
+/// `LogParams` (without the retirement marks and the far-future clamp, which these models never
+/// reach), with the batch's undo as `undo` says. With [`Undo::Exact`] the copy passes the models
+/// the real ring passes, so that a failure of another variant is its undo's.
+#[derive(Debug, Clone, Copy)]
+struct CopiedBatchLog {
+    limit: u64,
+    undo: Undo,
+}
+
+impl CopiedBatchLog {
+    fn lap_mark(&self, position: u64) -> u64 {
+        if (position / self.limit) & 1 == 0 {
+            LAP_MARK
+        } else {
+            0
+        }
+    }
+
+    fn help_head_past(&self, ring: &HeadClaimedRing, head: u64) {
+        let _ = ring
+            .head
+            .compare_exchange(head, head + 1, Ordering::AcqRel, Ordering::Relaxed);
+    }
+
+    /// `LogParams::acquire` for one permit.
+    fn acquire_one(&self, ring: &HeadClaimedRing, now: u64) -> Answer {
+        loop {
+            let (head, slot, latest) = HeadClaimedLog { limit: self.limit }.snapshot(ring);
+            let mark = self.lap_mark(head);
+            if slot & LAP_MARK == mark {
+                self.help_head_past(ring, head);
+                continue;
+            }
+            let time = now.max((latest & EXPIRY_MASK).saturating_sub(WINDOW));
+            if slot & EXPIRY_MASK > time {
+                return Answer::Denied;
+            }
+            if ring
+                .slot(head)
+                .compare_exchange(
+                    slot,
+                    mark | (time + WINDOW),
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+            {
+                self.help_head_past(ring, head);
+                return Answer::Admitted(Admission { time, permits: 1 });
+            }
+        }
+    }
+
+    /// `LogParams::acquire_batch`, with `LogRing::claim_run` inlined.
+    fn acquire_batch(&self, ring: &HeadClaimedRing, n: u64, now: u64) -> Answer {
+        loop {
+            let (head, slot, latest) = HeadClaimedLog { limit: self.limit }.snapshot(ring);
+            if slot & LAP_MARK == self.lap_mark(head) {
+                self.help_head_past(ring, head);
+                continue;
+            }
+            let latest_expiry = latest & EXPIRY_MASK;
+            let time = now.max(latest_expiry.saturating_sub(WINDOW));
+            let last = head + n - 1;
+            let last_slot = ring.slot(last).load(Ordering::Acquire);
+            if last_slot & LAP_MARK == self.lap_mark(last) {
+                loom::thread::yield_now();
+                continue;
+            }
+            if last_slot & EXPIRY_MASK > time {
+                return Answer::Denied;
+            }
+            let expiry = time + WINDOW;
+            let mut taken = 0;
+            let mut slot = slot;
+            let interrupted = loop {
+                if taken == n {
+                    return Answer::Admitted(Admission { time, permits: n });
+                }
+                let position = head + taken;
+                if taken > 0 {
+                    slot = ring.slot(position).load(Ordering::Acquire);
+                }
+                let mark = self.lap_mark(position);
+                if slot & LAP_MARK == mark {
+                    break true;
+                }
+                if slot & EXPIRY_MASK > time {
+                    break false;
+                }
+                if ring
+                    .slot(position)
+                    .compare_exchange(slot, mark | expiry, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_err()
+                {
+                    break true;
+                }
+                self.help_head_past(ring, position);
+                taken += 1;
+            };
+            for position in head..head + taken {
+                let mark = self.lap_mark(position);
+                let undone = match self.undo {
+                    Undo::Exact => latest_expiry.max(time),
+                    // The step under test.
+                    Undo::Skipped => continue,
+                    Undo::EmptySlot => 0,
+                };
+                let _ = ring.slot(position).compare_exchange(
+                    mark | expiry,
+                    mark | undone,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                );
+            }
+            if !interrupted {
+                return Answer::Denied;
+            }
+        }
+    }
+}
+
+impl Method for CopiedBatchLog {
+    type State = HeadClaimedRing;
+    const BOUND: Bound = Bound::EverySpanOfOneWindow;
+
+    fn rule(&self) -> Rule {
+        rule(self.limit)
+    }
+
+    fn fresh_state(&self) -> HeadClaimedRing {
+        HeadClaimedLog { limit: self.limit }.fresh_state()
+    }
+
+    fn acquire(&self, ring: &HeadClaimedRing, n: u64, now: u64) -> Answer {
+        match n {
+            1 => self.acquire_one(ring, now),
+            _ => self.acquire_batch(ring, n, now),
+        }
+    }
+}
+
+impl Reports for CopiedBatchLog {
+    /// `LogParams::peek_at`'s count: the free slots from the oldest, by binary search.
+    fn available(&self, ring: &HeadClaimedRing, now: u64) -> u64 {
+        let (head, slot, latest) = HeadClaimedLog { limit: self.limit }.snapshot(ring);
+        let (oldest, latest) = if slot & LAP_MARK == self.lap_mark(head) {
+            (head + 1, slot)
+        } else {
+            (head, latest)
+        };
+        let time = now.max((latest & EXPIRY_MASK).saturating_sub(WINDOW));
+        let (mut low, mut high) = (0, self.limit);
+        while low < high {
+            let middle = low + (high - low) / 2;
+            let expiry = ring.slot(oldest + middle).load(Ordering::Relaxed) & EXPIRY_MASK;
+            if expiry <= time {
+                low = middle + 1;
+            } else {
+                high = middle;
+            }
+        }
+        low
+    }
+}
+
+#[test]
+fn sliding_log_copy_with_exact_undo_passes_settled_race_model() {
+    sliding_window_log::BATCH_INTERRUPTED_BY_A_SINGLE.check(CopiedBatchLog {
+        limit: 3,
+        undo: Undo::Exact,
+    });
+}
+
+#[test]
+#[should_panic(expected = "left an admission behind")]
+fn sliding_log_batch_without_undo_fails_settled_race_model() {
+    sliding_window_log::BATCH_INTERRUPTED_BY_A_SINGLE.check(CopiedBatchLog {
+        limit: 3,
+        undo: Undo::Skipped,
+    });
+}
+
+#[test]
+#[should_panic(expected = "but grants")]
+fn sliding_log_batch_undoing_to_an_empty_slot_fails_settled_race_model() {
+    sliding_window_log::BATCH_INTERRUPTED_BY_A_SINGLE.check(CopiedBatchLog {
+        limit: 3,
+        undo: Undo::EmptySlot,
+    });
 }
 
 /// The map's insert-if-absent as a load and a store: two first requests that both find the slot

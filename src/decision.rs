@@ -122,12 +122,6 @@ pub enum Rejection {
         /// The rule's limit.
         limit: u64,
     },
-    /// The method grants only one permit per attempt (the sliding window log: its ring claims
-    /// one slot per compare-and-swap, and a multi-slot claim could not be all-or-nothing).
-    BatchUnsupported {
-        /// Permits asked for.
-        requested: u64,
-    },
 }
 
 impl fmt::Display for Rejection {
@@ -137,11 +131,6 @@ impl fmt::Display for Rejection {
                 f,
                 "{requested} permits requested at once, but the limit is {limit}: \
                  n must be at most the limit"
-            ),
-            Rejection::BatchUnsupported { requested } => write!(
-                f,
-                "{requested} permits requested at once, but the sliding window log grants \
-                 1 per attempt: n must be 0 or 1"
             ),
         }
     }

@@ -102,6 +102,18 @@ impl<A: AtomicWord> LogRing<A> {
         }
     }
 
+    /// The position `steps` slots after `position` (`steps` below the capacity), in its lap.
+    #[inline]
+    fn position_after(&self, position: u64, steps: u64) -> u64 {
+        let index = index_of(position) as u64 + steps;
+        let capacity = self.capacity();
+        if index >= capacity {
+            (position & !INDEX_MASK).wrapping_add(1 << LAP_SHIFT) | (index - capacity)
+        } else {
+            position + steps
+        }
+    }
+
     /// Moves `head` past a slot already claimed at `head`.
     #[inline]
     fn help_head_past(&self, head: u64) {
@@ -135,6 +147,76 @@ impl<A: AtomicWord> LogRing<A> {
             if self.head.load(Ordering::Acquire) == head {
                 return Snapshot { head, slot, latest };
             }
+        }
+    }
+
+    /// Claims the `n` slots from `head` on, one by one, each with `expiry` (for an admission at
+    /// `time`) and the mark of its own lap, as a single admission claims its slot; `first` is the
+    /// slot at `head` as the snapshot read it. Returns how many it claimed, and why it stopped
+    /// short if it did.
+    fn claim_run(
+        &self,
+        head: u64,
+        first: u64,
+        n: u64,
+        time: u64,
+        expiry: u64,
+    ) -> (u64, Option<RunStop>) {
+        let mut position = head;
+        let mut slot = first;
+        for taken in 0..n {
+            if taken > 0 {
+                position = self.next(position);
+                // Acquire: as for the slots in `snapshot`.
+                slot = self.slot_at(position).load(Ordering::Acquire);
+            }
+            let mark = lap_mark(position);
+            let stop = if is_retired(slot) {
+                Some(RunStop::Retired)
+            } else if slot & LAP_MARK == mark {
+                Some(RunStop::Taken)
+            } else if slot & EXPIRY_MASK > time {
+                Some(RunStop::Live(slot & EXPIRY_MASK))
+            } else {
+                // AcqRel: as for a single admission's claim. Failure: another claim won the
+                // slot.
+                match self.slot_at(position).compare_exchange(
+                    slot,
+                    mark | expiry,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => {
+                        self.help_head_past(position);
+                        None
+                    }
+                    Err(_) => Some(RunStop::Taken),
+                }
+            };
+            if stop.is_some() {
+                return (taken, stop);
+            }
+        }
+        (n, None)
+    }
+
+    /// Undoes the first `taken` claims of a run from `head` made with `expiry`: each slot keeps
+    /// its lap's mark (it stays used for this lap, so no claim of this lap can take it) and gets
+    /// `used_expiry`, at most `expiry`. First slot first, so that the ring stays sorted at every
+    /// step.
+    fn give_back(&self, head: u64, taken: u64, expiry: u64, used_expiry: u64) {
+        let mut position = head;
+        for _ in 0..taken {
+            let mark = lap_mark(position);
+            // AcqRel: a write of the slot read as a claim is (see `snapshot`). Failure: a claim
+            // of a later lap (or the retired mark) replaced this one, and stays.
+            let _ = self.slot_at(position).compare_exchange(
+                mark | expiry,
+                mark | used_expiry,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            );
+            position = self.next(position);
         }
     }
 
@@ -258,7 +340,9 @@ impl LogParams {
         self.rule
     }
 
-    /// Claims one slot at `now_nanos`, if the admission L places back has left the window.
+    /// Takes `n` permits at the clock's reading: one slot, if the admission L places back has
+    /// left the window; `n` slots, all at one time or none (see "Batches" on
+    /// [`SlidingWindowLog`]).
     #[inline]
     pub fn acquire<A: AtomicWord>(
         &self,
@@ -286,6 +370,9 @@ impl LogParams {
         match n {
             0 => return self.peek_at(ring, now, true),
             1 => {}
+            _ if n <= self.rule.limit() && n <= ring.capacity() => {
+                return self.acquire_batch(ring, n, now);
+            }
             _ => return self.reject(ring, n, now),
         }
         let backoff = Backoff::new();
@@ -329,6 +416,66 @@ impl LogParams {
                 return Decision::allowed(self.rule, remaining, reset_after);
             }
             backoff.spin();
+        }
+    }
+
+    /// Claims `n` slots (1 < n ≤ the ring's capacity) for one admission time, or none: the
+    /// batch's side of the protocol documented on [`SlidingWindowLog`] under "Batches".
+    fn acquire_batch<A: AtomicWord>(&self, ring: &LogRing<A>, n: u64, now: u64) -> Decision {
+        let window = self.rule.window_nanos();
+        let backoff = Backoff::new();
+        loop {
+            let Snapshot { head, slot, latest } = ring.snapshot();
+            if is_retired(latest) || is_retired(slot) {
+                return Decision::retired(self.rule);
+            }
+            if slot & LAP_MARK == lap_mark(head) {
+                ring.help_head_past(head);
+                continue;
+            }
+            let latest_expiry = latest & EXPIRY_MASK;
+            let time = now
+                .max(latest_expiry.saturating_sub(window))
+                .min(self.latest_time);
+            // The slots from `head` on are sorted by expiry, so n of them are free iff the n-th is.
+            let last = ring.position_after(head, n - 1);
+            // Acquire: as for the slots in `snapshot`.
+            let last_slot = ring.slot_at(last).load(Ordering::Acquire);
+            if is_retired(last_slot) {
+                return Decision::retired(self.rule);
+            }
+            if last_slot & LAP_MARK == lap_mark(last) {
+                // Claimed in its lap already: the ring has moved on since the snapshot, and the
+                // next one will see it.
+                A::wait_for_writer();
+                continue;
+            }
+            let last_expiry = last_slot & EXPIRY_MASK;
+            let reset_after = latest_expiry.saturating_sub(now);
+            if last_expiry > time {
+                let remaining = self.expired_after(ring, index_of(head), n - 1, time);
+                let retry_after = last_expiry - now.min(last_expiry);
+                return Decision::denied(self.rule, remaining, retry_after, reset_after);
+            }
+            let expiry = time + window;
+            let (taken, stop) = ring.claim_run(head, slot, n, time, expiry);
+            let Some(stop) = stop else {
+                let after_last = ring.index_after(index_of(last), 1);
+                let remaining = self.expired_after(ring, after_last, ring.capacity() - n, time);
+                return Decision::allowed(self.rule, remaining, expiry - now.min(expiry));
+            };
+            // Never below the admission before the batch, nor below any expiry the claims
+            // replaced (each was at most `time`): see "Batches" on `SlidingWindowLog`.
+            ring.give_back(head, taken, expiry, latest_expiry.max(time));
+            match stop {
+                RunStop::Retired => return Decision::retired(self.rule),
+                // Another claim landed inside the run: try again from where the ring is now.
+                RunStop::Taken => backoff.spin(),
+                // Only after the ring has come round during the run (see "Batches").
+                RunStop::Live(expiry) => {
+                    return Decision::denied(self.rule, 0, expiry - now.min(expiry), reset_after);
+                }
+            }
         }
     }
 
@@ -377,16 +524,11 @@ impl LogParams {
         }
     }
 
-    /// The answer to `n` permits that can never be granted as asked, reporting what the ring
-    /// holds at `now`.
+    /// The answer to `n` permits, more than the ring holds, reporting what it holds at `now`.
     fn reject<A: AtomicWord>(&self, ring: &LogRing<A>, n: u64, now: u64) -> Decision {
-        let rejection = if n > self.rule.limit() {
-            Rejection::ExceedsLimit {
-                requested: n,
-                limit: self.rule.limit(),
-            }
-        } else {
-            Rejection::BatchUnsupported { requested: n }
+        let rejection = Rejection::ExceedsLimit {
+            requested: n,
+            limit: self.rule.limit().min(ring.capacity()),
         };
         let quota = self.peek_at(ring, now, true);
         if quota.is_retired() {
@@ -476,6 +618,16 @@ struct Snapshot {
     latest: u64,
 }
 
+/// Why a batch's run of claims stopped short.
+enum RunStop {
+    /// The ring has been retired.
+    Retired,
+    /// Another claim took a slot of the run first.
+    Taken,
+    /// A slot of the run had not expired at the batch's time (its expiry).
+    Live(u64),
+}
+
 /// A sliding window log: at most N permits in every span of length W.
 ///
 /// Lock-free: a ring of N atomic timestamps; an admission is one compare-and-swap on its slot.
@@ -486,9 +638,12 @@ struct Snapshot {
 /// At most N permits in *every* span of length W, wherever it starts: the edge burst a
 /// [fixed window](crate::FixedWindow) lets through is held to N. This holds under any
 /// interleaving of threads and any skew between their clock readings. Memory is one 8-byte slot
-/// per permit of the limit, so the limit is capped at [`SlidingWindowLog::MAX_LIMIT`]. One permit
-/// per attempt: [`Limiter::try_acquire_n`] with `n > 1` is rejected with
-/// [`Rejection::BatchUnsupported`].
+/// per permit of the limit, so the limit is capped at [`SlidingWindowLog::MAX_LIMIT`].
+///
+/// [`Limiter::try_acquire_n`] takes `n` permits (up to the limit) all at one admission time, or
+/// none. In a ring no other thread touches meanwhile it answers exactly as a log kept under a
+/// lock would. A batch that another thread's claim interrupts may spend up to `n - 1` slots
+/// without admitting anything; see [Batches](#batches) for what that costs, and for how long.
 ///
 /// # How
 ///
@@ -508,8 +663,37 @@ struct Snapshot {
 /// exchange that raises its slot's expiry by at least W, so a span of length W holds at most one
 /// admission per slot, at most L in all, whatever the interleaving. `head` is only a hint of which
 /// slot to claim next; whoever sees the slot at `head` already claimed helps move `head` on. Slot
-/// values only grow, so there is no ABA. An admission's time is never earlier than the previous
-/// admission's, which keeps the ring sorted by time (and a stepped-back clock harmless).
+/// values only grow, but for a batch's undo (below), which never takes a slot below the value its
+/// claim replaced: whatever value an exchange finds, no admission the slot recorded expires later.
+/// An admission's time is never earlier than the previous admission's, which keeps the ring
+/// sorted by time (and a stepped-back clock harmless).
+///
+/// # Batches
+///
+/// A batch of `n` permits at time `t` (the later of the reading and the latest admission's time,
+/// as for one permit) first reads the `n`-th slot from `head`: the ring is sorted, so `n` slots
+/// are free iff that one has expired at `t`. If it has not, the batch is denied having written
+/// nothing, with `retry_after` the time until it expires (the earliest instant `n` slots can be
+/// free) and `remaining` the slots free before it. Otherwise it claims the `n` slots one by one,
+/// each with exactly a single admission's compare-and-swap at time `t`, moving `head` on after
+/// each. If another claim takes one of them first, the batch undoes its claims (first slot
+/// first) and tries again from a fresh snapshot.
+///
+/// **The undo.** An undone slot keeps this lap's mark, and its expiry becomes the later of the
+/// latest admission's before the batch and `t`. It therefore stays used for this lap (no claim of
+/// this lap, which only ever takes the slot at `head`, can take it), it is free in the next lap
+/// from that expiry on, and the ring stays sorted, so `remaining`, `peek` and the evictor's test
+/// of the latest admission stay exact. The bound is kept because a slot's expiry never drops
+/// below that of an admission it recorded: the undone value is at least what the claim replaced
+/// (at most `t`, or the claim would have failed). An undo that finds its slot taken by a later
+/// lap's claim leaves it be.
+///
+/// **Its cost.** Only a batch interrupted by another claim undoes anything, so a ring used by one
+/// thread at a time answers exactly like a log under a lock. An interrupted try spends at most
+/// `n - 1` slots: while its claims stand, and after the undo until the latest admission before
+/// the batch leaves the window (at most one window after `t`), they count as admissions, so the
+/// log may deny up to `n - 1` permits per interrupted try that the limit would allow. It never
+/// admits more. After that, the slots are free again as soon as `head` comes round to them.
 ///
 /// # Examples
 ///
@@ -613,5 +797,37 @@ mod tests {
         );
         assert_eq!(ring.index_after(2, 2), 1);
         assert_eq!(ring.index_after(0, 2), 2);
+        let lap = 1 << LAP_SHIFT;
+        assert_eq!(ring.position_after(1, 1), 2);
+        assert_eq!(ring.position_after(1, 2), lap);
+        assert_eq!(ring.position_after(lap | 2, 2), (2 * lap) | 1);
+    }
+
+    #[test]
+    fn an_undone_claim_stays_used_for_its_lap_and_keeps_the_ring_sorted() {
+        // A batch of two at 50 claims slot 1, a single at 50 takes slot 2 between its claims, and
+        // the batch gives slot 1 back, as a batch interrupted on another thread does.
+        let params = LogParams::new(Rule::new(3, Duration::from_nanos(100)).unwrap()).unwrap();
+        let ring: LogRing<Word> = LogRing::new(&params);
+        let clock = crate::FakeClock::new();
+        assert!(params.acquire(&ring, 1, &clock).is_allowed());
+        clock.advance(Duration::from_nanos(50));
+        let Snapshot { head, slot, latest } = ring.snapshot();
+        assert_eq!((head, latest & EXPIRY_MASK), (1, 100));
+        assert!(matches!(ring.claim_run(head, slot, 1, 50, 150), (1, None)));
+        assert!(params.acquire(&ring, 1, &clock).is_allowed());
+        ring.give_back(head, 1, 150, 100);
+
+        // Slot 1 now reads as an admission that expires with the one at 0.
+        let expiries: Vec<u64> = (0..3)
+            .map(|index| ring.slot(index).load(Ordering::Relaxed) & EXPIRY_MASK)
+            .collect();
+        assert_eq!(expiries, [100, 100, 150]);
+        assert_eq!(params.peek(&ring, &clock).remaining(), 0);
+        assert!(params.acquire(&ring, 1, &clock).is_denied());
+        clock.advance(Duration::from_nanos(50));
+        let batch = params.acquire(&ring, 2, &clock);
+        assert!(batch.is_allowed(), "{batch:?}");
+        assert_eq!(batch.remaining(), 0);
     }
 }

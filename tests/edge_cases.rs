@@ -141,26 +141,54 @@ fn more_permits_than_the_limit_are_rejected_for_good() {
 }
 
 #[test]
-fn the_sliding_log_rejects_batches_without_taking_any() {
+fn sliding_log_batches_are_all_or_nothing_at_one_time() {
     let clock = FakeClock::new();
     let limiter = limiter(
         Algorithm::SlidingWindowLog,
         Rule::per_second(5).unwrap(),
         &clock,
     );
-    let decision = limiter.try_acquire_n(2);
+    let first = limiter.try_acquire_n(3);
+    assert!(first.is_allowed(), "{first:?}");
+    assert_eq!(first.remaining(), 2);
+
+    // Two permits left: a batch of three is denied and takes none of them.
+    let denied = limiter.try_acquire_n(3);
+    assert!(denied.is_denied(), "{denied:?}");
+    assert_eq!(denied.rejection(), None);
+    assert_eq!(denied.remaining(), 2);
+    assert_eq!(denied.retry_after(), Duration::from_secs(1));
     assert_eq!(
-        decision.rejection(),
-        Some(Rejection::BatchUnsupported { requested: 2 })
+        limiter.peek().remaining(),
+        2,
+        "the denied batch took nothing"
     );
+
+    clock.advance(Duration::from_millis(500));
+    let second = limiter.try_acquire_n(2);
+    assert!(second.is_allowed(), "{second:?}");
+    assert_eq!(second.remaining(), 0);
+
+    // Across the window's edge: the first three leave it at 1 s, the last two at 1.5 s.
+    clock.advance(Duration::from_millis(499));
+    let early = limiter.try_acquire_n(3);
+    assert!(early.is_denied(), "{early:?}");
+    assert_eq!(early.retry_after(), Duration::from_millis(1));
+    clock.advance(Duration::from_millis(1));
+    let on_time = limiter.try_acquire_n(3);
+    assert!(on_time.is_allowed(), "{on_time:?}");
+    assert_eq!(on_time.remaining(), 0);
+    assert_eq!(on_time.reset_after(), Duration::from_secs(1));
+    let one_more = limiter.try_acquire_n(1);
     assert!(
-        decision
-            .rejection()
-            .unwrap()
-            .to_string()
-            .contains("n must be 0 or 1")
+        one_more.is_denied(),
+        "5 in [0.5 s, 1.5 s) already: {one_more:?}"
     );
-    assert_eq!(burst(&limiter, 10), 5);
+    assert_eq!(one_more.retry_after(), Duration::from_millis(500));
+
+    clock.advance(Duration::from_millis(500));
+    assert!(limiter.try_acquire_n(2).is_allowed());
+    assert_eq!(burst(&limiter, 10), 0);
 }
 
 #[test]

@@ -2,13 +2,14 @@
 //!
 //! Single-threaded: a scenario is a rule, a start time and a random sequence of steps, each
 //! either moving a [`FakeClock`] (by a tiny amount, about one or a few tokens' refill, about one
-//! window, or hours) or asking for `n` permits (mostly 1, sometimes 0, the whole limit or one
-//! more). Rules range from nanosecond to hour windows, including limits that do not divide the
+//! window, or hours) or asking for `n` permits (mostly 1, sometimes 0, the whole limit, one more,
+//! or any number up to one more). Rules range from nanosecond to hour windows, including limits that do not divide the
 //! window (3 per second, 7 per 10 ms) and ones that put the token bucket in its fallback mode
 //! (999 per second).
 //!
 //! Checked for each method:
-//! - each decision equals the reference's, and `remaining()` equals the reference's available
+//! - each decision equals the reference's (a batch takes all its permits at one time or none, in
+//!   every method), and `remaining()` equals the reference's available
 //!   permits after the step (for the token bucket's fallback mode, which may refill a hair slower
 //!   than the rule: every admission is one the exact reference also grants, and `remaining()` is
 //!   never above the reference's);
@@ -17,7 +18,8 @@
 //! - `retry_after()` of a denial is exact: one nanosecond earlier the request is still denied,
 //!   at that moment it is granted.
 //!
-//! The last tests plant a bug in a limiter and check that the same comparison finds it.
+//! The last tests plant a bug in a limiter (among them a sliding log whose batches are not all or
+//! nothing) and check that the same comparison finds it.
 
 #[path = "support/reference.rs"]
 mod reference;
@@ -210,37 +212,25 @@ struct Pair<L> {
     reference: Box<dyn Reference>,
     clock: FakeClock,
     agreement: Agreement,
-    /// The most permits one attempt can be granted: the limit, or 1 for the sliding log.
-    max_batch: u64,
 }
 
 impl<L: Limiter> Pair<L> {
     /// Pairs `limiter`, of `method` and reading `clock`, with the reference of that method.
     fn new(method: Method, clock: FakeClock, limiter: L, agreement: Agreement) -> Self {
         let rule = limiter.rule();
-        let (reference, max_batch): (Box<dyn Reference>, u64) = match method {
-            Method::TokenBucket => (
-                Box::new(RefTokenBucket::new(rule, clock.clone())),
-                rule.limit(),
-            ),
-            Method::FixedWindow => (
-                Box::new(RefFixedWindow::new(rule, clock.clone())),
-                rule.limit(),
-            ),
-            Method::SlidingWindowLog => {
-                (Box::new(RefSlidingWindowLog::new(rule, clock.clone())), 1)
+        let reference: Box<dyn Reference> = match method {
+            Method::TokenBucket => Box::new(RefTokenBucket::new(rule, clock.clone())),
+            Method::FixedWindow => Box::new(RefFixedWindow::new(rule, clock.clone())),
+            Method::SlidingWindowLog => Box::new(RefSlidingWindowLog::new(rule, clock.clone())),
+            Method::SlidingWindowCounter => {
+                Box::new(RefSlidingWindowCounter::new(rule, clock.clone()))
             }
-            Method::SlidingWindowCounter => (
-                Box::new(RefSlidingWindowCounter::new(rule, clock.clone())),
-                rule.limit(),
-            ),
         };
         Pair {
             limiter,
             reference,
             clock,
             agreement,
-            max_batch,
         }
     }
 }
@@ -299,17 +289,11 @@ fn pair(method: Method, scenario: &Scenario) -> Option<Pair<AnyLimiter<FakeClock
     Some(Pair::new(method, clock, limiter, agreement))
 }
 
-fn expected_rejection(n: u64, limit: u64, max_batch: u64) -> Option<Rejection> {
-    if n > limit {
-        Some(Rejection::ExceedsLimit {
-            requested: n,
-            limit,
-        })
-    } else if n > max_batch {
-        Some(Rejection::BatchUnsupported { requested: n })
-    } else {
-        None
-    }
+fn expected_rejection(n: u64, limit: u64) -> Option<Rejection> {
+    (n > limit).then_some(Rejection::ExceedsLimit {
+        requested: n,
+        limit,
+    })
 }
 
 // ---------- The properties ----------
@@ -336,7 +320,7 @@ fn agrees_with_reference<L: Limiter>(pair: &Pair<L>, steps: &[Step]) -> TestCase
         };
         prop_assert_eq!(decision.is_allowed(), expected, "{}", context);
 
-        let rejection = expected_rejection(n, limit, pair.max_batch);
+        let rejection = expected_rejection(n, limit);
         prop_assert_eq!(decision.rejection(), rejection, "{}", context);
         if rejection.is_some() {
             // `remaining()` means nothing for a request that can never be granted.
@@ -627,6 +611,50 @@ fn checker_catches_a_sliding_window_counter_that_reads_a_nanosecond_ahead() {
     let minimal = failure.expect("a counter weighing a nanosecond early went unnoticed");
     assert!(
         check_agreement(Method::SlidingWindowCounter, &minimal).is_ok(),
+        "{minimal:?}"
+    );
+}
+
+/// A sliding log that takes a batch as single permits one after another, keeping those it got
+/// when one is denied: a batch that is not all or nothing.
+struct PermitByPermitBatches(SlidingWindowLog<FakeClock>);
+
+impl Limiter for PermitByPermitBatches {
+    fn try_acquire_n(&self, n: u64) -> Decision {
+        if n < 2 || n > self.0.rule().limit() {
+            return self.0.try_acquire_n(n);
+        }
+        let mut last = self.0.try_acquire_n(1);
+        for _ in 1..n {
+            if last.is_denied() {
+                break;
+            }
+            last = self.0.try_acquire_n(1);
+        }
+        last
+    }
+
+    fn peek(&self) -> Decision {
+        self.0.peek()
+    }
+
+    fn rule(&self) -> Rule {
+        self.0.rule()
+    }
+}
+
+#[test]
+fn checker_catches_a_sliding_log_whose_batches_are_not_all_or_nothing() {
+    let failure = find_failure(|scenario| {
+        let clock = start_clock(scenario);
+        let log = SlidingWindowLog::new(scenario.rule, clock.clone()).unwrap();
+        let planted = PermitByPermitBatches(log);
+        let pair = Pair::new(Method::SlidingWindowLog, clock, planted, Agreement::Exact);
+        agrees_with_reference(&pair, &scenario.steps)
+    });
+    let minimal = failure.expect("a partly granted batch went unnoticed");
+    assert!(
+        check_agreement(Method::SlidingWindowLog, &minimal).is_ok(),
         "{minimal:?}"
     );
 }

@@ -641,7 +641,7 @@ async fn requests_that_can_never_pass_report_the_quota_and_unknown_plans_need_no
     assert!(matches!(error, RedisError::UnknownPlan { .. }), "{error:?}");
     assert_eq!(redis.stats().round_trips, 0);
     assert!(redis.allow("c", &"free").await.unwrap());
-    let answer = redis.decide("c", &"free", 2).await.unwrap();
+    let answer = redis.decide("c", &"free", 6).await.unwrap();
     assert_eq!(answer.source(), Source::Rejected);
     assert!(answer.decision().rejection().is_some());
     assert_eq!(answer.decision().remaining(), 4, "the real quota");

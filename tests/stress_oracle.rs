@@ -12,7 +12,8 @@
 //! reordered with each other). The checks count only admissions whose whole interval lies in the
 //! span they look at, which keeps them sound whatever the interleaving:
 //!
-//! - sliding window log: at most N in every half-open span of one window;
+//! - sliding window log: at most N in every half-open span of one window, with single permits
+//!   and with batches of up to four racing them (each permit of a batch counted as an admission);
 //! - token bucket: at most `N + floor(N * s / W)` in every closed span of length `s`;
 //! - fixed window: at most N in every window aligned to the clock's origin;
 //! - sliding window counter: in every aligned window, its admissions plus the previous window's
@@ -97,6 +98,12 @@ struct Counter(AtomicU64);
 
 /// Runs `attempt` on [`WORKERS`] threads while the clock moves `STEPS` steps of `step_nanos`.
 fn stress(clock: &FakeClock, step_nanos: u64, attempt: impl Fn() -> bool + Sync) -> History {
+    stress_batches(clock, step_nanos, || u64::from(attempt()))
+}
+
+/// [`stress`] for attempts that may take several permits: `attempt` returns how many it took,
+/// each recorded as one admission with the attempt's interval.
+fn stress_batches(clock: &FakeClock, step_nanos: u64, attempt: impl Fn() -> u64 + Sync) -> History {
     let stop = AtomicBool::new(false);
     let counters: [Counter; WORKERS] = Default::default();
     let start = Barrier::new(WORKERS + 1);
@@ -127,9 +134,9 @@ fn stress(clock: &FakeClock, step_nanos: u64, attempt: impl Fn() -> bool + Sync)
                             continue;
                         }
                         made += 1;
-                        let allowed = attempt();
+                        let permits = attempt();
                         let after = clock.now_nanos();
-                        if allowed {
+                        for _ in 0..permits {
                             admitted.push(Admission { before, after });
                         }
                         counter.0.fetch_add(1, Ordering::Relaxed);
@@ -308,6 +315,28 @@ fn sliding_log_never_exceeds_limit_in_any_window() {
     let clock = FakeClock::new();
     let log = SlidingWindowLog::new(rule(limit, window), clock.clone()).unwrap();
     let history = stress(&clock, step, || log.try_acquire());
+    assert_covered(&history, step, window);
+    check_every_window(&history, limit, window).unwrap();
+}
+
+#[test]
+fn sliding_log_with_batches_never_exceeds_limit_in_any_window() {
+    let _machine = machine();
+    let (limit, window, step) = LOG;
+    let clock = FakeClock::new();
+    let log = SlidingWindowLog::new(rule(limit, window), clock.clone()).unwrap();
+    // Attempts for 1, 2, 3 and 4 permits in turn, so that batches race single permits and each
+    // other.
+    let attempts = AtomicU64::new(0);
+    let history = stress_batches(&clock, step, || {
+        // Relaxed: only spreads the sizes; no other memory depends on it.
+        let n = 1 + attempts.fetch_add(1, Ordering::Relaxed) % 4;
+        if log.try_acquire_n(n).is_allowed() {
+            n
+        } else {
+            0
+        }
+    });
     assert_covered(&history, step, window);
     check_every_window(&history, limit, window).unwrap();
 }

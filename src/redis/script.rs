@@ -180,13 +180,6 @@ impl LimitSpec {
             };
             return Some(Decision::rejected(rule, rejection));
         }
-        if let LimitSpec::SlidingWindowLog { .. } = self
-            && n > 1
-        {
-            // As the in-process log, so that every backend of a plan answers alike.
-            let rejection = Rejection::BatchUnsupported { requested: n };
-            return Some(Decision::rejected(rule, rejection));
-        }
         None
     }
 

@@ -164,17 +164,12 @@ impl<C: Clock> RefSlidingWindowLog<C> {
         now
     }
 
-    /// Takes `n` permits; like the lock-free log, only `n <= 1` can be granted.
+    /// Takes `n` permits, all at one time, or none.
     pub fn try_acquire_n(&self, n: u64) -> bool {
-        if n > 1 {
-            return false;
-        }
         let mut log = lock(&self.log);
         let now = self.expire(&mut log);
-        if (log.len() as u64) + n <= self.limit {
-            if n == 1 {
-                log.push_back(now);
-            }
+        if (log.len() as u64).saturating_add(n) <= self.limit {
+            log.extend((0..n).map(|_| now));
             true
         } else {
             false

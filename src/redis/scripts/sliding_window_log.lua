@@ -2,14 +2,14 @@
 --
 -- KEYS[i]   the log of limit i: a sorted set of admissions scored by their expiry (admission time
 --           + window, in microseconds). A missing key is an empty log.
--- ARGV[1]   n, 0 or 1 (0 reports what is available and writes nothing)
+-- ARGV[1]   n, from 0 to the smallest limit (0 reports what is available and writes nothing)
 -- ARGV[2]   "acquire" or "peek" (peek: what one permit would get, writing nothing)
 -- ARGV[3]   the time in microseconds, or "" for the server's TIME (the normal case)
 -- ARGV[3 + 2(i-1) + 1 .. 2]  limit i: limit, window_us
 --
--- An admission is allowed iff fewer than `limit` admissions are still in the window. Its time is
--- the later of now and the latest admission's, so the log stays sorted even if the server's clock
--- steps back. Reply: {code, index, now_us, then per limit: allowed, remaining (permits),
+-- n admissions are allowed iff at most `limit - n` admissions are still in the window; they all
+-- happen at one time, the later of now and the latest admission's, so the log stays sorted even if
+-- the server's clock steps back. A refusal waits for the admission whose leaving makes room for n. Reply: {code, index, now_us, then per limit: allowed, remaining (permits),
 -- retry_after (us), reset_after (us)}; code 1 = allowed (and committed), 0 = denied, -1 =
 -- KEYS[index] holds another type (nothing written). Every figure is an integer below 2^53.
 
@@ -52,15 +52,21 @@ for i = 1, #KEYS do
   -- Admissions still in the window at `time`: those that expire after it.
   local live = redis.call('ZCOUNT', KEYS[i], '(' .. int(time), '+inf')
   local reset = math.max(latest - now, 0)
-  local allowed, remaining, retry = 1, limit - live, 0
-  if n == 1 or peek then
-    if live >= limit then
-      -- The oldest admission still in the window must leave before the next one can enter.
-      local oldest = redis.call('ZRANGEBYSCORE', KEYS[i], '(' .. int(time), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
-      allowed, remaining, retry = 0, 0, math.max(tonumber(oldest[2]) - now, 0)
+  local allowed, remaining, retry = 1, math.max(limit - live, 0), 0
+  local wanted = n
+  if peek then
+    wanted = 1
+  end
+  if wanted >= 1 then
+    if live + wanted > limit then
+      -- The admissions still in the window leave oldest first; room for `wanted` comes when the
+      -- (live + wanted - limit)-th of them has left.
+      local k = live + wanted - limit - 1
+      local leaving = redis.call('ZRANGEBYSCORE', KEYS[i], '(' .. int(time), '+inf', 'WITHSCORES', 'LIMIT', k, 1)
+      allowed, retry = 0, math.max(tonumber(leaving[2]) - now, 0)
       all_allowed = false
     elseif not peek then
-      remaining, reset = limit - live - 1, time + window - now
+      remaining, reset = limit - live - n, time + window - now
     end
   end
   times[i], lives[i] = {time, window}, live
@@ -82,7 +88,9 @@ for i = 1, #KEYS do
   redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', int(time))
   -- Members must be unique: admissions with one expiry all happen at one `time`, each seeing
   -- one more live admission than the one before, so the count tells them apart.
-  redis.call('ZADD', KEYS[i], int(time + window), int(time + window) .. ':' .. int(lives[i]))
+  for j = 0, n - 1 do
+    redis.call('ZADD', KEYS[i], int(time + window), int(time + window) .. ':' .. int(lives[i] + j))
+  end
   -- When the newest admission leaves the window the log is empty: expire it then (rounded up to
   -- whole milliseconds). An injected time runs apart from the server's clock, so such keys are
   -- kept a minute longer.
