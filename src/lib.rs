@@ -56,6 +56,8 @@
 //! ## Features
 //!
 //! - `serde`: `Settings`, a service described in a TOML or JSON settings file.
+//! - `tower`: [`tower::RateLimitLayer`], a tower middleware answering over-limit HTTP and gRPC
+//!   requests (implies `serde`).
 //! - `loom`: adds the model-checking instantiations used by the `loom-tests` target
 //!   (`cargo test --features loom`). Additive: the public types do not change.
 
@@ -76,6 +78,9 @@ mod settings;
 mod sliding_window_log;
 mod sync;
 mod token_bucket;
+#[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
+pub mod tower;
 
 pub use algorithm::{Algorithm, UnknownAlgorithm};
 pub use clock::{Clock, CoarseClock, FakeClock, MonotonicClock};
