@@ -171,7 +171,13 @@ async fn the_request_over_the_limit_gets_429_with_exact_headers() {
     assert_eq!(reply.body, "Too Many Requests: retry in 1 s\n");
     let stats = layer.stats();
     assert_eq!(
-        (stats.requests, stats.checked, stats.allowed, stats.limited, stats.enforced),
+        (
+            stats.requests,
+            stats.checked,
+            stats.allowed,
+            stats.limited,
+            stats.enforced
+        ),
         (6, 6, 5, 1, 1)
     );
 }
@@ -203,13 +209,12 @@ async fn waiting_retry_after_lets_the_next_request_through() {
 async fn a_spoofed_forwarded_for_from_an_untrusted_peer_does_not_change_the_key() {
     let clock = FakeClock::new();
     // Trusts only 10.0.0.0/8: the loopback peer is not a proxy of ours.
-    let extractor = ClientIp::behind_proxies(["10.0.0.0/8".parse().unwrap()]).peer_source(
-        |extensions| {
+    let extractor =
+        ClientIp::behind_proxies(["10.0.0.0/8".parse().unwrap()]).peer_source(|extensions| {
             extensions
                 .get::<ConnectInfo<SocketAddr>>()
                 .map(|info| info.0.ip())
-        },
-    );
+        });
     let addr = serve(builder(&clock, extractor).build()).await;
     let client = client();
     for n in 0..FREE_LIMIT {
@@ -217,7 +222,12 @@ async fn a_spoofed_forwarded_for_from_an_untrusted_peer_does_not_change_the_key(
         let reply = send(&client, addr, &[("x-forwarded-for", spoof)]).await;
         assert_eq!(reply.status, StatusCode::OK);
     }
-    let reply = send(&client, addr, &[("x-forwarded-for", value("198.51.100.200"))]).await;
+    let reply = send(
+        &client,
+        addr,
+        &[("x-forwarded-for", value("198.51.100.200"))],
+    )
+    .await;
     assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
     let reply = send(&client, addr, &[("forwarded", value("for=198.51.100.201"))]).await;
     assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
@@ -227,13 +237,12 @@ async fn a_spoofed_forwarded_for_from_an_untrusted_peer_does_not_change_the_key(
 async fn behind_a_trusted_proxy_the_rightmost_untrusted_address_is_the_key() {
     let clock = FakeClock::new();
     // The loopback peer plays the trusted proxy.
-    let extractor = ClientIp::behind_proxies(["127.0.0.0/8".parse().unwrap()]).peer_source(
-        |extensions| {
+    let extractor =
+        ClientIp::behind_proxies(["127.0.0.0/8".parse().unwrap()]).peer_source(|extensions| {
             extensions
                 .get::<ConnectInfo<SocketAddr>>()
                 .map(|info| info.0.ip())
-        },
-    );
+        });
     let addr = serve(builder(&clock, extractor).build()).await;
     let client = client();
     // The client wrote a different leftmost entry each time; the proxy saw 203.0.113.5.
@@ -253,13 +262,12 @@ async fn behind_a_trusted_proxy_the_rightmost_untrusted_address_is_the_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_ipv6_addresses_in_one_64_share_a_limit() {
     let clock = FakeClock::new();
-    let extractor = ClientIp::behind_proxies(["127.0.0.1".parse().unwrap()]).peer_source(
-        |extensions| {
+    let extractor =
+        ClientIp::behind_proxies(["127.0.0.1".parse().unwrap()]).peer_source(|extensions| {
             extensions
                 .get::<ConnectInfo<SocketAddr>>()
                 .map(|info| info.0.ip())
-        },
-    );
+        });
     let addr = serve(builder(&clock, extractor).build()).await;
     let client = client();
     for n in 0..FREE_LIMIT {
@@ -272,13 +280,28 @@ async fn two_ipv6_addresses_in_one_64_share_a_limit() {
         let reply = send(&client, addr, &[("x-forwarded-for", value(address))]).await;
         assert_eq!(reply.status, StatusCode::OK);
     }
-    let reply = send(&client, addr, &[("x-forwarded-for", value("2001:db8:1:2::77"))]).await;
+    let reply = send(
+        &client,
+        addr,
+        &[("x-forwarded-for", value("2001:db8:1:2::77"))],
+    )
+    .await;
     assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
     // The neighbouring /64 is another client.
-    let reply = send(&client, addr, &[("x-forwarded-for", value("2001:db8:1:3::1"))]).await;
+    let reply = send(
+        &client,
+        addr,
+        &[("x-forwarded-for", value("2001:db8:1:3::1"))],
+    )
+    .await;
     assert_eq!(reply.status, StatusCode::OK);
     // And IPv4 clients written as mapped IPv6 stay apart from each other.
-    let reply = send(&client, addr, &[("x-forwarded-for", value("::ffff:192.0.2.1"))]).await;
+    let reply = send(
+        &client,
+        addr,
+        &[("x-forwarded-for", value("::ffff:192.0.2.1"))],
+    )
+    .await;
     assert_eq!(reply.status, StatusCode::OK);
 }
 
@@ -302,7 +325,13 @@ async fn shadow_mode_lets_everything_through_marks_and_counts() {
     assert_eq!(marked, 20 - FREE_LIMIT);
     let stats = layer.stats();
     assert_eq!(
-        (stats.requests, stats.checked, stats.allowed, stats.limited, stats.enforced),
+        (
+            stats.requests,
+            stats.checked,
+            stats.allowed,
+            stats.limited,
+            stats.enforced
+        ),
         (20, 20, 5, 15, 0)
     );
 }
@@ -356,13 +385,12 @@ async fn concurrent_connections_of_one_client_never_get_more_than_the_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_headers_get_a_defined_answer() {
     let clock = FakeClock::new();
-    let trusted = ClientIp::behind_proxies(["127.0.0.0/8".parse().unwrap()]).peer_source(
-        |extensions| {
+    let trusted =
+        ClientIp::behind_proxies(["127.0.0.0/8".parse().unwrap()]).peer_source(|extensions| {
             extensions
                 .get::<ConnectInfo<SocketAddr>>()
                 .map(|info| info.0.ip())
-        },
-    );
+        });
     let extractor = HeaderKey::new(HeaderName::from_static("x-api-key")).or(trusted);
     let layer = builder(&clock, extractor)
         .plan_fn(|head| {
@@ -385,7 +413,10 @@ async fn hostile_headers_get_a_defined_answer() {
             HeaderValue::from_bytes(b"for=\"\xc3\x28\";by=;;;,,,").unwrap(),
         ),
         ("x-api-key", value(&"k".repeat(10_000))),
-        ("x-api-key", HeaderValue::from_bytes(b"pro-\xff\xfe").unwrap()),
+        (
+            "x-api-key",
+            HeaderValue::from_bytes(b"pro-\xff\xfe").unwrap(),
+        ),
     ];
     for (name, header) in &hostile {
         let reply = send(&client, addr, &[(name, header.clone())]).await;
@@ -400,7 +431,11 @@ async fn hostile_headers_get_a_defined_answer() {
     let statuses: Vec<StatusCode> = {
         let mut statuses = Vec::new();
         for _ in 0..FREE_LIMIT {
-            statuses.push(send(&client, addr, &[("x-api-key", odd_key.clone())]).await.status);
+            statuses.push(
+                send(&client, addr, &[("x-api-key", odd_key.clone())])
+                    .await
+                    .status,
+            );
         }
         statuses
     };
@@ -517,7 +552,10 @@ async fn problem_json_names_the_violated_policy() {
     }
     let reply = get_plain(&client, addr).await;
     assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(reply.header("content-type"), Some("application/problem+json"));
+    assert_eq!(
+        reply.header("content-type"),
+        Some("application/problem+json")
+    );
     assert_eq!(
         reply.body,
         r#"{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Request cannot be satisfied as assigned quota has been exceeded","status":429,"violated-policies":["free"]}"#
@@ -529,10 +567,8 @@ async fn the_response_hook_builds_the_answer() {
     let clock = FakeClock::new();
     let layer = builder(&clock, GlobalKey)
         .on_limited(|limited| {
-            let mut response = Response::new(Bytes::from(format!(
-                "slow down, {} plan",
-                limited.policy()
-            )));
+            let mut response =
+                Response::new(Bytes::from(format!("slow down, {} plan", limited.policy())));
             *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
             response.headers_mut().extend(limited.headers().clone());
             response
@@ -558,7 +594,11 @@ async fn a_cost_the_method_can_never_grant_is_refused_without_retry_after() {
     let reply = get_plain(&client(), addr).await;
     assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(reply.header("retry-after"), None);
-    assert!(reply.body.starts_with("Too Many Requests: 2 permits requested"));
+    assert!(
+        reply
+            .body
+            .starts_with("Too Many Requests: 2 permits requested")
+    );
 }
 
 #[test]
