@@ -20,7 +20,7 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use criterion::{Criterion, criterion_group, criterion_main};
 use http::{Request, Response};
-use tollgate::tower::{ClientIp, ClientKey, RateLimitLayer};
+use tollgate::tower::{ClientIp, ClientKey, PeerSource, RateLimitLayer};
 use tollgate::{Algorithm, MonotonicClock, RateLimiterService, Rule};
 use tower::{Layer, Service};
 use tower_governor::GovernorLayer;
@@ -75,8 +75,24 @@ fn once<S: Service<Request<Body>>>(service: &mut S, request: Request<Body>) {
     }
 }
 
-type TollgateLayer =
-    RateLimitLayer<Arc<RateLimiterService<ClientKey, &'static str>>, ClientIp, &'static str>;
+/// The peer address as axum records it.
+#[derive(Debug, Clone, Copy)]
+struct ConnectInfoPeer;
+
+impl PeerSource for ConnectInfoPeer {
+    #[inline]
+    fn peer(&self, extensions: &http::Extensions) -> Option<IpAddr> {
+        extensions
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|info| info.0.ip())
+    }
+}
+
+type TollgateLayer = RateLimitLayer<
+    Arc<RateLimiterService<ClientKey, &'static str>>,
+    ClientIp<ConnectInfoPeer>,
+    &'static str,
+>;
 
 fn tollgate_layer(rule: Rule) -> TollgateLayer {
     let service = RateLimiterService::new(
@@ -85,11 +101,7 @@ fn tollgate_layer(rule: Rule) -> TollgateLayer {
         MonotonicClock::new(),
     )
     .expect("a valid rule");
-    let key = ClientIp::peer().peer_source(|extensions| {
-        extensions
-            .get::<ConnectInfo<SocketAddr>>()
-            .map(|info| info.0.ip())
-    });
+    let key = ClientIp::peer().peer_source(ConnectInfoPeer);
     RateLimitLayer::builder(Arc::new(service), key, "bench").build()
 }
 
@@ -163,6 +175,31 @@ fn benches(c: &mut Criterion) {
     }
 }
 
+/// The decisions alone, without any layer: what each layer's figure owes to its limiter.
+fn checks_alone(c: &mut Criterion) {
+    let one = IpAddr::V4(Ipv4Addr::new(203, 0, 113, 9));
+    let mut group = c.benchmark_group("tower/check_alone");
+    let service = RateLimiterService::<ClientKey, _>::new(
+        Algorithm::TokenBucket,
+        [(
+            "bench",
+            Rule::new(1 << 40, Duration::from_secs(3600)).expect("a valid rule"),
+        )],
+        MonotonicClock::new(),
+    )
+    .expect("a valid rule");
+    let key = ClientKey::Ip(one);
+    group.bench_function("tollgate", |b| {
+        b.iter(|| black_box(service.acquire(black_box(&key), &"bench", 1).is_ok()))
+    });
+    let governor =
+        governor::RateLimiter::keyed(governor::Quota::per_second(std::num::NonZeroU32::MAX));
+    group.bench_function("governor", |b| {
+        b.iter(|| black_box(governor.check_key(black_box(&one)).is_ok()))
+    });
+    group.finish();
+}
+
 fn config() -> Criterion {
     Criterion::default()
         .warm_up_time(Duration::from_secs(1))
@@ -173,6 +210,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = tower_layer;
     config = config();
-    targets = benches
+    targets = benches, checks_alone
 }
 criterion_main!(tower_layer);

@@ -49,7 +49,7 @@ fn builder<X: KeyExtractor<Key = ClientKey>>(
 }
 
 /// The peer address as axum records it.
-fn peer() -> ClientIp {
+fn peer() -> impl KeyExtractor<Key = ClientKey> + Clone + Send + Sync + 'static {
     ClientIp::peer().peer_source(|extensions| {
         extensions
             .get::<ConnectInfo<SocketAddr>>()

@@ -28,9 +28,9 @@ pin_project! {
     #[project = StateProj]
     enum State<F, ResB, E> {
         /// The request was let through; `fields` are added to the inner service's response.
-        Inner { #[pin] future: F, fields: Option<HeaderMap> },
+        Inner { #[pin] future: F, fields: Option<Box<HeaderMap>> },
         /// The layer answered itself.
-        Answer { response: Option<Response<Bytes>> },
+        Answer { response: Option<Box<Response<Bytes>>> },
         /// The backend is still deciding.
         Pending { future: Pending<ResB, E> },
     }
@@ -50,13 +50,13 @@ impl<F, ResB, E> fmt::Debug for ResponseFuture<F, ResB, E> {
 }
 
 impl<F, ResB, E> ResponseFuture<F, ResB, E> {
-    pub(crate) fn inner(future: F, fields: Option<HeaderMap>) -> Self {
+    pub(crate) fn inner(future: F, fields: Option<Box<HeaderMap>>) -> Self {
         ResponseFuture {
             state: State::Inner { future, fields },
         }
     }
 
-    pub(crate) fn answer(response: Response<Bytes>) -> Self {
+    pub(crate) fn answer(response: Box<Response<Bytes>>) -> Self {
         ResponseFuture {
             state: State::Answer {
                 response: Some(response),
@@ -74,11 +74,11 @@ impl<F, ResB, E> ResponseFuture<F, ResB, E> {
 /// The inner service's response with the layer's `fields` added and its body wrapped.
 pub(crate) fn pass<ResB>(
     response: Response<ResB>,
-    fields: Option<HeaderMap>,
+    fields: Option<Box<HeaderMap>>,
 ) -> Response<ResponseBody<ResB>> {
     let mut response = response.map(ResponseBody::inner);
     if let Some(fields) = fields {
-        response.headers_mut().extend(fields);
+        response.headers_mut().extend(*fields);
     }
     response
 }
@@ -101,7 +101,7 @@ where
                 Poll::Ready(Ok(pass(response, fields.take())))
             }
             StateProj::Answer { response } => match response.take() {
-                Some(response) => Poll::Ready(Ok(answer(response))),
+                Some(response) => Poll::Ready(Ok(answer(*response))),
                 // Polled again after completing: a caller's bug; answer as a closed stream would,
                 // with an empty 500, rather than panic.
                 None => Poll::Ready(Ok(answer(

@@ -14,6 +14,7 @@
 //! never panic: headers are untrusted input.
 
 use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
@@ -101,7 +102,7 @@ pub trait KeyExtractor {
 /// The key the built-in extractors produce, so that they combine with [`KeyExtractor::or`].
 ///
 /// Keys of different kinds never collide: an API key that spells an address is not that address.
-#[derive(Debug, PartialEq, Eq, Hash)]
+#[derive(Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ClientKey {
     /// Everyone ([`GlobalKey`]).
@@ -110,6 +111,20 @@ pub enum ClientKey {
     Ip(IpAddr),
     /// A header's value ([`HeaderKey`]).
     Header(HeaderValue),
+}
+
+impl Hash for ClientKey {
+    /// One write per key: the default hasher's cost is per call as much as per byte. (Keys of
+    /// different kinds may hash alike; equality still tells them apart.)
+    #[inline]
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        match self {
+            ClientKey::Global => state.write_u8(0),
+            ClientKey::Ip(IpAddr::V4(address)) => state.write_u32(u32::from(*address)),
+            ClientKey::Ip(IpAddr::V6(address)) => state.write_u128(u128::from(*address)),
+            ClientKey::Header(value) => state.write(value.as_bytes()),
+        }
+    }
 }
 
 impl Clone for ClientKey {
@@ -137,16 +152,34 @@ impl fmt::Display for ClientKey {
     }
 }
 
-/// A function that finds a server's view of the TCP peer in the request's extensions.
-pub type PeerSource = fn(&Extensions) -> Option<IpAddr>;
+/// Where a server records the TCP peer's address among a request's extensions.
+///
+/// Implemented by [`SocketAddrPeer`] (hyper-util servers and this crate's examples) and by every
+/// `Fn(&Extensions) -> Option<IpAddr>`.
+pub trait PeerSource {
+    /// The peer's address, if the request carries it.
+    fn peer(&self, extensions: &Extensions) -> Option<IpAddr>;
+}
 
-/// The peer address as hyper-util servers and this crate's examples record it: a [`SocketAddr`]
-/// or [`IpAddr`] extension.
-fn socket_addr_extension(extensions: &Extensions) -> Option<IpAddr> {
-    extensions
-        .get::<SocketAddr>()
-        .map(SocketAddr::ip)
-        .or_else(|| extensions.get::<IpAddr>().copied())
+impl<F: Fn(&Extensions) -> Option<IpAddr>> PeerSource for F {
+    #[inline]
+    fn peer(&self, extensions: &Extensions) -> Option<IpAddr> {
+        self(extensions)
+    }
+}
+
+/// The peer address as a [`SocketAddr`] (or [`IpAddr`]) request extension.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SocketAddrPeer;
+
+impl PeerSource for SocketAddrPeer {
+    #[inline]
+    fn peer(&self, extensions: &Extensions) -> Option<IpAddr> {
+        extensions
+            .get::<SocketAddr>()
+            .map(SocketAddr::ip)
+            .or_else(|| extensions.get::<IpAddr>().copied())
+    }
 }
 
 /// Keys a request by its client's IP address: the TCP peer, or the address behind trusted
@@ -168,20 +201,30 @@ fn socket_addr_extension(extensions: &Extensions) -> Option<IpAddr> {
 ///
 /// (and serve with `into_make_service_with_connect_info::<SocketAddr>()`). A request without the
 /// extension has no key.
-#[derive(Debug, Clone)]
-pub struct ClientIp {
-    peer: PeerSource,
+#[derive(Clone)]
+pub struct ClientIp<S = SocketAddrPeer> {
+    peer: S,
     grouping: Grouping,
     /// Empty for the peer itself.
     trusted: Arc<[Cidr]>,
     header: ForwardedHeader,
 }
 
+impl<S> fmt::Debug for ClientIp<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientIp")
+            .field("grouping", &self.grouping)
+            .field("trusted", &self.trusted)
+            .field("header", &self.header)
+            .finish_non_exhaustive()
+    }
+}
+
 impl ClientIp {
     /// The TCP peer's address. Forwarding headers are ignored: anyone can write them.
     pub fn peer() -> Self {
         ClientIp {
-            peer: socket_addr_extension,
+            peer: SocketAddrPeer,
             grouping: Grouping::DEFAULT,
             trusted: Arc::from([]),
             header: ForwardedHeader::XForwardedFor,
@@ -198,7 +241,9 @@ impl ClientIp {
             ..ClientIp::peer()
         }
     }
+}
 
+impl<S: PeerSource> ClientIp<S> {
     /// Reads the proxies' chain from `header` instead of `X-Forwarded-For`.
     pub fn header(mut self, header: ForwardedHeader) -> Self {
         self.header = header;
@@ -218,15 +263,19 @@ impl ClientIp {
     }
 
     /// Reads the peer's address with `source` instead of from a `SocketAddr` extension.
-    pub fn peer_source(mut self, source: PeerSource) -> Self {
-        self.peer = source;
-        self
+    pub fn peer_source<T: PeerSource>(self, source: T) -> ClientIp<T> {
+        ClientIp {
+            peer: source,
+            grouping: self.grouping,
+            trusted: self.trusted,
+            header: self.header,
+        }
     }
 
     /// The client's address, grouped, or `None` when the peer's address is not recorded.
     #[inline]
     pub fn address(&self, head: &RequestHead<'_>) -> Option<IpAddr> {
-        let peer = (self.peer)(head.extensions())?;
+        let peer = self.peer.peer(head.extensions())?;
         let client = if self.trusted.is_empty() {
             peer
         } else {
@@ -236,7 +285,7 @@ impl ClientIp {
     }
 }
 
-impl KeyExtractor for ClientIp {
+impl<S: PeerSource> KeyExtractor for ClientIp<S> {
     type Key = ClientKey;
 
     #[inline]

@@ -56,7 +56,7 @@ pub use forwarded::ForwardedHeader;
 pub use future::ResponseFuture;
 pub use key::{
     ClientIp, ClientKey, GlobalKey, HeaderKey, KeyExtractor, KeyFn, Or, PeerSource, RequestHead,
-    key_fn,
+    SocketAddrPeer, key_fn,
 };
 pub use layer::{DEFAULT_SWEEP_INTERVAL, RateLimitLayer, RateLimitLayerBuilder, SHADOWED_HEADER};
 pub use response::{BodyFormat, Fallback, Limited, PolicyName};

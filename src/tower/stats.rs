@@ -29,19 +29,21 @@ pub struct RateLimitStats {
     pub errors: u64,
 }
 
-/// Which count to add to.
+/// Which count a request lands in: exactly one each.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Count {
-    Requests = 0,
-    Checked,
+    /// Not checked (shadow mode's sample left it out).
+    Unchecked = 0,
     Allowed,
-    Limited,
+    /// Over the limit and let through (shadow mode).
+    Shadowed,
+    /// Over the limit and refused.
     Enforced,
     Unkeyed,
     Errors,
 }
 
-const COUNTS: usize = 7;
+const COUNTS: usize = 6;
 /// Shards: a power of two, enough that the threads of a busy server rarely share one.
 const SHARDS: usize = 16;
 
@@ -75,20 +77,13 @@ impl Counters {
                 *total += word.load(Ordering::Relaxed);
             }
         }
-        let [
-            requests,
-            checked,
-            allowed,
-            limited,
-            enforced,
-            unkeyed,
-            errors,
-        ] = totals;
+        let [unchecked, allowed, shadowed, enforced, unkeyed, errors] = totals;
+        let checked = allowed + shadowed + enforced + unkeyed + errors;
         RateLimitStats {
-            requests,
+            requests: unchecked + checked,
             checked,
             allowed,
-            limited,
+            limited: shadowed + enforced,
             enforced,
             unkeyed,
             errors,
@@ -240,15 +235,16 @@ mod tests {
             for _ in 0..4 {
                 scope.spawn(|| {
                     for _ in 0..1000 {
-                        counters.add(Count::Requests);
-                        counters.add(Count::Limited);
+                        counters.add(Count::Unchecked);
+                        counters.add(Count::Shadowed);
                     }
                 });
             }
         });
         let totals = counters.totals();
-        assert_eq!(totals.requests, 4000);
+        assert_eq!(totals.requests, 8000);
+        assert_eq!(totals.checked, 4000);
         assert_eq!(totals.limited, 4000);
-        assert_eq!(totals.allowed, 0);
+        assert_eq!((totals.allowed, totals.enforced), (0, 0));
     }
 }
