@@ -101,7 +101,7 @@ fn tollgate_layer(rule: Rule) -> TollgateLayer {
         MonotonicClock::new(),
     )
     .expect("a valid rule");
-    let key = ClientIp::peer().peer_source(ConnectInfoPeer);
+    let key = ClientIp::peer().peer_from(ConnectInfoPeer);
     RateLimitLayer::builder(Arc::new(service), key, "bench").build()
 }
 

@@ -263,7 +263,16 @@ impl<S: PeerSource> ClientIp<S> {
     }
 
     /// Reads the peer's address with `source` instead of from a `SocketAddr` extension.
-    pub fn peer_source<T: PeerSource>(self, source: T) -> ClientIp<T> {
+    pub fn peer_source<F>(self, source: F) -> ClientIp<F>
+    where
+        F: Fn(&Extensions) -> Option<IpAddr>,
+    {
+        self.peer_from(source)
+    }
+
+    /// Reads the peer's address with a named [`PeerSource`] (a type, where a closure cannot be
+    /// named).
+    pub fn peer_from<T: PeerSource>(self, source: T) -> ClientIp<T> {
         ClientIp {
             peer: source,
             grouping: self.grouping,
