@@ -19,6 +19,8 @@ use crate::{Clock, RateLimiterService, Settings, Sweeper};
 type PlanFn<P> = dyn Fn(&RequestHead<'_>) -> Option<P> + Send + Sync;
 type CostFn = dyn Fn(&RequestHead<'_>) -> u64 + Send + Sync;
 type LimitedFn = dyn Fn(&Limited<'_>) -> Response<Bytes> + Send + Sync;
+/// The builder [`RateLimitLayer::from_settings`] returns.
+type SettingsBuilder<K, P, C, X> = RateLimitLayerBuilder<Arc<RateLimiterService<K, P, C>>, X, P>;
 
 /// The request header that marks a request let through by shadow mode although over its limit;
 /// its value is the `RateLimit` field the client would have been sent.
@@ -79,10 +81,10 @@ impl<Bk: fmt::Debug, X: fmt::Debug, P: fmt::Debug> fmt::Debug for Config<Bk, X, 
 ///
 /// ```
 /// use std::sync::Arc;
-/// use tollgate::tower::{ClientIp, RateLimitLayer};
+/// use tollgate::tower::{ClientIp, ClientKey, RateLimitLayer};
 /// use tollgate::{Algorithm, MonotonicClock, RateLimiterService, Rule};
 ///
-/// let service = Arc::new(RateLimiterService::new(
+/// let service = Arc::new(RateLimiterService::<ClientKey, _>::new(
 ///     Algorithm::TokenBucket,
 ///     [("free", Rule::per_second(5)?)],
 ///     MonotonicClock::new(),
@@ -171,7 +173,7 @@ where
         plans: impl IntoIterator<Item = (&'n str, P)>,
         extractor: X,
         default_plan: P,
-    ) -> Result<RateLimitLayerBuilder<Arc<RateLimiterService<K, P, C>>, X, P>, SetupError> {
+    ) -> Result<SettingsBuilder<K, P, C, X>, SetupError> {
         let service = Arc::new(settings.build_service_with_plans(clock, plans)?);
         RateLimitLayer::builder(service, extractor, default_plan)
             .sweep_every(DEFAULT_SWEEP_INTERVAL)
