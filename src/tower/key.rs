@@ -120,8 +120,13 @@ impl Hash for ClientKey {
     fn hash<H: Hasher>(&self, state: &mut H) {
         match self {
             ClientKey::Global => state.write_u8(0),
-            ClientKey::Ip(IpAddr::V4(address)) => state.write_u32(u32::from(*address)),
-            ClientKey::Ip(IpAddr::V6(address)) => state.write_u128(u128::from(*address)),
+            // `write_usize` is the width the standard hasher takes fastest.
+            ClientKey::Ip(IpAddr::V4(address)) => state.write_usize(u32::from(*address) as usize),
+            ClientKey::Ip(IpAddr::V6(address)) => {
+                let bits = u128::from(*address);
+                state.write_u64((bits >> 64) as u64);
+                state.write_u64(bits as u64);
+            }
             ClientKey::Header(value) => state.write(value.as_bytes()),
         }
     }

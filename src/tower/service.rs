@@ -191,6 +191,14 @@ where
         // and the inner service is called without being cloned.
         let mut noop = Context::from_waker(Waker::noop());
         if let Poll::Ready(checked) = Pin::new(&mut check).poll(&mut noop) {
+            // The common case, kept inline: allowed, nothing to add.
+            if !config.headers_on_allowed
+                && let Ok(decision) = &checked
+                && decision.is_allowed()
+            {
+                config.counters.add(Count::Allowed);
+                return ResponseFuture::inner(self.inner.call(request), None);
+            }
             return match config.verdict(checked, &mut request, plan.policy_name()) {
                 Verdict::Pass(fields) => ResponseFuture::inner(self.inner.call(request), fields),
                 Verdict::Answer(response) => ResponseFuture::answer(response),
