@@ -5,6 +5,7 @@
 //! curl -i http://127.0.0.1:3000/hello                         # free plan, keyed by address
 //! curl -i -H 'x-api-key: pro-alice' http://127.0.0.1:3000/hello  # pro plan, keyed by the key
 //! curl http://127.0.0.1:3000/stats                             # the layer's counts (not limited)
+//! curl http://127.0.0.1:3000/open                              # as /hello, but not limited
 //! ```
 //!
 //! Options: `--listen ADDR` (default 127.0.0.1:3000), `--settings FILE` (default
@@ -107,7 +108,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let app = Router::new()
         .route("/hello", get(|| async { "hello\n" }))
         .layer(layer)
-        // Added after the layer, so not limited.
+        // Added after the layer, so not limited: `/open` is the baseline of `.ci/load-tower.sh`.
+        .route("/open", get(|| async { "hello\n" }))
         .route(
             "/stats",
             get(move || async move { format!("{:?}\n", stats_layer.stats()) }),
