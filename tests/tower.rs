@@ -633,3 +633,31 @@ fn the_layer_is_cheap_to_clone_and_shares_its_limits() {
     let _inner: &_ = first.get_ref();
     let _inner = second.into_inner();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_clients_are_swept_by_the_layer_itself() {
+    let clock = FakeClock::new();
+    let layer = builder(&clock, HeaderKey::new(HeaderName::from_static("x-api-key")))
+        .sweep_every(Duration::from_millis(5))
+        .unwrap()
+        .build();
+    let addr = serve(layer.clone()).await;
+    let client = client();
+    for n in 0..3 {
+        let key = [("x-api-key", value(&format!("client-{n}")))];
+        assert_eq!(send(&client, addr, &key).await.status, StatusCode::OK);
+    }
+    assert_eq!(layer.backend().len(), 3);
+    // Past every client's window: all idle. The sweeper thread notices within a few of its
+    // intervals; the wait is for that thread, not for any limit.
+    clock.advance(Duration::from_secs(2));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !layer.backend().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} clients left",
+            layer.backend().len()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}

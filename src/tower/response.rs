@@ -124,21 +124,31 @@ impl<'a> Limited<'a> {
     /// The layer's own answer: gRPC `RESOURCE_EXHAUSTED` for a gRPC call, else 429 with a body in
     /// `format`, each with [`Limited::headers`].
     pub fn default_response(&self, format: BodyFormat) -> Response<Bytes> {
-        let mut response = if self.grpc {
-            grpc_response(8, "rate limit exceeded")
-        } else {
-            let (content_type, body) = match format {
-                BodyFormat::Text => ("text/plain; charset=utf-8", self.text_body()),
-                BodyFormat::ProblemJson => ("application/problem+json", self.problem_body()),
-            };
-            let mut response = Response::new(Bytes::from(body));
-            *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-            response
-                .headers_mut()
-                .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
-            response
-        };
+        let mut response = self.bare_response(format);
         response.headers_mut().extend(self.headers.clone());
+        response
+    }
+
+    /// [`Limited::default_response`], moving the fields instead of copying them.
+    pub(crate) fn into_default_response(self, format: BodyFormat) -> Response<Bytes> {
+        let mut response = self.bare_response(format);
+        response.headers_mut().extend(self.headers);
+        response
+    }
+
+    fn bare_response(&self, format: BodyFormat) -> Response<Bytes> {
+        if self.grpc {
+            return grpc_response(8, "rate limit exceeded");
+        }
+        let (content_type, body) = match format {
+            BodyFormat::Text => ("text/plain; charset=utf-8", self.text_body()),
+            BodyFormat::ProblemJson => ("application/problem+json", self.problem_body()),
+        };
+        let mut response = Response::new(Bytes::from(body));
+        *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        response
+            .headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
         response
     }
 

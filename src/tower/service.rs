@@ -112,7 +112,7 @@ impl<Bk, X, P> Config<Bk, X, P> {
             let limited = Limited::new(&decision, policy, is_grpc(request.headers()));
             let response = match &self.on_limited {
                 Some(on_limited) => on_limited(&limited),
-                None => limited.default_response(self.body_format),
+                None => limited.into_default_response(self.body_format),
             };
             return Verdict::Answer(Box::new(response));
         }
