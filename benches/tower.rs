@@ -6,7 +6,10 @@
 //! layer's cost is its figure minus the bare service's; the summary printed at the end gives
 //! each layer's added nanoseconds and tollgate's as a fraction of tower_governor's.
 //!
-//! `cargo bench --features tower --bench tower`
+//! A second, paired measurement follows criterion's: the three variants timed in turn in short
+//! batches, medians over many rounds, which holds up on a machine shared with other work.
+//!
+//! `cargo bench --features tower --bench tower` (about a minute).
 
 use std::future::Future;
 use std::hint::black_box;
@@ -18,7 +21,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::ConnectInfo;
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::Criterion;
 use http::{Request, Response};
 use tollgate::tower::{ClientIp, ClientKey, PeerSource, RateLimitLayer};
 use tollgate::{Algorithm, MonotonicClock, RateLimiterService, Rule};
@@ -207,9 +210,84 @@ fn config() -> Criterion {
         .configure_from_args()
 }
 
-criterion_group! {
-    name = tower_layer;
-    config = config();
-    targets = benches, checks_alone
+/// Rounds of the paired measurement, and requests per variant per round: short batches in
+/// turn, so that a disturbance (another build on the machine) falls on all three variants alike,
+/// and the median of many rounds discards it.
+const ROUNDS: usize = 301;
+const BATCH: usize = 2_000;
+
+/// The three variants of one case, timed in turn in short batches; prints each one's median ns per
+/// request and the layers' added time over the bare service.
+fn paired(case: &str, clients: &[IpAddr], limited: bool) {
+    let roomy = Rule::new(1 << 40, Duration::from_secs(3600)).expect("a valid rule");
+    let tight = Rule::per_hour(1).expect("a valid rule");
+    let mut bare = inner();
+    let mut tollgate = tollgate_layer(if limited { tight } else { roomy }).layer(inner());
+    let config = if limited {
+        GovernorConfigBuilder::default()
+            .per_second(3600)
+            .burst_size(1)
+            .key_extractor(PeerIpKeyExtractor)
+            .finish()
+    } else {
+        GovernorConfigBuilder::default()
+            .per_nanosecond(1)
+            .burst_size(u32::MAX)
+            .key_extractor(PeerIpKeyExtractor)
+            .finish()
+    }
+    .expect("a valid governor configuration");
+    let mut governor = GovernorLayer::new(Arc::new(config)).layer(inner());
+    for &client in clients {
+        once(&mut tollgate, request(client));
+        once(&mut governor, request(client));
+    }
+    let mut samples = [Vec::new(), Vec::new(), Vec::new()];
+    let mut next = 0;
+    let mut batch = |variant: usize| {
+        let start = std::time::Instant::now();
+        for _ in 0..BATCH {
+            next = (next + 1) % clients.len();
+            let request = request(clients[next]);
+            match variant {
+                0 => once(&mut bare, request),
+                1 => once(&mut tollgate, request),
+                _ => once(&mut governor, request),
+            }
+        }
+        start.elapsed().as_nanos() as f64 / BATCH as f64
+    };
+    for round in 0..ROUNDS {
+        // Rotate the order, so that no variant always follows the same one.
+        for step in 0..3 {
+            let variant = (round + step) % 3;
+            let ns = batch(variant);
+            samples[variant].push(ns);
+        }
+    }
+    let [bare, tollgate, governor] = samples.map(|mut ns| {
+        ns.sort_by(f64::total_cmp);
+        ns[ns.len() / 2]
+    });
+    println!(
+        "paired {case}: bare {bare:.1} ns, tollgate {tollgate:.1} ns (+{:.1}), tower_governor \
+         {governor:.1} ns (+{:.1}); tollgate's added time is {:.2}x tower_governor's",
+        tollgate - bare,
+        governor - bare,
+        (tollgate - bare) / (governor - bare)
+    );
 }
-criterion_main!(tower_layer);
+
+fn main() {
+    let mut criterion = config();
+    benches(&mut criterion);
+    checks_alone(&mut criterion);
+    criterion.final_summary();
+    // Only a measuring run: `cargo test --benches` runs each benchmark once and wants no more.
+    if std::env::args().any(|arg| arg == "--bench") {
+        let one = [IpAddr::V4(Ipv4Addr::new(203, 0, 113, 9))];
+        paired("allow_one_client", &one, false);
+        paired("allow_1024_clients", &addresses(), false);
+        paired("deny", &one, true);
+    }
+}
