@@ -23,7 +23,7 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use criterion::Criterion;
 use http::{Request, Response};
-use tollgate::tower::{ClientIp, ClientKey, PeerSource, RateLimitLayer};
+use tollgate::tower::{ClientIp, ClientKey, PeerSource, RateLimitBackend, RateLimitLayer};
 use tollgate::{Algorithm, MonotonicClock, RateLimiterService, Rule};
 use tower::{Layer, Service};
 use tower_governor::GovernorLayer;
@@ -210,13 +210,27 @@ fn config() -> Criterion {
         .configure_from_args()
 }
 
+/// A backend that answers every check with one fixed decision: the layer's own cost, without a
+/// limiter's.
+#[derive(Debug, Clone, Copy)]
+struct FixedDecision(tollgate::Decision);
+
+impl RateLimitBackend<ClientKey, &'static str> for FixedDecision {
+    type Error = tollgate::ServiceError;
+    type Future = std::future::Ready<Result<tollgate::Decision, tollgate::ServiceError>>;
+
+    fn check(&self, _: &ClientKey, _: &&'static str, _: u64) -> Self::Future {
+        std::future::ready(Ok(self.0))
+    }
+}
+
 /// Rounds of the paired measurement, and requests per variant per round: short batches in
 /// turn, so that a disturbance (another build on the machine) falls on all three variants alike,
 /// and the median of many rounds discards it.
 const ROUNDS: usize = 301;
 const BATCH: usize = 2_000;
 
-/// The three variants of one case, timed in turn in short batches; prints each one's median ns per
+/// The variants of one case, timed in turn in short batches; prints each one's median ns per
 /// request and the layers' added time over the bare service.
 fn paired(case: &str, clients: &[IpAddr], limited: bool) {
     let roomy = Rule::new(1 << 40, Duration::from_secs(3600)).expect("a valid rule");
@@ -238,11 +252,26 @@ fn paired(case: &str, clients: &[IpAddr], limited: bool) {
     }
     .expect("a valid governor configuration");
     let mut governor = GovernorLayer::new(Arc::new(config)).layer(inner());
+    let decision = RateLimiterService::<ClientKey, _>::new(
+        Algorithm::TokenBucket,
+        [("bench", if limited { tight } else { roomy })],
+        MonotonicClock::new(),
+    )
+    .expect("a valid rule")
+    .acquire(&ClientKey::Global, &"bench", if limited { 2 } else { 1 })
+    .expect("a known plan");
+    let mut shell = RateLimitLayer::builder(
+        FixedDecision(decision),
+        ClientIp::peer().peer_from(ConnectInfoPeer),
+        "bench",
+    )
+    .build()
+    .layer(inner());
     for &client in clients {
         once(&mut tollgate, request(client));
         once(&mut governor, request(client));
     }
-    let mut samples = [Vec::new(), Vec::new(), Vec::new()];
+    let mut samples = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
     let mut next = 0;
     let mut batch = |variant: usize| {
         let start = std::time::Instant::now();
@@ -252,20 +281,21 @@ fn paired(case: &str, clients: &[IpAddr], limited: bool) {
             match variant {
                 0 => once(&mut bare, request),
                 1 => once(&mut tollgate, request),
-                _ => once(&mut governor, request),
+                2 => once(&mut governor, request),
+                _ => once(&mut shell, request),
             }
         }
         start.elapsed().as_nanos() as f64 / BATCH as f64
     };
     for round in 0..ROUNDS {
         // Rotate the order, so that no variant always follows the same one.
-        for step in 0..3 {
-            let variant = (round + step) % 3;
+        for step in 0..4 {
+            let variant = (round + step) % 4;
             let ns = batch(variant);
             samples[variant].push(ns);
         }
     }
-    let [bare, tollgate, governor] = samples.map(|mut ns| {
+    let [bare, tollgate, governor, shell] = samples.map(|mut ns| {
         ns.sort_by(f64::total_cmp);
         ns[ns.len() / 2]
     });
@@ -275,6 +305,10 @@ fn paired(case: &str, clients: &[IpAddr], limited: bool) {
         tollgate - bare,
         governor - bare,
         (tollgate - bare) / (governor - bare)
+    );
+    println!(
+        "paired {case}: the layer alone (a backend with a fixed answer) adds {:.1} ns",
+        shell - bare
     );
 }
 
