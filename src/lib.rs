@@ -61,6 +61,8 @@
 //! - `loom`: adds the model-checking instantiations used by the `loom-tests` target
 //!   (`cargo test --features loom`). Additive: the public types do not change.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod algorithm;
 mod client_state;
 mod clock;
