@@ -186,7 +186,11 @@ where
         let chosen = config.plan_fn.as_ref().and_then(|plan_fn| plan_fn(&head));
         let plan = chosen.as_ref().unwrap_or(&config.default_plan);
         let cost = config.cost_fn.as_ref().map_or(1, |cost_fn| cost_fn(&head));
-        let mut check = config.backend.check(&key, plan, cost);
+        let mut check = if config.headers_on_allowed {
+            config.backend.check(&key, plan, cost)
+        } else {
+            config.backend.check_without_remaining(&key, plan, cost)
+        };
         // One poll in place: the in-process backend is always ready, and then nothing is boxed
         // and the inner service is called without being cloned.
         let mut noop = Context::from_waker(Waker::noop());
