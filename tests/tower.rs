@@ -661,3 +661,47 @@ async fn idle_clients_are_swept_by_the_layer_itself() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+/// A backend that answers only after yielding to the runtime once, as one over the network would.
+#[derive(Debug, Clone)]
+struct Deferred(Backend);
+
+impl tollgate::tower::RateLimitBackend<ClientKey, &'static str> for Deferred {
+    type Error = tollgate::ServiceError;
+    type Future = std::pin::Pin<
+        Box<dyn Future<Output = Result<tollgate::Decision, tollgate::ServiceError>> + Send>,
+    >;
+
+    fn check(&self, key: &ClientKey, plan: &&'static str, cost: u64) -> Self::Future {
+        let (service, key, plan) = (Arc::clone(&self.0), key.clone(), *plan);
+        Box::pin(async move {
+            tokio::task::yield_now().await;
+            service.acquire(&key, &plan, cost)
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_answers_later_limits_the_same() {
+    let clock = FakeClock::new();
+    let service = Arc::clone(builder(&clock, GlobalKey).build().backend());
+    let layer = RateLimitLayer::builder(Deferred(service), GlobalKey, "free")
+        .headers_on_allowed(true)
+        .build();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = app().layer(layer.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let client = client();
+    for n in 0..FREE_LIMIT {
+        let reply = get_plain(&client, addr).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        let expected = format!(r#""free";r={};t=1"#, FREE_LIMIT - 1 - n);
+        assert_eq!(reply.header("ratelimit"), Some(expected.as_str()));
+    }
+    let reply = get_plain(&client, addr).await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(reply.header("retry-after"), Some("1"));
+    assert_eq!(reply.header("ratelimit"), Some(r#""free";r=0;t=1"#));
+    assert_eq!(layer.stats().enforced, 1);
+}
