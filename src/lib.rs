@@ -67,6 +67,8 @@
 //!   errors that name the plan and the field. Implies `serde`.
 //! - `redis`: [`redis::RedisRateLimiter`], the service with its state in Redis, shared by a
 //!   fleet of nodes (async, on tokio).
+//! - `tower`: [`tower::RateLimitLayer`], a tower middleware answering over-limit HTTP and gRPC
+//!   requests (implies `settings`).
 //! - `loom`: adds the model-checking instantiations used by the `loom-tests` target
 //!   (`cargo test --features loom`). Additive: the public types do not change.
 
@@ -92,6 +94,9 @@ mod sliding_window_counter;
 mod sliding_window_log;
 mod sync;
 mod token_bucket;
+#[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
+pub mod tower;
 
 pub use algorithm::{Algorithm, UnknownAlgorithm};
 pub use clock::{Clock, CoarseClock, FakeClock, MonotonicClock};

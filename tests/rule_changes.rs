@@ -472,11 +472,11 @@ fn a_sliding_log_peek_racing_rule_changes_reports_only_true_waits() {
     changer.join().unwrap();
 }
 
-/// A batch refused by a sliding log that a sweep has just retired is answered from the fresh
-/// ring that replaces it, with its real quota.
+/// A request refused for good (more than the limit) by a sliding log that a sweep has just
+/// retired is answered from the fresh ring that replaces it, with its real quota.
 #[test]
 fn a_sliding_log_refusal_from_a_ring_being_swept_reports_the_fresh_quota() {
-    for n in [2u64, 6] {
+    for n in [6u64, 9] {
         let clock = FakeClock::new();
         let service: Arc<ParkingService> = Arc::new(
             RateLimiterService::new(

@@ -1,0 +1,97 @@
+//! [`RateLimitBackend`]: what the layer asks for a decision, so that the in-process
+//! [`RateLimiterService`] and a store shared between servers fit the same layer.
+
+use std::fmt;
+use std::future::{Future, Ready, ready};
+use std::hash::{BuildHasher, Hash};
+use std::sync::Arc;
+
+use crate::{Algorithm, Clock, Decision, RateLimiterService, ServiceError};
+
+/// A source of decisions: takes `cost` permits for `key` under `plan`.
+///
+/// The future must be `Unpin` (box it if it is not): the layer polls it once in place, and only
+/// if it is not ready moves it, with the request, into the response future. A backend whose
+/// future is always ready, as the in-process service's, therefore costs the layer no allocation
+/// and no clone of the inner service.
+pub trait RateLimitBackend<K, P> {
+    /// Why no decision could be made (an unknown plan; a store that cannot be reached).
+    type Error: fmt::Display;
+    /// The decision to come.
+    type Future: Future<Output = Result<Decision, Self::Error>> + Unpin;
+
+    /// Takes `cost` permits for `key` under `plan`'s rule, all or nothing.
+    fn check(&self, key: &K, plan: &P, cost: u64) -> Self::Future;
+
+    /// As [`check`](RateLimitBackend::check), for a caller that needs nothing of an allowed
+    /// decision but that it was allowed (no `RateLimit` field will be sent): a backend may then
+    /// report 0 permits left and skip the work of counting them. Refusals keep every figure.
+    fn check_without_remaining(&self, key: &K, plan: &P, cost: u64) -> Self::Future {
+        self.check(key, plan, cost)
+    }
+}
+
+impl<K, P, C, S> RateLimitBackend<K, P> for RateLimiterService<K, P, C, S>
+where
+    K: Hash + Eq + Clone,
+    P: Eq + fmt::Debug,
+    C: Clock,
+    S: BuildHasher,
+{
+    type Error = ServiceError;
+    type Future = Ready<Result<Decision, ServiceError>>;
+
+    #[inline]
+    fn check(&self, key: &K, plan: &P, cost: u64) -> Self::Future {
+        ready(self.acquire(key, plan, cost))
+    }
+
+    /// The sliding log counts the permits left by reading its whole ring, as long as the limit;
+    /// one permit is therefore taken with `allow`, which does not count, and a refusal's figures
+    /// come from `peek`. The one-word methods report them for free, and take the plain path.
+    #[inline]
+    fn check_without_remaining(&self, key: &K, plan: &P, cost: u64) -> Self::Future {
+        if cost != 1 || self.algorithm() != Algorithm::SlidingWindowLog {
+            return self.check(key, plan, cost);
+        }
+        ready(self.allow(key, plan).and_then(|allowed| {
+            let unknown = || ServiceError::UnknownPlan {
+                plan: format!("{plan:?}"),
+            };
+            if allowed {
+                return Ok(Decision::allowed(
+                    self.rule(plan).ok_or_else(unknown)?,
+                    0,
+                    0,
+                ));
+            }
+            let report = self.peek(key, plan)?;
+            if report.is_denied() {
+                return Ok(report);
+            }
+            // A permit came free between the two calls: still a refusal (nothing was taken),
+            // with the shortest wait.
+            Ok(Decision::denied(
+                self.rule(plan).ok_or_else(unknown)?,
+                0,
+                1,
+                0,
+            ))
+        }))
+    }
+}
+
+impl<K, P, B: RateLimitBackend<K, P> + ?Sized> RateLimitBackend<K, P> for Arc<B> {
+    type Error = B::Error;
+    type Future = B::Future;
+
+    #[inline]
+    fn check(&self, key: &K, plan: &P, cost: u64) -> Self::Future {
+        (**self).check(key, plan, cost)
+    }
+
+    #[inline]
+    fn check_without_remaining(&self, key: &K, plan: &P, cost: u64) -> Self::Future {
+        (**self).check_without_remaining(key, plan, cost)
+    }
+}

@@ -1,0 +1,428 @@
+//! Who the client is: [`KeyExtractor`] and the extractors that come with the layer.
+//!
+//! | extractor | key | for |
+//! |---|---|---|
+//! | [`ClientIp::peer`] | the TCP peer's address, IPv6 grouped by /64 | a server facing clients directly |
+//! | [`ClientIp::behind_proxies`] | the rightmost address not in your trusted proxy ranges | a server behind load balancers or CDNs you run or pay for |
+//! | [`HeaderKey`] | a header's value (`x-api-key`) | APIs with keys |
+//! | [`key_fn`] | anything a closure returns | everything else |
+//! | [`GlobalKey`] | one key for everyone | protecting a backend as a whole |
+//! | [`KeyExtractor::or`] | the first extractor's key, else the second's | API key if given, else the address |
+//!
+//! An extractor that finds no key returns `None`, and the layer answers as its
+//! [`on_missing_key`](super::RateLimitLayerBuilder::on_missing_key) setting says. Extractors
+//! never panic: headers are untrusted input.
+
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use http::{Extensions, HeaderMap, HeaderName, HeaderValue, Method, Request, Uri};
+
+use super::addr::{Cidr, Grouping};
+use super::forwarded::{ForwardedHeader, client_address};
+
+/// What the layer's hooks see of a request: everything but its body, so that hooks are written
+/// once for every body type.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestHead<'a> {
+    method: &'a Method,
+    uri: &'a Uri,
+    headers: &'a HeaderMap,
+    extensions: &'a Extensions,
+}
+
+impl<'a> RequestHead<'a> {
+    /// The head of `request`.
+    pub fn of<B>(request: &'a Request<B>) -> Self {
+        RequestHead {
+            method: request.method(),
+            uri: request.uri(),
+            headers: request.headers(),
+            extensions: request.extensions(),
+        }
+    }
+
+    /// The request's method.
+    pub fn method(&self) -> &'a Method {
+        self.method
+    }
+
+    /// The request's URI.
+    pub fn uri(&self) -> &'a Uri {
+        self.uri
+    }
+
+    /// The request's headers.
+    pub fn headers(&self) -> &'a HeaderMap {
+        self.headers
+    }
+
+    /// The request's extensions (where servers put the peer's address).
+    pub fn extensions(&self) -> &'a Extensions {
+        self.extensions
+    }
+}
+
+/// Finds the key that identifies a request's client.
+///
+/// # Examples
+///
+/// ```
+/// use http::Request;
+/// use tollgate::tower::{ClientKey, HeaderKey, KeyExtractor, RequestHead};
+///
+/// let by_api_key = HeaderKey::new(http::HeaderName::from_static("x-api-key"));
+/// let request = Request::builder().header("x-api-key", "pro-123").body(())?;
+/// let key = by_api_key.extract(&RequestHead::of(&request));
+/// assert_eq!(key, Some(ClientKey::Header("pro-123".parse()?)));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub trait KeyExtractor {
+    /// The key; the limiter's map holds one limiter per key and plan.
+    type Key;
+
+    /// The key of the request's client, or `None` when the request does not carry one.
+    fn extract(&self, head: &RequestHead<'_>) -> Option<Self::Key>;
+
+    /// This extractor's key, or `other`'s when this one finds none.
+    fn or<E>(self, other: E) -> Or<Self, E>
+    where
+        Self: Sized,
+        E: KeyExtractor<Key = Self::Key>,
+    {
+        Or {
+            first: self,
+            second: other,
+        }
+    }
+}
+
+/// The key the built-in extractors produce, so that they combine with [`KeyExtractor::or`].
+///
+/// Keys of different kinds never collide: an API key that spells an address is not that address.
+#[derive(Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ClientKey {
+    /// Everyone ([`GlobalKey`]).
+    Global,
+    /// An address, grouped by its prefix ([`ClientIp`]).
+    Ip(IpAddr),
+    /// A header's value ([`HeaderKey`]).
+    Header(HeaderValue),
+}
+
+impl Hash for ClientKey {
+    /// One write per key: the default hasher's cost is per call as much as per byte. (Keys of
+    /// different kinds may hash alike; equality still tells them apart.)
+    #[inline]
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        match self {
+            ClientKey::Global => state.write_u8(0),
+            // `write_usize` is the width the standard hasher takes fastest.
+            ClientKey::Ip(IpAddr::V4(address)) => state.write_usize(u32::from(*address) as usize),
+            ClientKey::Ip(IpAddr::V6(address)) => {
+                let bits = u128::from(*address);
+                state.write_u64((bits >> 64) as u64);
+                state.write_u64(bits as u64);
+            }
+            ClientKey::Header(value) => state.write(value.as_bytes()),
+        }
+    }
+}
+
+impl Clone for ClientKey {
+    /// A header value is copied into its own buffer: the value read from a request shares the
+    /// connection's read buffer, and a key kept in the limiter's map must not hold that alive.
+    /// (The layer clones a key only when the client's limiter is first made.)
+    fn clone(&self) -> Self {
+        match self {
+            ClientKey::Global => ClientKey::Global,
+            ClientKey::Ip(address) => ClientKey::Ip(*address),
+            ClientKey::Header(value) => ClientKey::Header(
+                HeaderValue::from_bytes(value.as_bytes()).unwrap_or_else(|_| value.clone()),
+            ),
+        }
+    }
+}
+
+impl fmt::Display for ClientKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClientKey::Global => f.write_str("global"),
+            ClientKey::Ip(address) => write!(f, "{address}"),
+            ClientKey::Header(value) => write!(f, "{}", String::from_utf8_lossy(value.as_bytes())),
+        }
+    }
+}
+
+/// Where a server records the TCP peer's address among a request's extensions.
+///
+/// Implemented by [`SocketAddrPeer`] (hyper-util servers and this crate's examples) and by every
+/// `Fn(&Extensions) -> Option<IpAddr>`.
+pub trait PeerSource {
+    /// The peer's address, if the request carries it.
+    fn peer(&self, extensions: &Extensions) -> Option<IpAddr>;
+}
+
+impl<F: Fn(&Extensions) -> Option<IpAddr>> PeerSource for F {
+    #[inline]
+    fn peer(&self, extensions: &Extensions) -> Option<IpAddr> {
+        self(extensions)
+    }
+}
+
+/// The peer address as a [`SocketAddr`] (or [`IpAddr`]) request extension.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SocketAddrPeer;
+
+impl PeerSource for SocketAddrPeer {
+    #[inline]
+    fn peer(&self, extensions: &Extensions) -> Option<IpAddr> {
+        extensions
+            .get::<SocketAddr>()
+            .map(SocketAddr::ip)
+            .or_else(|| extensions.get::<IpAddr>().copied())
+    }
+}
+
+/// Keys a request by its client's IP address: the TCP peer, or the address behind trusted
+/// proxies. IPv6 addresses are grouped by a prefix (/64 by default) and IPv4-mapped IPv6 addresses
+/// are read as IPv4 first.
+///
+/// The peer address is read from a [`SocketAddr`] (or [`IpAddr`]) request extension; a server
+/// that records it differently names its own [`PeerSource`]. With axum:
+///
+/// ```
+/// use std::net::SocketAddr;
+/// use axum::extract::ConnectInfo;
+/// use tollgate::tower::ClientIp;
+///
+/// let key = ClientIp::peer().peer_source(|extensions| {
+///     extensions.get::<ConnectInfo<SocketAddr>>().map(|info| info.0.ip())
+/// });
+/// ```
+///
+/// (and serve with `into_make_service_with_connect_info::<SocketAddr>()`). A request without the
+/// extension has no key.
+#[derive(Clone)]
+pub struct ClientIp<S = SocketAddrPeer> {
+    peer: S,
+    grouping: Grouping,
+    /// Empty for the peer itself.
+    trusted: Arc<[Cidr]>,
+    header: ForwardedHeader,
+}
+
+impl<S> fmt::Debug for ClientIp<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientIp")
+            .field("grouping", &self.grouping)
+            .field("trusted", &self.trusted)
+            .field("header", &self.header)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClientIp {
+    /// The TCP peer's address. Forwarding headers are ignored: anyone can write them.
+    pub fn peer() -> Self {
+        ClientIp {
+            peer: SocketAddrPeer,
+            grouping: Grouping::DEFAULT,
+            trusted: Arc::from([]),
+            header: ForwardedHeader::XForwardedFor,
+        }
+    }
+
+    /// The client's address as the proxies in `trusted` report it in `X-Forwarded-For`: the peer,
+    /// if it is not a trusted proxy; else the header walked from the right past every trusted
+    /// address, to the first one that is not (see the [module docs](super) on why never the
+    /// leftmost). A request from an untrusted peer is keyed by the peer, whatever it claims.
+    pub fn behind_proxies(trusted: impl IntoIterator<Item = Cidr>) -> Self {
+        ClientIp {
+            trusted: trusted.into_iter().collect(),
+            ..ClientIp::peer()
+        }
+    }
+}
+
+impl<S: PeerSource> ClientIp<S> {
+    /// Reads the proxies' chain from `header` instead of `X-Forwarded-For`.
+    pub fn header(mut self, header: ForwardedHeader) -> Self {
+        self.header = header;
+        self
+    }
+
+    /// Groups IPv6 addresses by their first `bits` (default 64; 128 keys each address apart).
+    pub fn ipv6_prefix(mut self, bits: u8) -> Self {
+        self.grouping.ipv6_prefix = bits.min(128);
+        self
+    }
+
+    /// Groups IPv4 addresses by their first `bits` (default 32: each address apart).
+    pub fn ipv4_prefix(mut self, bits: u8) -> Self {
+        self.grouping.ipv4_prefix = bits.min(32);
+        self
+    }
+
+    /// Reads the peer's address with `source` instead of from a `SocketAddr` extension.
+    pub fn peer_source<F>(self, source: F) -> ClientIp<F>
+    where
+        F: Fn(&Extensions) -> Option<IpAddr>,
+    {
+        self.peer_from(source)
+    }
+
+    /// Reads the peer's address with a named [`PeerSource`] (a type, where a closure cannot be
+    /// named).
+    pub fn peer_from<T: PeerSource>(self, source: T) -> ClientIp<T> {
+        ClientIp {
+            peer: source,
+            grouping: self.grouping,
+            trusted: self.trusted,
+            header: self.header,
+        }
+    }
+
+    /// The client's address, grouped, or `None` when the peer's address is not recorded.
+    #[inline]
+    pub fn address(&self, head: &RequestHead<'_>) -> Option<IpAddr> {
+        let peer = self.peer.peer(head.extensions())?;
+        let client = if self.trusted.is_empty() {
+            peer
+        } else {
+            client_address(peer, head.headers(), self.header, &self.trusted)
+        };
+        Some(self.grouping.key(client))
+    }
+}
+
+impl<S: PeerSource> KeyExtractor for ClientIp<S> {
+    type Key = ClientKey;
+
+    #[inline]
+    fn extract(&self, head: &RequestHead<'_>) -> Option<ClientKey> {
+        self.address(head).map(ClientKey::Ip)
+    }
+}
+
+/// Keys a request by the value of one header (an API key). A request without the header, with it
+/// empty or longer than the maximum, has no key.
+#[derive(Debug, Clone)]
+pub struct HeaderKey {
+    name: HeaderName,
+    max_len: usize,
+}
+
+impl HeaderKey {
+    /// The longest value taken by default: room for any real API key, and a bound on what one
+    /// client can make the limiter's map hold.
+    pub const DEFAULT_MAX_LEN: usize = 256;
+
+    /// Keys by the value of `name`.
+    pub fn new(name: HeaderName) -> Self {
+        HeaderKey {
+            name,
+            max_len: Self::DEFAULT_MAX_LEN,
+        }
+    }
+
+    /// Values longer than `max_len` bytes are no key.
+    pub fn max_len(mut self, max_len: usize) -> Self {
+        self.max_len = max_len;
+        self
+    }
+}
+
+impl KeyExtractor for HeaderKey {
+    type Key = ClientKey;
+
+    fn extract(&self, head: &RequestHead<'_>) -> Option<ClientKey> {
+        let value = head.headers().get(&self.name)?;
+        let len = value.as_bytes().len();
+        (len > 0 && len <= self.max_len).then(|| ClientKey::Header(value.clone()))
+    }
+}
+
+/// One key for every request: a limit on the service as a whole.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GlobalKey;
+
+impl KeyExtractor for GlobalKey {
+    type Key = ClientKey;
+
+    #[inline]
+    fn extract(&self, _: &RequestHead<'_>) -> Option<ClientKey> {
+        Some(ClientKey::Global)
+    }
+}
+
+/// An extractor from a closure; see [`key_fn`].
+#[derive(Clone)]
+pub struct KeyFn<F> {
+    f: F,
+}
+
+impl<F> fmt::Debug for KeyFn<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyFn").finish_non_exhaustive()
+    }
+}
+
+/// Keys requests by what `f` returns.
+///
+/// # Examples
+///
+/// ```
+/// use tollgate::tower::{KeyExtractor, RequestHead, key_fn};
+///
+/// // One limit per tenant, named by the first path segment.
+/// let by_tenant = key_fn(|head: &RequestHead<'_>| {
+///     head.uri().path().split('/').nth(1).filter(|s| !s.is_empty()).map(str::to_owned)
+/// });
+/// let request = http::Request::get("/acme/orders").body(())?;
+/// assert_eq!(by_tenant.extract(&RequestHead::of(&request)).as_deref(), Some("acme"));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn key_fn<F, K>(f: F) -> KeyFn<F>
+where
+    F: Fn(&RequestHead<'_>) -> Option<K>,
+{
+    KeyFn { f }
+}
+
+impl<F, K> KeyExtractor for KeyFn<F>
+where
+    F: Fn(&RequestHead<'_>) -> Option<K>,
+{
+    type Key = K;
+
+    #[inline]
+    fn extract(&self, head: &RequestHead<'_>) -> Option<K> {
+        (self.f)(head)
+    }
+}
+
+/// The first extractor's key, else the second's; see [`KeyExtractor::or`].
+#[derive(Debug, Clone)]
+pub struct Or<A, B> {
+    first: A,
+    second: B,
+}
+
+impl<A, B> KeyExtractor for Or<A, B>
+where
+    A: KeyExtractor,
+    B: KeyExtractor<Key = A::Key>,
+{
+    type Key = A::Key;
+
+    #[inline]
+    fn extract(&self, head: &RequestHead<'_>) -> Option<A::Key> {
+        self.first
+            .extract(head)
+            .or_else(|| self.second.extract(head))
+    }
+}

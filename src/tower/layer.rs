@@ -1,0 +1,305 @@
+//! [`RateLimitLayer`] and its builder.
+
+use std::fmt;
+use std::hash::Hash;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderName, Response};
+use tower_layer::Layer;
+
+use super::error::SetupError;
+use super::key::{KeyExtractor, RequestHead};
+use super::response::{BodyFormat, Fallback, Limited};
+use super::service::RateLimit;
+use super::stats::{Counters, RateLimitStats, Sampler, Shadow};
+use crate::{Clock, RateLimiterService, Settings, Sweeper};
+
+type PlanFn<P> = dyn Fn(&RequestHead<'_>) -> Option<P> + Send + Sync;
+type CostFn = dyn Fn(&RequestHead<'_>) -> u64 + Send + Sync;
+type LimitedFn = dyn Fn(&Limited<'_>) -> Response<Bytes> + Send + Sync;
+/// The builder [`RateLimitLayer::from_settings`] returns.
+type SettingsBuilder<K, P, C, X> = RateLimitLayerBuilder<Arc<RateLimiterService<K, P, C>>, X, P>;
+
+/// The request header that marks a request let through by shadow mode although over its limit;
+/// its value is the `RateLimit` field the client would have been sent.
+pub const SHADOWED_HEADER: HeaderName = HeaderName::from_static("x-ratelimit-shadowed");
+
+/// How often [`RateLimitLayer::from_settings`] sweeps idle clients out: often enough that memory
+/// follows the number of active clients within seconds, rarely enough that the sweep's walk over
+/// the map costs nothing measurable.
+pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Everything a layer's services share, behind one `Arc`.
+pub(crate) struct Config<Bk, X, P> {
+    pub(crate) backend: Bk,
+    pub(crate) extractor: X,
+    pub(crate) default_plan: P,
+    pub(crate) plan_fn: Option<Box<PlanFn<P>>>,
+    pub(crate) cost_fn: Option<Box<CostFn>>,
+    pub(crate) on_limited: Option<Box<LimitedFn>>,
+    pub(crate) body_format: BodyFormat,
+    pub(crate) headers_on_allowed: bool,
+    pub(crate) on_missing_key: Fallback,
+    pub(crate) on_error: Fallback,
+    pub(crate) sampler: Sampler,
+    pub(crate) shadow_header: HeaderName,
+    pub(crate) counters: Counters,
+    /// Held for its lifetime: the sweeping thread stops when the last service is dropped.
+    pub(crate) sweeper: Option<Sweeper>,
+}
+
+impl<Bk: fmt::Debug, X: fmt::Debug, P: fmt::Debug> fmt::Debug for Config<Bk, X, P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("backend", &self.backend)
+            .field("extractor", &self.extractor)
+            .field("default_plan", &self.default_plan)
+            .field("plan_fn", &self.plan_fn.is_some())
+            .field("cost_fn", &self.cost_fn.is_some())
+            .field("on_limited", &self.on_limited.is_some())
+            .field("body_format", &self.body_format)
+            .field("headers_on_allowed", &self.headers_on_allowed)
+            .field("on_missing_key", &self.on_missing_key)
+            .field("on_error", &self.on_error)
+            .field("sampler", &self.sampler)
+            .field("sweeper", &self.sweeper.is_some())
+            .finish()
+    }
+}
+
+/// A [`Layer`] that limits requests per client: over its limit, a client is answered `429 Too
+/// Many Requests` (or gRPC `RESOURCE_EXHAUSTED`) with `Retry-After` and the IETF `RateLimit`
+/// fields, and the inner service is not called.
+///
+/// Cheap to clone (one `Arc`); every service it makes shares one backend, so a limit holds across
+/// connections and clones. Made with [`RateLimitLayer::builder`], or
+/// [`RateLimitLayer::from_settings`] which also starts the sweep of idle clients.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use tollgate::tower::{ClientIp, ClientKey, RateLimitLayer};
+/// use tollgate::{Algorithm, MonotonicClock, RateLimiterService, Rule};
+///
+/// let service = Arc::new(RateLimiterService::<ClientKey, _>::new(
+///     Algorithm::TokenBucket,
+///     [("free", Rule::per_second(5)?)],
+///     MonotonicClock::new(),
+/// )?);
+/// let layer = RateLimitLayer::builder(service, ClientIp::peer(), "free")
+///     .headers_on_allowed(true)
+///     .build();
+/// // axum::Router::new().route(...).layer(layer)
+/// # let _ = layer;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct RateLimitLayer<Bk, X, P> {
+    config: Arc<Config<Bk, X, P>>,
+}
+
+impl<Bk, X, P> Clone for RateLimitLayer<Bk, X, P> {
+    fn clone(&self) -> Self {
+        RateLimitLayer {
+            config: Arc::clone(&self.config),
+        }
+    }
+}
+
+impl<Bk: fmt::Debug, X: fmt::Debug, P: fmt::Debug> fmt::Debug for RateLimitLayer<Bk, X, P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl<Bk, X, P> RateLimitLayer<Bk, X, P> {
+    /// A builder for a layer asking `backend` for decisions, keying requests with `extractor`,
+    /// and limiting each by `default_plan` unless [`plan_fn`](RateLimitLayerBuilder::plan_fn)
+    /// picks another.
+    pub fn builder(backend: Bk, extractor: X, default_plan: P) -> RateLimitLayerBuilder<Bk, X, P> {
+        RateLimitLayerBuilder {
+            config: Config {
+                backend,
+                extractor,
+                default_plan,
+                plan_fn: None,
+                cost_fn: None,
+                on_limited: None,
+                body_format: BodyFormat::Text,
+                headers_on_allowed: false,
+                on_missing_key: Fallback::Reject(http::StatusCode::BAD_REQUEST),
+                on_error: Fallback::Reject(http::StatusCode::SERVICE_UNAVAILABLE),
+                sampler: Sampler::new(Shadow::OFF),
+                shadow_header: SHADOWED_HEADER,
+                counters: Counters::new(),
+                sweeper: None,
+            },
+        }
+    }
+
+    /// What the layer has done so far, summed over every service it made.
+    pub fn stats(&self) -> RateLimitStats {
+        self.config.counters.totals()
+    }
+
+    /// The backend that decides.
+    pub fn backend(&self) -> &Bk {
+        &self.config.backend
+    }
+}
+
+impl<K, P, C, X> RateLimitLayer<Arc<RateLimiterService<K, P, C>>, X, P>
+where
+    K: Hash + Eq + Send + Sync + 'static,
+    P: Eq + fmt::Debug + Send + Sync + 'static,
+    C: Clock + 'static,
+    X: KeyExtractor<Key = K>,
+{
+    /// A builder for a layer over a service made from `settings` (the plans and windows of a
+    /// settings file, each file plan name paired with the program's plan value in `plans`), with
+    /// idle clients swept out every [`DEFAULT_SWEEP_INTERVAL`] for as long as the layer lives.
+    ///
+    /// # Errors
+    ///
+    /// When the settings do not match `plans` (see
+    /// [`Settings::build_service_with_plans`]), or the sweeping thread cannot start.
+    pub fn from_settings<'n>(
+        settings: &Settings,
+        clock: C,
+        plans: impl IntoIterator<Item = (&'n str, P)>,
+        extractor: X,
+        default_plan: P,
+    ) -> Result<SettingsBuilder<K, P, C, X>, SetupError> {
+        let service = Arc::new(settings.build_service_with_plans(clock, plans)?);
+        RateLimitLayer::builder(service, extractor, default_plan)
+            .sweep_every(DEFAULT_SWEEP_INTERVAL)
+            .map_err(SetupError::Sweeper)
+    }
+}
+
+impl<S, Bk, X, P> Layer<S> for RateLimitLayer<Bk, X, P> {
+    type Service = RateLimit<S, Bk, X, P>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimit::new(inner, Arc::clone(&self.config))
+    }
+}
+
+/// Builds a [`RateLimitLayer`]; made by [`RateLimitLayer::builder`].
+pub struct RateLimitLayerBuilder<Bk, X, P> {
+    config: Config<Bk, X, P>,
+}
+
+impl<Bk: fmt::Debug, X: fmt::Debug, P: fmt::Debug> fmt::Debug for RateLimitLayerBuilder<Bk, X, P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayerBuilder")
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl<Bk, X, P> RateLimitLayerBuilder<Bk, X, P> {
+    /// Picks each request's plan with `plan_fn`; `None` means the default plan. The plan is
+    /// picked for every request: a plan type that is cheap to make (an enum, a `&'static str`)
+    /// keeps it free.
+    pub fn plan_fn(
+        mut self,
+        plan_fn: impl Fn(&RequestHead<'_>) -> Option<P> + Send + Sync + 'static,
+    ) -> Self {
+        self.config.plan_fn = Some(Box::new(plan_fn));
+        self
+    }
+
+    /// Charges each request `cost_fn`'s permits instead of 1 (0 lets a request through without
+    /// taking any; more than the plan's limit is refused for good).
+    pub fn cost_fn(
+        mut self,
+        cost_fn: impl Fn(&RequestHead<'_>) -> u64 + Send + Sync + 'static,
+    ) -> Self {
+        self.config.cost_fn = Some(Box::new(cost_fn));
+        self
+    }
+
+    /// Also sends `RateLimit-Policy` and `RateLimit` on responses within the limit (default: only
+    /// on refusals). Costs two small allocations per request.
+    pub fn headers_on_allowed(mut self, on: bool) -> Self {
+        self.config.headers_on_allowed = on;
+        self
+    }
+
+    /// The body of the layer's own 429 (default [`BodyFormat::Text`]).
+    pub fn body_format(mut self, format: BodyFormat) -> Self {
+        self.config.body_format = format;
+        self
+    }
+
+    /// Answers requests over their limit with `on_limited`'s response instead of the layer's
+    /// own (see [`Limited::default_response`] to start from it). The response is sent as is: add
+    /// [`Limited::headers`] to keep the `Retry-After` and `RateLimit` fields.
+    pub fn on_limited(
+        mut self,
+        on_limited: impl Fn(&Limited<'_>) -> Response<Bytes> + Send + Sync + 'static,
+    ) -> Self {
+        self.config.on_limited = Some(Box::new(on_limited));
+        self
+    }
+
+    /// What to do with a request whose client key cannot be found. Default:
+    /// `Fallback::Reject(StatusCode::BAD_REQUEST)`, because letting unidentified requests through
+    /// unlimited would let any client escape its limit by hiding what identifies it.
+    pub fn on_missing_key(mut self, fallback: Fallback) -> Self {
+        self.config.on_missing_key = fallback;
+        self
+    }
+
+    /// What to do when the backend cannot decide (a plan without a rule; a shared store that
+    /// cannot be reached). Default: `Fallback::Reject(StatusCode::SERVICE_UNAVAILABLE)`.
+    pub fn on_error(mut self, fallback: Fallback) -> Self {
+        self.config.on_error = fallback;
+        self
+    }
+
+    /// Runs in shadow mode: checks and refuses only the fractions `shadow` says (default: every
+    /// request checked, every limited one refused).
+    pub fn shadow(mut self, shadow: Shadow) -> Self {
+        self.config.sampler = Sampler::new(shadow);
+        self
+    }
+
+    /// The request header marking requests let through by shadow mode (default
+    /// [`SHADOWED_HEADER`]).
+    pub fn shadow_header(mut self, name: HeaderName) -> Self {
+        self.config.shadow_header = name;
+        self
+    }
+
+    /// The layer.
+    pub fn build(self) -> RateLimitLayer<Bk, X, P> {
+        RateLimitLayer {
+            config: Arc::new(self.config),
+        }
+    }
+}
+
+impl<K, P, C, S, X> RateLimitLayerBuilder<Arc<RateLimiterService<K, P, C, S>>, X, P>
+where
+    K: Hash + Eq + Send + Sync + 'static,
+    P: Eq + fmt::Debug + Send + Sync + 'static,
+    C: Clock + 'static,
+    S: std::hash::BuildHasher + Send + Sync + 'static,
+{
+    /// Sweeps idle clients out of the service every `interval`, on a thread that lives as long as
+    /// the layer (see [`Sweeper`]).
+    ///
+    /// # Errors
+    ///
+    /// When `interval` is zero or the thread cannot start.
+    pub fn sweep_every(mut self, interval: Duration) -> std::io::Result<Self> {
+        self.config.sweeper = Some(Sweeper::start(&self.config.backend, interval)?);
+        Ok(self)
+    }
+}

@@ -1,0 +1,300 @@
+//! What the layer answers: the rate-limit header fields, the over-limit response (HTTP 429 or
+//! gRPC `RESOURCE_EXHAUSTED`), and the answers for a request without a key or a failed check.
+//!
+//! Header values follow draft-ietf-httpapi-ratelimit-headers-11: `RateLimit-Policy:
+//! "free";q=5;w=1` and `RateLimit: "free";r=0;t=1`, the policy named after the plan (a
+//! Structured Field String, `"` and `\` escaped). `Retry-After` is whole seconds rounded *up* and
+//! never 0, so a client that waits as told is not refused again for being early.
+
+use std::fmt;
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
+
+use crate::Decision;
+
+/// `RateLimit-Policy` (the plan's quota and window).
+pub(crate) const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `RateLimit` (what is left of the quota, and when it is whole again).
+pub(crate) const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+/// gRPC's status, sent in the headers of a trailers-only response.
+const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+
+/// The problem type of draft-ietf-httpapi-ratelimit-headers-11, section 7.1.
+const QUOTA_EXCEEDED_TYPE: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+
+/// The name of a plan's policy in the `RateLimit` fields: the plan's name in the settings.
+///
+/// Implemented for the string types a settings file's plans come as; implement it for your own
+/// plan enum. A name that is empty or not printable ASCII cannot be sent: the layer then leaves
+/// the `RateLimit` fields out (the 429 and `Retry-After` are still sent).
+pub trait PolicyName {
+    /// The policy's name.
+    fn policy_name(&self) -> &str;
+}
+
+impl PolicyName for str {
+    fn policy_name(&self) -> &str {
+        self
+    }
+}
+
+impl PolicyName for String {
+    fn policy_name(&self) -> &str {
+        self
+    }
+}
+
+impl PolicyName for std::sync::Arc<str> {
+    fn policy_name(&self) -> &str {
+        self
+    }
+}
+
+impl<T: PolicyName + ?Sized> PolicyName for &T {
+    fn policy_name(&self) -> &str {
+        (**self).policy_name()
+    }
+}
+
+/// The body of the layer's own over-limit answer to HTTP requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum BodyFormat {
+    /// `text/plain`: one line saying when to retry.
+    #[default]
+    Text,
+    /// `application/problem+json` with the draft's `quota-exceeded` type and the
+    /// `violated-policies` member (RFC 9457).
+    ProblemJson,
+}
+
+/// What the layer does when it cannot decide: the request has no key, or the backend failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fallback {
+    /// Let the request through unlimited (fail open).
+    Allow,
+    /// Answer with this status and a one-line body (gRPC requests get the matching gRPC status).
+    Reject(StatusCode),
+}
+
+/// A request over its limit, as the response hook sees it.
+#[derive(Debug)]
+pub struct Limited<'a> {
+    decision: &'a Decision,
+    policy: &'a str,
+    grpc: bool,
+    headers: HeaderMap,
+}
+
+impl<'a> Limited<'a> {
+    pub(crate) fn new(decision: &'a Decision, policy: &'a str, grpc: bool) -> Self {
+        Limited {
+            decision,
+            policy,
+            grpc,
+            headers: limit_headers(decision, policy),
+        }
+    }
+
+    /// The decision that refused the request.
+    pub fn decision(&self) -> &Decision {
+        self.decision
+    }
+
+    /// The policy's (plan's) name.
+    pub fn policy(&self) -> &str {
+        self.policy
+    }
+
+    /// Whether the request is a gRPC call (`content-type: application/grpc...`).
+    pub fn is_grpc(&self) -> bool {
+        self.grpc
+    }
+
+    /// The header fields the layer sends on its own answer: `Retry-After` (when waiting helps),
+    /// `RateLimit-Policy` and `RateLimit`.
+    pub fn headers(&self) -> &HeaderMap {
+        &self.headers
+    }
+
+    /// The layer's own answer: gRPC `RESOURCE_EXHAUSTED` for a gRPC call, else 429 with a body in
+    /// `format`, each with [`Limited::headers`].
+    pub fn default_response(&self, format: BodyFormat) -> Response<Bytes> {
+        let mut response = self.bare_response(format);
+        response.headers_mut().extend(self.headers.clone());
+        response
+    }
+
+    /// [`Limited::default_response`], moving the fields instead of copying them.
+    pub(crate) fn into_default_response(self, format: BodyFormat) -> Response<Bytes> {
+        let mut response = self.bare_response(format);
+        response.headers_mut().extend(self.headers);
+        response
+    }
+
+    fn bare_response(&self, format: BodyFormat) -> Response<Bytes> {
+        if self.grpc {
+            return grpc_response(8, "rate limit exceeded");
+        }
+        let (content_type, body) = match format {
+            BodyFormat::Text => ("text/plain; charset=utf-8", self.text_body()),
+            BodyFormat::ProblemJson => ("application/problem+json", self.problem_body()),
+        };
+        let mut response = Response::new(Bytes::from(body));
+        *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        response
+            .headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+        response
+    }
+
+    fn text_body(&self) -> String {
+        match (
+            self.decision.rejection(),
+            self.decision.retry_after_header(),
+        ) {
+            (Some(rejection), _) => format!("Too Many Requests: {rejection}\n"),
+            (None, Some(seconds)) => format!("Too Many Requests: retry in {seconds} s\n"),
+            (None, None) => "Too Many Requests\n".to_owned(),
+        }
+    }
+
+    fn problem_body(&self) -> String {
+        let mut body = format!(
+            "{{\"type\":\"{QUOTA_EXCEEDED_TYPE}\",\"title\":\"Request cannot be satisfied as \
+             assigned quota has been exceeded\",\"status\":429,\"violated-policies\":["
+        );
+        json_string(&mut body, self.policy);
+        body.push_str("]}");
+        body
+    }
+}
+
+/// `Retry-After` (for a denial that waiting can cure), `RateLimit-Policy` and `RateLimit`.
+pub(crate) fn limit_headers(decision: &Decision, policy: &str) -> HeaderMap {
+    let mut headers = HeaderMap::with_capacity(3);
+    if let Some(seconds) = decision.retry_after_header()
+        && let Ok(value) = HeaderValue::try_from(seconds)
+    {
+        headers.insert(RETRY_AFTER, value);
+    }
+    append_ratelimit_fields(&mut headers, decision, policy);
+    headers
+}
+
+/// Adds `RateLimit-Policy` and `RateLimit`, unless the policy's name cannot be sent.
+pub(crate) fn append_ratelimit_fields(headers: &mut HeaderMap, decision: &Decision, policy: &str) {
+    if let (Ok(policy_field), Ok(state_field)) = (
+        decision.ratelimit_policy_header(policy),
+        decision.ratelimit_header(policy),
+    ) && let (Ok(policy_value), Ok(state_value)) = (
+        HeaderValue::try_from(policy_field),
+        HeaderValue::try_from(state_field),
+    ) {
+        headers.insert(RATELIMIT_POLICY, policy_value);
+        headers.insert(RATELIMIT, state_value);
+    }
+}
+
+/// The answer for a request the layer refuses without a decision (no key; a failed backend).
+pub(crate) fn refusal(status: StatusCode, grpc: bool, message: &str) -> Response<Bytes> {
+    if grpc {
+        return grpc_response(grpc_code(status), message);
+    }
+    let mut response = Response::new(Bytes::from(format!("{message}\n")));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+/// A trailers-only gRPC response: HTTP 200, the status in the headers, no body.
+fn grpc_response(code: u8, message: &str) -> Response<Bytes> {
+    let mut response = Response::new(Bytes::new());
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert(GRPC_STATUS, HeaderValue::from(u16::from(code)));
+    // The messages here are fixed ASCII without `%`, so they need no percent-encoding.
+    if let Ok(message) = HeaderValue::from_str(message) {
+        headers.insert(GRPC_MESSAGE, message);
+    }
+    response
+}
+
+/// The gRPC status closest to an HTTP refusal.
+fn grpc_code(status: StatusCode) -> u8 {
+    match status.as_u16() {
+        400 => 3,  // INVALID_ARGUMENT
+        401 => 16, // UNAUTHENTICATED
+        403 => 7,  // PERMISSION_DENIED
+        429 => 8,  // RESOURCE_EXHAUSTED
+        500 => 13, // INTERNAL
+        503 => 14, // UNAVAILABLE
+        _ => 2,    // UNKNOWN
+    }
+}
+
+/// Whether the request is a gRPC call.
+pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"))
+}
+
+/// Appends `text` as a JSON string.
+fn json_string(out: &mut String, text: &str) {
+    use fmt::Write;
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if u32::from(c) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_strings_are_escaped() {
+        let mut out = String::new();
+        json_string(&mut out, "a\"b\\c\nd");
+        assert_eq!(out, r#""a\"b\\c\u000ad""#);
+    }
+
+    #[test]
+    fn grpc_is_recognised_by_content_type_prefix() {
+        let mut headers = HeaderMap::new();
+        assert!(!is_grpc(&headers));
+        headers.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc+proto"),
+        );
+        assert!(is_grpc(&headers));
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        assert!(!is_grpc(&headers));
+    }
+
+    #[test]
+    fn refusals_of_grpc_calls_carry_the_matching_grpc_status() {
+        let response = refusal(StatusCode::BAD_REQUEST, true, "no client key");
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.headers()[GRPC_STATUS], "3");
+        let response = refusal(StatusCode::SERVICE_UNAVAILABLE, false, "down");
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.body().as_ref(), b"down\n");
+    }
+}

@@ -1,0 +1,252 @@
+//! [`RateLimit`]: the middleware service.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Request, Response};
+use tower_service::Service;
+
+use super::backend::RateLimitBackend;
+use super::body::ResponseBody;
+use super::future::{ResponseFuture, answer, pass};
+use super::key::{KeyExtractor, RequestHead};
+use super::layer::Config;
+use super::response::{Fallback, Limited, PolicyName, is_grpc, limit_headers, refusal};
+use super::stats::{Count, RateLimitStats};
+use crate::Decision;
+
+/// Rate limits the requests to `S`; made by [`RateLimitLayer`](super::RateLimitLayer).
+///
+/// Each request is keyed, given a plan and a cost, and checked; within its limit it goes to `S`,
+/// over it the layer answers itself and `S` is not called. The check never panics and never
+/// answers a bare 500: a request without a key and a failed check get the answers the layer was
+/// configured with.
+pub struct RateLimit<S, Bk, X, P> {
+    inner: S,
+    config: Arc<Config<Bk, X, P>>,
+}
+
+impl<S: Clone, Bk, X, P> Clone for RateLimit<S, Bk, X, P> {
+    fn clone(&self) -> Self {
+        RateLimit {
+            inner: self.inner.clone(),
+            config: Arc::clone(&self.config),
+        }
+    }
+}
+
+impl<S: fmt::Debug, Bk: fmt::Debug, X: fmt::Debug, P: fmt::Debug> fmt::Debug
+    for RateLimit<S, Bk, X, P>
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimit")
+            .field("inner", &self.inner)
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl<S, Bk, X, P> RateLimit<S, Bk, X, P> {
+    pub(crate) fn new(inner: S, config: Arc<Config<Bk, X, P>>) -> Self {
+        RateLimit { inner, config }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, unwrapped.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+
+    /// What the layer has done so far, summed over every service it made.
+    pub fn stats(&self) -> RateLimitStats {
+        self.config.counters.totals()
+    }
+}
+
+/// What to do with a request once its check is done.
+enum Verdict {
+    /// Call the inner service, adding these fields to its response.
+    Pass(Option<Box<HeaderMap>>),
+    /// Answer with this. (Boxed, as the fields: the common path then moves a few words, not
+    /// a few hundred bytes.)
+    Answer(Box<Response<Bytes>>),
+}
+
+impl<Bk, X, P> Config<Bk, X, P> {
+    /// The verdict on `request` after its check answered `checked`.
+    fn verdict<B, E: fmt::Display>(
+        &self,
+        checked: Result<Decision, E>,
+        request: &mut Request<B>,
+        policy: &str,
+    ) -> Verdict {
+        let decision = match checked {
+            Ok(decision) => decision,
+            Err(_) => {
+                self.counters.add(Count::Errors);
+                return self.fall_back(self.on_error, request, "rate limit check failed");
+            }
+        };
+        if decision.is_allowed() {
+            self.counters.add(Count::Allowed);
+            return Verdict::Pass(
+                self.headers_on_allowed
+                    .then(|| Box::new(limit_headers(&decision, policy))),
+            );
+        }
+        if self.sampler.enforce_next() {
+            self.counters.add(Count::Enforced);
+            let limited = Limited::new(&decision, policy, is_grpc(request.headers()));
+            let response = match &self.on_limited {
+                Some(on_limited) => on_limited(&limited),
+                None => limited.into_default_response(self.body_format),
+            };
+            return Verdict::Answer(Box::new(response));
+        }
+        self.counters.add(Count::Shadowed);
+        // Shadow mode: through, but marked with what the client would have been told.
+        let mark = decision
+            .ratelimit_header(policy)
+            .ok()
+            .and_then(|field| HeaderValue::try_from(field).ok())
+            .unwrap_or(HeaderValue::from_static("1"));
+        request
+            .headers_mut()
+            .insert(self.shadow_header.clone(), mark);
+        Verdict::Pass(
+            self.headers_on_allowed
+                .then(|| Box::new(limit_headers(&decision, policy))),
+        )
+    }
+
+    fn fall_back<B>(&self, fallback: Fallback, request: &Request<B>, message: &str) -> Verdict {
+        match fallback {
+            Fallback::Allow => Verdict::Pass(None),
+            Fallback::Reject(status) => Verdict::Answer(Box::new(refusal(
+                status,
+                is_grpc(request.headers()),
+                message,
+            ))),
+        }
+    }
+}
+
+impl<S, Bk, X, P, ReqB, ResB> Service<Request<ReqB>> for RateLimit<S, Bk, X, P>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: 'static,
+    ReqB: Send + 'static,
+    ResB: 'static,
+    Bk: RateLimitBackend<X::Key, P> + Send + Sync + 'static,
+    Bk::Future: Send + 'static,
+    X: KeyExtractor + Send + Sync + 'static,
+    P: PolicyName + Send + Sync + 'static,
+{
+    type Response = Response<ResponseBody<ResB>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, ResB, S::Error>;
+
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: Request<ReqB>) -> Self::Future {
+        let config = &*self.config;
+        if !config.sampler.check_next() {
+            config.counters.add(Count::Unchecked);
+            return ResponseFuture::inner(self.inner.call(request), None);
+        }
+        let head = RequestHead::of(&request);
+        let Some(key) = config.extractor.extract(&head) else {
+            config.counters.add(Count::Unkeyed);
+            return match config.fall_back(
+                config.on_missing_key,
+                &request,
+                "the request does not identify its client",
+            ) {
+                Verdict::Pass(_) => ResponseFuture::inner(self.inner.call(request), None),
+                Verdict::Answer(response) => ResponseFuture::answer(response),
+            };
+        };
+        let chosen = config.plan_fn.as_ref().and_then(|plan_fn| plan_fn(&head));
+        let plan = chosen.as_ref().unwrap_or(&config.default_plan);
+        let cost = config.cost_fn.as_ref().map_or(1, |cost_fn| cost_fn(&head));
+        let mut check = if config.headers_on_allowed {
+            config.backend.check(&key, plan, cost)
+        } else {
+            config.backend.check_without_remaining(&key, plan, cost)
+        };
+        // One poll in place: the in-process backend is always ready, and then nothing is boxed
+        // and the inner service is called without being cloned.
+        let mut noop = Context::from_waker(Waker::noop());
+        if let Poll::Ready(checked) = Pin::new(&mut check).poll(&mut noop) {
+            // The common case, kept inline: allowed, nothing to add.
+            if !config.headers_on_allowed
+                && let Ok(decision) = &checked
+                && decision.is_allowed()
+            {
+                config.counters.add(Count::Allowed);
+                return ResponseFuture::inner(self.inner.call(request), None);
+            }
+            return match config.verdict(checked, &mut request, plan.policy_name()) {
+                Verdict::Pass(fields) => ResponseFuture::inner(self.inner.call(request), fields),
+                Verdict::Answer(response) => ResponseFuture::answer(response),
+            };
+        }
+        let policy = plan.policy_name().to_owned();
+        self.call_later(check, request, policy)
+    }
+}
+
+impl<S, Bk, X, P> RateLimit<S, Bk, X, P> {
+    /// The call of a request whose check is still pending: out of line, so the common path
+    /// keeps the request in place instead of making room for this one's move into a box.
+    #[cold]
+    #[inline(never)]
+    fn call_later<ReqB, ResB, F, E>(
+        &mut self,
+        check: F,
+        mut request: Request<ReqB>,
+        policy: String,
+    ) -> ResponseFuture<S::Future, ResB, S::Error>
+    where
+        S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: 'static,
+        ReqB: Send + 'static,
+        ResB: 'static,
+        F: Future<Output = Result<Decision, E>> + Send + 'static,
+        E: fmt::Display,
+        Bk: Send + Sync + 'static,
+        X: Send + Sync + 'static,
+        P: Send + Sync + 'static,
+    {
+        // Take the service made ready by `poll_ready` along, leaving a clone in its place (the
+        // usual tower pattern for a call that starts later).
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let config = Arc::clone(&self.config);
+        ResponseFuture::pending(Box::pin(async move {
+            let checked = check.await;
+            match config.verdict(checked, &mut request, &policy) {
+                Verdict::Pass(fields) => Ok(pass(inner.call(request).await?, fields)),
+                Verdict::Answer(response) => Ok(answer(*response)),
+            }
+        }))
+    }
+}
