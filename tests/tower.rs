@@ -588,8 +588,8 @@ async fn the_response_hook_builds_the_answer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cost_the_method_can_never_grant_is_refused_without_retry_after() {
     let clock = FakeClock::new();
-    // The sliding window log grants one permit per attempt.
-    let layer = builder(&clock, GlobalKey).cost_fn(|_| 2).build();
+    // The free plan allows 5 per second: 6 at once can never be granted.
+    let layer = builder(&clock, GlobalKey).cost_fn(|_| 6).build();
     let addr = serve(layer).await;
     let reply = get_plain(&client(), addr).await;
     assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
@@ -597,7 +597,7 @@ async fn a_cost_the_method_can_never_grant_is_refused_without_retry_after() {
     assert!(
         reply
             .body
-            .starts_with("Too Many Requests: 2 permits requested")
+            .starts_with("Too Many Requests: 6 permits requested")
     );
 }
 
@@ -704,4 +704,49 @@ async fn a_backend_that_answers_later_limits_the_same() {
     assert_eq!(reply.header("retry-after"), Some("1"));
     assert_eq!(reply.header("ratelimit"), Some(r#""free";r=0;t=1"#));
     assert_eq!(layer.stats().enforced, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_of_several_limits_reports_each_in_the_fields() {
+    let settings = Settings::from_toml_str(
+        r#"
+        algorithm = "token_bucket"
+        [plans.free]
+        limits = [{ limit = 3, window = "1s" }, { limit = 5, window = "10s" }]
+        [plans.pro]
+        limit = 50
+        window = "1s"
+        "#,
+    )
+    .unwrap();
+    let clock = FakeClock::new();
+    let layer = RateLimitLayer::from_settings(
+        &settings,
+        clock.clone(),
+        [("free", "free"), ("pro", "pro")],
+        peer(),
+        "free",
+    )
+    .unwrap()
+    .build();
+    let addr = serve(layer).await;
+    let client = client();
+    for n in 0..3 {
+        assert_eq!(
+            get_plain(&client, addr).await.status,
+            StatusCode::OK,
+            "request {n}"
+        );
+    }
+    let reply = get_plain(&client, addr).await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        reply.header("ratelimit-policy"),
+        Some(r#""free-1s";q=3;w=1, "free-10s";q=5;w=10"#)
+    );
+    assert_eq!(
+        reply.header("ratelimit"),
+        Some(r#""free-1s";r=0;t=1, "free-10s";r=2;t=6"#)
+    );
+    assert_eq!(reply.header("retry-after"), Some("1"));
 }

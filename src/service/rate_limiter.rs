@@ -251,6 +251,13 @@ where
         Ok(())
     }
 
+    /// Whether `plan` has several limits now (false for a plan the service does not have).
+    pub(crate) fn has_several_limits(&self, plan: &P) -> bool {
+        self.plans
+            .index_of(plan)
+            .is_some_and(|index| self.plans.read(index).2 > 1)
+    }
+
     /// The current limits of `plan`, in order, if the service has it.
     pub fn limits(&self, plan: &P) -> Option<Vec<Rule>> {
         let index = self.plans.index_of(plan)?;

@@ -29,6 +29,15 @@ pub trait RateLimitBackend<K, P> {
     fn check_without_remaining(&self, key: &K, plan: &P, cost: u64) -> Self::Future {
         self.check(key, plan, cost)
     }
+
+    /// For a plan of several limits, the `RateLimit-Policy` and `RateLimit` field values with
+    /// one list item per limit, as they stand after the request's check (asked right after it);
+    /// `None` where the decision's own figures say all (a plan of one limit), or the backend
+    /// cannot tell without another round trip.
+    fn limit_fields(&self, key: &K, plan: &P, policy: &str) -> Option<(String, String)> {
+        let _ = (key, plan, policy);
+        None
+    }
 }
 
 impl<K, P, C, S> RateLimitBackend<K, P> for RateLimiterService<K, P, C, S>
@@ -49,6 +58,13 @@ where
     /// The sliding log counts the permits left by reading its whole ring, as long as the limit;
     /// one permit is therefore taken with `allow`, which does not count, and a refusal's figures
     /// come from `peek`. The one-word methods report them for free, and take the plain path.
+    fn limit_fields(&self, key: &K, plan: &P, policy: &str) -> Option<(String, String)> {
+        if !self.has_several_limits(plan) {
+            return None;
+        }
+        self.ratelimit_headers(key, plan, policy).ok()
+    }
+
     #[inline]
     fn check_without_remaining(&self, key: &K, plan: &P, cost: u64) -> Self::Future {
         if cost != 1 || self.algorithm() != Algorithm::SlidingWindowLog {
@@ -93,5 +109,9 @@ impl<K, P, B: RateLimitBackend<K, P> + ?Sized> RateLimitBackend<K, P> for Arc<B>
     #[inline]
     fn check_without_remaining(&self, key: &K, plan: &P, cost: u64) -> Self::Future {
         (**self).check_without_remaining(key, plan, cost)
+    }
+
+    fn limit_fields(&self, key: &K, plan: &P, policy: &str) -> Option<(String, String)> {
+        (**self).limit_fields(key, plan, policy)
     }
 }

@@ -91,12 +91,17 @@ pub struct Limited<'a> {
 }
 
 impl<'a> Limited<'a> {
-    pub(crate) fn new(decision: &'a Decision, policy: &'a str, grpc: bool) -> Self {
+    pub(crate) fn new(
+        decision: &'a Decision,
+        policy: &'a str,
+        grpc: bool,
+        fields: Option<(String, String)>,
+    ) -> Self {
         Limited {
             decision,
             policy,
             grpc,
-            headers: limit_headers(decision, policy),
+            headers: limit_headers(decision, policy, fields),
         }
     }
 
@@ -174,15 +179,31 @@ impl<'a> Limited<'a> {
     }
 }
 
-/// `Retry-After` (for a denial that waiting can cure), `RateLimit-Policy` and `RateLimit`.
-pub(crate) fn limit_headers(decision: &Decision, policy: &str) -> HeaderMap {
+/// `Retry-After` (for a denial that waiting can cure), `RateLimit-Policy` and `RateLimit`: the
+/// decision's own, or `fields` (one list item per limit of a plan of several) when given.
+pub(crate) fn limit_headers(
+    decision: &Decision,
+    policy: &str,
+    fields: Option<(String, String)>,
+) -> HeaderMap {
     let mut headers = HeaderMap::with_capacity(3);
     if let Some(seconds) = decision.retry_after_header()
         && let Ok(value) = HeaderValue::try_from(seconds)
     {
         headers.insert(RETRY_AFTER, value);
     }
-    append_ratelimit_fields(&mut headers, decision, policy);
+    match fields {
+        Some((policy_field, state_field)) => {
+            if let (Ok(policy_value), Ok(state_value)) = (
+                HeaderValue::try_from(policy_field),
+                HeaderValue::try_from(state_field),
+            ) {
+                headers.insert(RATELIMIT_POLICY, policy_value);
+                headers.insert(RATELIMIT, state_value);
+            }
+        }
+        None => append_ratelimit_fields(&mut headers, decision, policy),
+    }
     headers
 }
 

@@ -92,6 +92,7 @@ impl<Bk, X, P> Config<Bk, X, P> {
         checked: Result<Decision, E>,
         request: &mut Request<B>,
         policy: &str,
+        fields: Option<(String, String)>,
     ) -> Verdict {
         let decision = match checked {
             Ok(decision) => decision,
@@ -104,12 +105,12 @@ impl<Bk, X, P> Config<Bk, X, P> {
             self.counters.add(Count::Allowed);
             return Verdict::Pass(
                 self.headers_on_allowed
-                    .then(|| Box::new(limit_headers(&decision, policy))),
+                    .then(|| Box::new(limit_headers(&decision, policy, fields))),
             );
         }
         if self.sampler.enforce_next() {
             self.counters.add(Count::Enforced);
-            let limited = Limited::new(&decision, policy, is_grpc(request.headers()));
+            let limited = Limited::new(&decision, policy, is_grpc(request.headers()), fields);
             let response = match &self.on_limited {
                 Some(on_limited) => on_limited(&limited),
                 None => limited.into_default_response(self.body_format),
@@ -128,7 +129,7 @@ impl<Bk, X, P> Config<Bk, X, P> {
             .insert(self.shadow_header.clone(), mark);
         Verdict::Pass(
             self.headers_on_allowed
-                .then(|| Box::new(limit_headers(&decision, policy))),
+                .then(|| Box::new(limit_headers(&decision, policy, fields))),
         )
     }
 
@@ -203,7 +204,9 @@ where
                 config.counters.add(Count::Allowed);
                 return ResponseFuture::inner(self.inner.call(request), None);
             }
-            return match config.verdict(checked, &mut request, plan.policy_name()) {
+            // A plan of several limits reports each of them, read right after the decision.
+            let fields = config.backend.limit_fields(&key, plan, plan.policy_name());
+            return match config.verdict(checked, &mut request, plan.policy_name(), fields) {
                 Verdict::Pass(fields) => ResponseFuture::inner(self.inner.call(request), fields),
                 Verdict::Answer(response) => ResponseFuture::answer(response),
             };
@@ -243,7 +246,7 @@ impl<S, Bk, X, P> RateLimit<S, Bk, X, P> {
         let config = Arc::clone(&self.config);
         ResponseFuture::pending(Box::pin(async move {
             let checked = check.await;
-            match config.verdict(checked, &mut request, &policy) {
+            match config.verdict(checked, &mut request, &policy, None) {
                 Verdict::Pass(fields) => Ok(pass(inner.call(request).await?, fields)),
                 Verdict::Answer(response) => Ok(answer(*response)),
             }
