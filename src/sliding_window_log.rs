@@ -300,6 +300,17 @@ impl LogParams {
         }
     }
 
+    /// How long from `now` until a slot expiring at `expiry` is free: never (`u64::MAX`) for an
+    /// expiry past the latest admission time, where time stands still and no slot expires.
+    #[inline]
+    fn wait_until(&self, expiry: u64, now: u64) -> u64 {
+        if expiry > self.latest_time {
+            u64::MAX
+        } else {
+            expiry - now.min(expiry)
+        }
+    }
+
     /// A clock reading as nanoseconds since the log's origin.
     #[inline]
     fn elapsed(&self, now_nanos: u64) -> u64 {
@@ -391,7 +402,7 @@ impl LogParams {
             let time = now.max(latest_time).min(self.latest_time);
             let expiry = slot & EXPIRY_MASK;
             if expiry > time {
-                let retry_after = expiry - now.min(expiry);
+                let retry_after = self.wait_until(expiry, now);
                 let reset_after = (latest & EXPIRY_MASK).saturating_sub(now);
                 return Decision::denied(self.rule, 0, retry_after, reset_after);
             }
@@ -454,7 +465,7 @@ impl LogParams {
             let reset_after = latest_expiry.saturating_sub(now);
             if last_expiry > time {
                 let remaining = self.expired_after(ring, index_of(head), n - 1, time);
-                let retry_after = last_expiry - now.min(last_expiry);
+                let retry_after = self.wait_until(last_expiry, now);
                 return Decision::denied(self.rule, remaining, retry_after, reset_after);
             }
             let expiry = time + window;
@@ -473,7 +484,12 @@ impl LogParams {
                 RunStop::Taken => backoff.spin(),
                 // Only after the ring has come round during the run (see "Batches").
                 RunStop::Live(expiry) => {
-                    return Decision::denied(self.rule, 0, expiry - now.min(expiry), reset_after);
+                    return Decision::denied(
+                        self.rule,
+                        0,
+                        self.wait_until(expiry, now),
+                        reset_after,
+                    );
                 }
             }
         }
@@ -576,7 +592,7 @@ impl LogParams {
             return Decision::retired(self.rule);
         }
         let expiry = oldest_slot & EXPIRY_MASK;
-        Decision::denied(self.rule, 0, expiry.saturating_sub(now), reset_after)
+        Decision::denied(self.rule, 0, self.wait_until(expiry, now), reset_after)
     }
 
     /// Retires the ring if every admission has expired at `now_nanos`; see [`LogRing::retire`].

@@ -668,3 +668,24 @@ fn a_fixed_window_pinned_at_its_horizon_says_its_denial_is_for_good() {
         "time stands still there"
     );
 }
+
+#[test]
+fn a_sliding_log_pinned_at_its_horizon_says_its_denial_is_for_good() {
+    let clock = FakeClock::new();
+    let log = limiter(
+        Algorithm::SlidingWindowLog,
+        Rule::per_second(2).unwrap(),
+        &clock,
+    );
+    clock.set(Duration::MAX);
+    assert_eq!(burst(&log, 5), 2);
+    for n in [1, 2] {
+        let denied = log.try_acquire_n(n);
+        assert!(denied.is_denied());
+        assert!(
+            denied.retry_after() > Duration::from_secs(100 * 365 * 24 * 3600),
+            "n = {n}: {denied:?}"
+        );
+    }
+    assert!(log.peek().retry_after() > Duration::from_secs(100 * 365 * 24 * 3600));
+}
