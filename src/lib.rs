@@ -81,7 +81,6 @@ mod config;
 mod decision;
 mod error;
 mod factory;
-mod fixed_window;
 mod headers;
 mod limiter;
 mod method;
@@ -90,10 +89,7 @@ mod method;
 pub mod redis;
 mod rule;
 mod service;
-mod sliding_window_counter;
-mod sliding_window_log;
 mod sync;
-mod token_bucket;
 #[cfg(feature = "tower")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod tower;
@@ -105,14 +101,14 @@ pub use config::{Settings, SettingsError};
 pub use decision::{Decision, Rejection};
 pub use error::{RuleError, ServiceError};
 pub use factory::{AnyLimiter, LimiterFactory};
-pub use fixed_window::FixedWindow;
 pub use headers::InvalidPolicyName;
 pub use limiter::Limiter;
+pub use method::fixed_window::FixedWindow;
+pub use method::sliding_window_counter::SlidingWindowCounter;
+pub use method::sliding_window_log::SlidingWindowLog;
+pub use method::token_bucket::TokenBucket;
 pub use rule::Rule;
 pub use service::{PlanStats, RateLimiterService, ServiceBuilder, Sweeper};
-pub use sliding_window_counter::SlidingWindowCounter;
-pub use sliding_window_log::SlidingWindowLog;
-pub use token_bucket::TokenBucket;
 
 /// The core state machines, generic over the atomic word, for model checking with loom.
 ///
@@ -121,13 +117,13 @@ pub use token_bucket::TokenBucket;
 #[cfg(feature = "loom")]
 #[doc(hidden)]
 pub mod loom_support {
-    pub use crate::fixed_window::WindowParams;
+    pub use crate::method::fixed_window::WindowParams;
+    pub use crate::method::sliding_window_counter::CounterParams;
+    pub use crate::method::sliding_window_log::{LogParams, LogRing};
+    pub use crate::method::token_bucket::GcraParams;
     pub use crate::service::seqlock::VersionedWords;
     pub use crate::service::several_limits::Gate;
-    pub use crate::sliding_window_counter::CounterParams;
-    pub use crate::sliding_window_log::{LogParams, LogRing};
     pub use crate::sync::AtomicWord;
-    pub use crate::token_bucket::GcraParams;
 
     /// Whether `decision` came from a retired state (which the service answers by moving to a
     /// fresh one; public limiters are never retired).

@@ -1,12 +1,22 @@
 //! The methods' shared machinery. Each method keeps its state in atomics and decides with a pure
 //! function of that state; what they share is written once here.
 //!
+//! - One file per method, each stating its guarantee: `token_bucket.rs` ([`TokenBucket`]),
+//!   `fixed_window.rs` ([`FixedWindow`]), `sliding_window_log.rs` ([`SlidingWindowLog`]),
+//!   `sliding_window_counter.rs` ([`SlidingWindowCounter`]).
 //! - `word.rs`: the compare-and-swap loop every one-word method's decisions run through, and
 //!   retiring a word for eviction.
 //! - [`Method`] and `standalone_limiter!`: a method's constants deciding on its state, and the
 //!   public limiter wrapped around them (state, constants and clock), written once for all.
 
+pub(crate) mod fixed_window;
+pub(crate) mod sliding_window_counter;
+pub(crate) mod sliding_window_log;
+pub(crate) mod token_bucket;
 pub(crate) mod word;
+
+#[cfg(doc)]
+use crate::{FixedWindow, SlidingWindowCounter, SlidingWindowLog, TokenBucket};
 
 use crate::clock::Clock;
 use crate::decision::Decision;

@@ -13,7 +13,7 @@ use ::redis::{Script, ScriptInvocation};
 
 use super::RedisError;
 use crate::decision::Rejection;
-use crate::token_bucket::GcraParams;
+use crate::method::token_bucket::GcraParams;
 use crate::{Algorithm, Decision, FixedWindow, Rule, RuleError, SlidingWindowLog};
 
 pub(super) static TOKEN_BUCKET: LazyLock<Script> =

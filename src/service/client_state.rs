@@ -9,11 +9,11 @@ use super::several_limits::SeveralLimits;
 use crate::clock::Clock;
 use crate::decision::Admit;
 use crate::error::RuleError;
-use crate::fixed_window::WindowParams;
-use crate::sliding_window_counter::CounterParams;
-use crate::sliding_window_log::{LogParams, LogRing};
+use crate::method::fixed_window::WindowParams;
+use crate::method::sliding_window_counter::CounterParams;
+use crate::method::sliding_window_log::{LogParams, LogRing};
+use crate::method::token_bucket::GcraParams;
 use crate::sync::Word;
-use crate::token_bucket::GcraParams;
 use crate::{Algorithm, Decision, Rule};
 
 /// How many words a plan's constants take in the plan table (see `ClientParams::to_words`).

@@ -252,6 +252,7 @@ where
     }
 
     /// Whether `plan` has several limits now (false for a plan the service does not have).
+    #[cfg(feature = "tower")]
     pub(crate) fn has_several_limits(&self, plan: &P) -> bool {
         self.plans
             .index_of(plan)
