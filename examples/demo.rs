@@ -1,5 +1,6 @@
-//! The seed design's demo on tollgate: seven behaviours, each checked, and the same window-edge
-//! burst on the sliding window counter. Exits non-zero on any failure.
+//! What a rate limiter is chosen for, shown on tollgate and checked: bursts and refills, one
+//! limiter per client and one rule per plan, the window-edge burst on every window method, and
+//! exactly the limit under racing threads. Exits non-zero on any failure.
 //!
 //! Run with `cargo run --release --example demo`.
 
