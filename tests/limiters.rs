@@ -1,4 +1,5 @@
-//! The seed design's seven demo checks, as tests against the public API.
+//! What every limiter is chosen for, as tests against the public API: bursts and refills, one
+//! limiter per client and one rule per plan, the window-edge burst, and racing threads.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
