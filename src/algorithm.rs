@@ -58,7 +58,14 @@ impl fmt::Display for Algorithm {
 
 /// A name that is not one of [`Algorithm::name`]'s.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UnknownAlgorithm(pub String);
+pub struct UnknownAlgorithm(String);
+
+impl UnknownAlgorithm {
+    /// The name that was given.
+    pub fn name(&self) -> &str {
+        &self.0
+    }
+}
 
 impl fmt::Display for UnknownAlgorithm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
