@@ -3,7 +3,7 @@
 //! method, allow-heavy and deny-heavy.
 //!
 //! Run with `cargo run --release --example throughput`. The workloads and the thread harness are
-//! the benchmark suite's own (`benches/suite/workload.rs`); `cargo bench` gives the careful
+//! the benchmark suite's own (`benches/tollgate/workload.rs`); `cargo bench` gives the careful
 //! figures, this gives a feel in seconds.
 
 use std::collections::HashMap;
@@ -16,7 +16,7 @@ use tollgate::{Algorithm, MonotonicClock};
 
 #[path = "../tests/support/reference.rs"]
 mod reference;
-#[path = "../benches/suite/workload.rs"]
+#[path = "../benches/tollgate/workload.rs"]
 mod workload;
 
 use workload::{TryAcquireOne, VisitLimiter, Workload, visit_limiters};

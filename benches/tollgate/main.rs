@@ -18,25 +18,16 @@ use std::time::Duration;
 
 use criterion::Criterion;
 
-// The modules live in `suite/`, not beside this file: cargo would take every `benches/*.rs` for a
-// bench target of its own.
-#[path = "suite/alloc_counter.rs"]
 mod alloc_counter;
-#[path = "suite/conditions.rs"]
 mod conditions;
-#[path = "suite/contended.rs"]
 mod contended;
-#[path = "suite/memory.rs"]
 mod memory;
-#[path = "suite/peers.rs"]
 mod peers;
-#[path = "../tests/support/reference.rs"]
+// The one copy of the mutex references, shared with the property tests.
+#[path = "../../tests/support/reference.rs"]
 mod reference;
-#[path = "suite/service.rs"]
 mod service;
-#[path = "suite/single_thread.rs"]
 mod single_thread;
-#[path = "suite/workload.rs"]
 mod workload;
 
 #[global_allocator]
