@@ -13,9 +13,10 @@ use crossbeam_utils::{Backoff, CachePadded};
 use crate::clock::Clock;
 use crate::decision::{Decision, Rejection};
 use crate::error::RuleError;
+use crate::method::{Method, standalone_limiter};
 use crate::service::client_state::PARAM_WORDS;
 use crate::sync::{AtomicWord, Ordering, Word};
-use crate::{Algorithm, Limiter, Rule};
+use crate::{Algorithm, Rule};
 
 const LAP_MARK: u64 = 1 << 63;
 const EXPIRY_MASK: u64 = LAP_MARK - 1;
@@ -727,7 +728,7 @@ enum RunStop {
 /// ```
 #[derive(Debug)]
 pub struct SlidingWindowLog<C = crate::MonotonicClock> {
-    ring: CachePadded<LogRing<Word>>,
+    state: CachePadded<LogRing<Word>>,
     params: LogParams,
     clock: C,
 }
@@ -736,8 +737,7 @@ impl<C: Clock> SlidingWindowLog<C> {
     /// The most permits a sliding window log accepts (one 8-byte slot each).
     pub const MAX_LIMIT: u64 = LogParams::MAX_LIMIT;
 
-    /// An empty log for `rule`, reading time from `clock`. Errors when the limit exceeds
-    /// [`SlidingWindowLog::MAX_LIMIT`].
+    /// An empty log for `rule`, reading time from `clock`.
     ///
     /// # Errors
     ///
@@ -747,38 +747,36 @@ impl<C: Clock> SlidingWindowLog<C> {
     pub fn new(rule: Rule, clock: C) -> Result<Self, RuleError> {
         let params = LogParams::new(rule)?.starting_at(clock.now_nanos());
         Ok(SlidingWindowLog {
-            ring: CachePadded::new(LogRing::new(&params)),
+            state: CachePadded::new(LogRing::new(&params)),
             params,
             clock,
         })
     }
-
-    /// The clock this log reads.
-    pub fn clock(&self) -> &C {
-        &self.clock
-    }
 }
 
-impl<C: Clock> Limiter for SlidingWindowLog<C> {
+standalone_limiter!(SlidingWindowLog);
+
+impl Method for LogParams {
+    type State = CachePadded<LogRing<Word>>;
+
     #[inline]
-    fn try_acquire(&self) -> bool {
-        self.params
-            .acquire_counting(&self.ring, 1, &self.clock, false)
-            .is_allowed()
+    fn acquire(&self, state: &Self::State, n: u64, clock: &impl Clock) -> Decision {
+        LogParams::acquire(self, state, n, clock)
     }
 
     #[inline]
-    fn try_acquire_n(&self, n: u64) -> Decision {
-        self.params.acquire(&self.ring, n, &self.clock)
+    fn try_acquire(&self, state: &Self::State, clock: &impl Clock) -> bool {
+        // Counting the permits left is a search of the ring that "allowed?" does not need.
+        self.acquire_counting(state, 1, clock, false).is_allowed()
     }
 
     #[inline]
-    fn peek(&self) -> Decision {
-        self.params.peek(&self.ring, &self.clock)
+    fn peek(&self, state: &Self::State, clock: &impl Clock) -> Decision {
+        LogParams::peek(self, state, clock)
     }
 
     fn rule(&self) -> Rule {
-        self.params.rule()
+        self.rule
     }
 }
 
