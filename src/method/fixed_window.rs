@@ -15,7 +15,7 @@ use crate::clock::Clock;
 use crate::decision::{Admit, Decision, Rejection};
 use crate::error::RuleError;
 use crate::method::word::{self, Step};
-use crate::method::{Method, standalone_limiter};
+use crate::method::{one_word_method, standalone_limiter};
 use crate::service::client_state::PARAM_WORDS;
 use crate::sync::{AtomicWord, Ordering, Word};
 use crate::{Algorithm, Rule};
@@ -455,28 +455,7 @@ impl<C: Clock> FixedWindow<C> {
 
 standalone_limiter!(FixedWindow);
 
-impl Method for WindowParams {
-    type State = CachePadded<Word>;
-
-    #[inline]
-    fn acquire(&self, state: &Self::State, n: u64, clock: &impl Clock) -> Decision {
-        WindowParams::acquire(self, &**state, n, clock)
-    }
-
-    #[inline]
-    fn try_acquire(&self, state: &Self::State, clock: &impl Clock) -> bool {
-        self.acquire_one(&**state, clock) == Admit::Granted
-    }
-
-    #[inline]
-    fn peek(&self, state: &Self::State, clock: &impl Clock) -> Decision {
-        WindowParams::peek(self, &**state, clock)
-    }
-
-    fn rule(&self) -> Rule {
-        self.rule
-    }
-}
+one_word_method!(WindowParams);
 
 #[cfg(test)]
 mod tests {

@@ -77,3 +77,38 @@ macro_rules! standalone_limiter {
     };
 }
 pub(crate) use standalone_limiter;
+
+/// The [`Method`] impl of a one-word method's constants, whose state is one atomic word on its
+/// own cache line, from their inherent `acquire`, `acquire_one`, `peek` and `rule` field.
+macro_rules! one_word_method {
+    ($params:ty) => {
+        impl $crate::method::Method for $params {
+            type State = crossbeam_utils::CachePadded<$crate::sync::Word>;
+
+            #[inline]
+            fn acquire(
+                &self,
+                state: &Self::State,
+                n: u64,
+                clock: &impl $crate::Clock,
+            ) -> $crate::Decision {
+                <$params>::acquire(self, &**state, n, clock)
+            }
+
+            #[inline]
+            fn try_acquire(&self, state: &Self::State, clock: &impl $crate::Clock) -> bool {
+                self.acquire_one(&**state, clock) == $crate::decision::Admit::Granted
+            }
+
+            #[inline]
+            fn peek(&self, state: &Self::State, clock: &impl $crate::Clock) -> $crate::Decision {
+                <$params>::peek(self, &**state, clock)
+            }
+
+            fn rule(&self) -> $crate::Rule {
+                self.rule
+            }
+        }
+    };
+}
+pub(crate) use one_word_method;
