@@ -86,11 +86,6 @@ pub enum RedisError {
         /// Why.
         source: RuleError,
     },
-    /// The service's method has no script in Redis yet.
-    UnsupportedMethod {
-        /// The method.
-        algorithm: crate::Algorithm,
-    },
     /// A plan's rule cannot be kept exact in the scripts' integers: Lua numbers are doubles,
     /// exact only below 2^53.
     NotExact {
@@ -175,11 +170,6 @@ impl fmt::Display for RedisError {
             }
             RedisError::InvalidLimits { plan, reason } => write!(f, "plan {plan}: {reason}"),
             RedisError::InvalidRule { plan, source } => write!(f, "plan {plan}: {source}"),
-            RedisError::UnsupportedMethod { algorithm } => write!(
-                f,
-                "the {algorithm} has no Redis script: use the token bucket, the fixed window or \
-                 the sliding window log in Redis"
-            ),
             RedisError::NotExact {
                 plan,
                 rule,
