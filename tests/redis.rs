@@ -14,14 +14,11 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use redis_support::RedisServer;
 use tollgate::redis::{CircuitBreaker, FailurePolicy, RedisError, RedisRateLimiter, Source};
 use tollgate::{
-    Algorithm, Decision, FakeClock, FixedWindow, Limiter, Rule, SlidingWindowLog, TokenBucket,
+    Algorithm, Decision, FakeClock, FixedWindow, Limiter, Rule, SlidingWindowCounter,
+    SlidingWindowLog, TokenBucket,
 };
 
-const ALGORITHMS: [Algorithm; 3] = [
-    Algorithm::TokenBucket,
-    Algorithm::FixedWindow,
-    Algorithm::SlidingWindowLog,
-];
+const ALGORITHMS: [Algorithm; 4] = Algorithm::ALL;
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -47,6 +44,9 @@ fn in_process(algorithm: Algorithm, rule: Rule, clock: FakeClock) -> Box<dyn Lim
     match algorithm {
         Algorithm::TokenBucket => Box::new(TokenBucket::new(rule, clock).unwrap()),
         Algorithm::FixedWindow => Box::new(FixedWindow::new(rule, clock).unwrap()),
+        Algorithm::SlidingWindowCounter => {
+            Box::new(SlidingWindowCounter::new(rule, clock).unwrap())
+        }
         _ => Box::new(SlidingWindowLog::new(rule, clock).unwrap()),
     }
 }
@@ -180,9 +180,16 @@ fn sliding_log_script_decides_as_the_in_process_log() {
     equals_in_process(Algorithm::SlidingWindowLog);
 }
 
+#[test]
+fn sliding_window_counter_script_decides_as_the_in_process_counter() {
+    equals_in_process(Algorithm::SlidingWindowCounter);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_admits_exactly_the_limit_over_a_long_window() {
     let server = RedisServer::start();
+    // The run takes well under a second: the counter's requests fall in one aligned hour, or
+    // straddle an edge where the earlier hour's permits still weigh in full.
     for algorithm in ALGORITHMS {
         let rule = Rule::per_hour(100).unwrap();
         let mut nodes = Vec::new();
@@ -234,8 +241,18 @@ async fn keys_expire_once_indistinguishable_from_fresh() {
         assert!(redis.allow("brief", &"free").await.unwrap());
         let key = redis.keys("brief", &"free").unwrap().remove(0);
         let ttl: i64 = connection.pttl(&key).await.unwrap();
-        assert!(ttl > 0 && ttl <= 201, "{algorithm}: {key} PTTL {ttl}");
-        tokio::time::sleep(Duration::from_millis(350)).await;
+        // The counter's permit still weighs through the next window: its key lasts until then,
+        // and no longer.
+        let (shortest, longest) = if algorithm == Algorithm::SlidingWindowCounter {
+            (200, 401)
+        } else {
+            (0, 201)
+        };
+        assert!(
+            ttl > shortest && ttl <= longest,
+            "{algorithm}: {key} PTTL {ttl}"
+        );
+        tokio::time::sleep(Duration::from_millis(longest as u64 + 150)).await;
         let exists: bool = connection.exists(&key).await.unwrap();
         assert!(!exists, "{algorithm}: {key} outlived its window");
     }
@@ -314,10 +331,11 @@ async fn a_plan_with_several_limits_takes_from_all_or_none() {
             minute_before, minute_after,
             "{algorithm}: a denial charged the other limit"
         );
-        // Second 1: two more reach the per-minute limit, which then denies.
-        assert!(at(1_000_000).await.unwrap().decision().is_allowed());
-        assert!(at(1_000_000).await.unwrap().decision().is_allowed());
-        let denied = at(2_000_000).await.unwrap().decision();
+        // Second 2 (in second 1 the counter still weighs second 0's three): two more reach the
+        // per-minute limit, which then denies.
+        assert!(at(2_000_000).await.unwrap().decision().is_allowed());
+        assert!(at(2_000_000).await.unwrap().decision().is_allowed());
+        let denied = at(3_000_000).await.unwrap().decision();
         assert!(denied.is_denied());
         assert_eq!(
             denied.limit(),
@@ -610,6 +628,15 @@ async fn rules_the_scripts_cannot_keep_exact_are_refused_by_name() {
     let huge_log = Rule::per_hour(1 << 20).unwrap();
     let error = build(Algorithm::SlidingWindowLog, huge_log).unwrap_err();
     assert!(matches!(error, RedisError::InvalidRule { .. }), "{error:?}");
+    // The counter's bound on its limit (below 2^31) keeps its script's products exact.
+    let huge_counter = Rule::per_hour(1 << 31).unwrap();
+    let error = build(Algorithm::SlidingWindowCounter, huge_counter).unwrap_err();
+    assert!(matches!(error, RedisError::InvalidRule { .. }), "{error:?}");
+    let error = build(Algorithm::SlidingWindowCounter, sub_micro).unwrap_err();
+    assert!(
+        matches!(error, RedisError::WindowNotMicroseconds { .. }),
+        "{error:?}"
+    );
     let error = RedisRateLimiter::builder("redis://127.0.0.1:1", Algorithm::FixedWindow)
         .plan("free:tier", Rule::per_second(1).unwrap())
         .build_lazy()
