@@ -103,15 +103,28 @@ fn rule() -> impl Strategy<Value = Rule> {
 /// Replays random histories with injected time through the Redis scripts and the in-process
 /// limiter, and requires the same decision at every step.
 fn equals_in_process(algorithm: Algorithm) {
+    replay(algorithm, rule(), Just(0), |_, _| u64::MAX, 256);
+}
+
+/// [`equals_in_process`] for rules from `rules`, the clocks of both starting at a time from
+/// `starts` (in microseconds since the Unix epoch, to which both align their windows) and never
+/// passing `last(rule, start)`.
+fn replay(
+    algorithm: Algorithm,
+    rules: impl Strategy<Value = Rule>,
+    starts: impl Strategy<Value = u64>,
+    last: impl Fn(Rule, u64) -> u64,
+    cases: u32,
+) {
     let server = RedisServer::start();
     let runtime = runtime();
     let case = AtomicU64::new(0);
-    let strategy = rule().prop_flat_map(|rule| {
+    let strategy = (rules, starts).prop_flat_map(|(rule, start_us)| {
         let window_us = rule.window().as_micros() as u64;
-        (Just(rule), history(rule.limit(), window_us))
+        (Just(rule), Just(start_us), history(rule.limit(), window_us))
     });
-    let mut runner = TestRunner::new(Config::with_cases(256));
-    let result = runner.run(&strategy, |(rule, steps)| {
+    let mut runner = TestRunner::new(Config::with_cases(cases));
+    let result = runner.run(&strategy, |(rule, start_us, steps)| {
         if algorithm == Algorithm::TokenBucket
             && !TokenBucket::new(rule, FakeClock::new()).unwrap().is_exact()
         {
@@ -121,19 +134,23 @@ fn equals_in_process(algorithm: Algorithm) {
         let client = format!("case-{}", case.fetch_add(1, Ordering::Relaxed));
         runtime.block_on(async {
             let redis = limiter(&server, algorithm, rule).await;
-            let clock = FakeClock::new();
+            let clock = FakeClock::starting_at(Duration::from_micros(start_us));
             let local = in_process(algorithm, rule, clock.clone());
-            let mut now_us: u64 = 0;
-            let mut latest_us: u64 = 0;
+            let mut now_us: u64 = start_us;
+            let mut latest_us: u64 = start_us;
             let window_us = rule.window().as_micros() as u64;
+            let last_us = last(rule, start_us);
             for (i, step) in steps.iter().enumerate() {
                 now_us = if step.back {
-                    // No further back than one window behind the latest reading (see `history`).
+                    // No further back than one window behind the latest reading (see `history`),
+                    // nor before the window the in-process limiter started in (its time counts
+                    // from there: an earlier reading is read as that window's start).
                     now_us
                         .saturating_sub(step.advance_us)
                         .max(latest_us.saturating_sub(window_us))
+                        .max(start_us / window_us * window_us)
                 } else {
-                    now_us + step.advance_us
+                    (now_us + step.advance_us).min(last_us)
                 };
                 latest_us = latest_us.max(now_us);
                 clock.set(Duration::from_micros(now_us));
@@ -183,6 +200,47 @@ fn sliding_log_script_decides_as_the_in_process_log() {
 #[test]
 fn sliding_window_counter_script_decides_as_the_in_process_counter() {
     equals_in_process(Algorithm::SlidingWindowCounter);
+}
+
+/// The counter's products of a count and a time pass 2^53 (the script never forms them): large
+/// limits, windows up to the longest the scripts take, prime ones among them, and times of today
+/// since the Unix epoch, to which both align their windows.
+#[test]
+fn sliding_window_counter_script_stays_exact_past_2_to_the_53() {
+    let window_us = prop_oneof![
+        Just(999_999_937u64),
+        Just(86_400_000_000),
+        Just(1 << 42),
+        Just(tollgate::redis::MAX_WINDOW_MICROS),
+    ];
+    let limit = prop_oneof![
+        Just(999_983u64),
+        1u64..=1 << 16,
+        1u64 << 20..=1 << 28,
+        Just((1 << 30) - 1),
+    ];
+    let rules = (limit, window_us)
+        .prop_map(|(limit, window_us)| Rule::new(limit, Duration::from_micros(window_us)).unwrap())
+        .prop_filter("a rule the in-process counter keeps", |&rule| {
+            SlidingWindowCounter::new(rule, FakeClock::new()).is_ok()
+        });
+    // 2025 to 2027.
+    let starts = 1_735_689_600_000_000u64..1_798_761_600_000_000;
+    // The clock stays where the script's integers are exact (the window after next starts
+    // before 2^53 us), and two windows before the in-process counter's horizon (2^(63 - 2
+    // bits(N)) windows from the start of the first), past which its time stands still and the
+    // instants it reports never come.
+    let last = |rule: Rule, start_us: u64| {
+        let window_us = rule.window().as_micros() as u64;
+        let index_bits = 63 - 2 * (u64::BITS - rule.limit().leading_zeros());
+        let horizon_us = 1u64
+            .checked_shl(index_bits)
+            .and_then(|windows| (windows - 2).checked_mul(window_us))
+            .and_then(|span| span.checked_add(start_us / window_us * window_us))
+            .unwrap_or(u64::MAX);
+        ((1u64 << 53) - 2 * window_us).min(horizon_us) - 1
+    };
+    replay(Algorithm::SlidingWindowCounter, rules, starts, last, 128);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
