@@ -46,7 +46,8 @@ pub(super) fn script_for(algorithm: Algorithm) -> &'static Script {
 pub const MAX_BURST_TICKS: u64 = 1 << 50;
 
 /// The longest window the window scripts accept, in microseconds: a window index times the
-/// window, plus one window, stays below 2^53 for any time before the year 2255.
+/// window, plus two windows (the sliding window counter's window after next), stays below 2^53
+/// for any time before the year 2184.
 pub const MAX_WINDOW_MICROS: u64 = 1 << 50;
 
 /// Reply codes (see the module docs).
