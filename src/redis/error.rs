@@ -79,7 +79,7 @@ pub enum RedisError {
         reason: &'static str,
     },
     /// A plan's rule is one the method cannot honour in process (the local fallback, and the
-    /// sliding log's bound on its limit, follow the in-process limiters).
+    /// sliding log's and counter's bounds on their limits, follow the in-process limiters).
     InvalidRule {
         /// The plan, as `Debug` shows it.
         plan: String,

@@ -150,8 +150,8 @@ impl LimitSpec {
                         Ok(LimitSpec::SlidingWindowLog { rule, window_us })
                     }
                     _ => {
-                        // The in-process bound keeps the limit below 2^31, which the script's
-                        // exact products of a count and a time rely on.
+                        // The in-process bound keeps the limit below 2^31: the script's exact
+                        // quotients of a count times a time need counts below 2^32.
                         SlidingWindowCounter::new(rule, clock).map_err(invalid)?;
                         Ok(LimitSpec::SlidingWindowCounter { rule, window_us })
                     }
