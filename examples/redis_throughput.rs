@@ -104,14 +104,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "allow-heavy (a client per task, never limited): decisions/s (round trips per decision)"
     );
     println!(
-        "{:<20} {:>22} {:>22} {:>22}",
+        "{:<22} {:>22} {:>22} {:>22}",
         "method", "1 task", "8 tasks", "64 tasks"
     );
-    for algorithm in [
-        Algorithm::TokenBucket,
-        Algorithm::FixedWindow,
-        Algorithm::SlidingWindowLog,
-    ] {
+    for algorithm in Algorithm::ALL {
         // Far above what a run can take, for every method (the log holds at most 65,536).
         let rule = Rule::per_hour(60_000)?;
         let limiter = Arc::new(
@@ -120,7 +116,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .build()
                 .await?,
         );
-        let mut row = format!("{:<20}", algorithm.to_string());
+        let mut row = format!("{:<22}", algorithm.to_string());
         for tasks in TASK_COUNTS {
             row += &measure(Arc::clone(&limiter), tasks, false).await.cell(2);
         }
@@ -132,7 +128,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "deny-heavy (one client over its limit), token bucket: decisions/s (round trips per decision)"
     );
     println!(
-        "{:<20} {:>22} {:>22} {:>22}",
+        "{:<22} {:>22} {:>22} {:>22}",
         "deny cache", "1 task", "8 tasks", "64 tasks"
     );
     for capacity in [tollgate::redis::DEFAULT_DENY_CACHE_CAPACITY, 0] {
@@ -143,7 +139,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .build()
                 .await?,
         );
-        let mut row = format!("{:<20}", if capacity > 0 { "on" } else { "off" });
+        let mut row = format!("{:<22}", if capacity > 0 { "on" } else { "off" });
         for tasks in TASK_COUNTS {
             row += &measure(Arc::clone(&limiter), tasks, true).await.cell(5);
         }

@@ -14,14 +14,11 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use redis_support::RedisServer;
 use tollgate::redis::{CircuitBreaker, FailurePolicy, RedisError, RedisRateLimiter, Source};
 use tollgate::{
-    Algorithm, Decision, FakeClock, FixedWindow, Limiter, Rule, SlidingWindowLog, TokenBucket,
+    Algorithm, Decision, FakeClock, FixedWindow, Limiter, Rule, SlidingWindowCounter,
+    SlidingWindowLog, TokenBucket,
 };
 
-const ALGORITHMS: [Algorithm; 3] = [
-    Algorithm::TokenBucket,
-    Algorithm::FixedWindow,
-    Algorithm::SlidingWindowLog,
-];
+const ALGORITHMS: [Algorithm; 4] = Algorithm::ALL;
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -47,6 +44,9 @@ fn in_process(algorithm: Algorithm, rule: Rule, clock: FakeClock) -> Box<dyn Lim
     match algorithm {
         Algorithm::TokenBucket => Box::new(TokenBucket::new(rule, clock).unwrap()),
         Algorithm::FixedWindow => Box::new(FixedWindow::new(rule, clock).unwrap()),
+        Algorithm::SlidingWindowCounter => {
+            Box::new(SlidingWindowCounter::new(rule, clock).unwrap())
+        }
         _ => Box::new(SlidingWindowLog::new(rule, clock).unwrap()),
     }
 }
@@ -103,15 +103,28 @@ fn rule() -> impl Strategy<Value = Rule> {
 /// Replays random histories with injected time through the Redis scripts and the in-process
 /// limiter, and requires the same decision at every step.
 fn equals_in_process(algorithm: Algorithm) {
+    replay(algorithm, rule(), Just(0), |_, _| u64::MAX, 256);
+}
+
+/// [`equals_in_process`] for rules from `rules`, the clocks of both starting at a time from
+/// `starts` (in microseconds since the Unix epoch, to which both align their windows) and never
+/// passing `last(rule, start)`.
+fn replay(
+    algorithm: Algorithm,
+    rules: impl Strategy<Value = Rule>,
+    starts: impl Strategy<Value = u64>,
+    last: impl Fn(Rule, u64) -> u64,
+    cases: u32,
+) {
     let server = RedisServer::start();
     let runtime = runtime();
     let case = AtomicU64::new(0);
-    let strategy = rule().prop_flat_map(|rule| {
+    let strategy = (rules, starts).prop_flat_map(|(rule, start_us)| {
         let window_us = rule.window().as_micros() as u64;
-        (Just(rule), history(rule.limit(), window_us))
+        (Just(rule), Just(start_us), history(rule.limit(), window_us))
     });
-    let mut runner = TestRunner::new(Config::with_cases(256));
-    let result = runner.run(&strategy, |(rule, steps)| {
+    let mut runner = TestRunner::new(Config::with_cases(cases));
+    let result = runner.run(&strategy, |(rule, start_us, steps)| {
         if algorithm == Algorithm::TokenBucket
             && !TokenBucket::new(rule, FakeClock::new()).unwrap().is_exact()
         {
@@ -121,19 +134,23 @@ fn equals_in_process(algorithm: Algorithm) {
         let client = format!("case-{}", case.fetch_add(1, Ordering::Relaxed));
         runtime.block_on(async {
             let redis = limiter(&server, algorithm, rule).await;
-            let clock = FakeClock::new();
+            let clock = FakeClock::starting_at(Duration::from_micros(start_us));
             let local = in_process(algorithm, rule, clock.clone());
-            let mut now_us: u64 = 0;
-            let mut latest_us: u64 = 0;
+            let mut now_us: u64 = start_us;
+            let mut latest_us: u64 = start_us;
             let window_us = rule.window().as_micros() as u64;
+            let last_us = last(rule, start_us);
             for (i, step) in steps.iter().enumerate() {
                 now_us = if step.back {
-                    // No further back than one window behind the latest reading (see `history`).
+                    // No further back than one window behind the latest reading (see `history`),
+                    // nor before the window the in-process limiter started in (its time counts
+                    // from there: an earlier reading is read as that window's start).
                     now_us
                         .saturating_sub(step.advance_us)
                         .max(latest_us.saturating_sub(window_us))
+                        .max(start_us / window_us * window_us)
                 } else {
-                    now_us + step.advance_us
+                    (now_us + step.advance_us).min(last_us)
                 };
                 latest_us = latest_us.max(now_us);
                 clock.set(Duration::from_micros(now_us));
@@ -180,9 +197,57 @@ fn sliding_log_script_decides_as_the_in_process_log() {
     equals_in_process(Algorithm::SlidingWindowLog);
 }
 
+#[test]
+fn sliding_window_counter_script_decides_as_the_in_process_counter() {
+    equals_in_process(Algorithm::SlidingWindowCounter);
+}
+
+/// The counter's products of a count and a time pass 2^53 (the script never forms them): large
+/// limits, windows up to the longest the scripts take, prime ones among them, and times of today
+/// since the Unix epoch, to which both align their windows.
+#[test]
+fn sliding_window_counter_script_stays_exact_past_2_to_the_53() {
+    let window_us = prop_oneof![
+        Just(999_999_937u64),
+        Just(86_400_000_000),
+        Just(1 << 42),
+        Just(tollgate::redis::MAX_WINDOW_MICROS),
+    ];
+    let limit = prop_oneof![
+        Just(999_983u64),
+        1u64..=1 << 16,
+        1u64 << 20..=1 << 28,
+        Just((1 << 30) - 1),
+    ];
+    let rules = (limit, window_us)
+        .prop_map(|(limit, window_us)| Rule::new(limit, Duration::from_micros(window_us)).unwrap())
+        .prop_filter("a rule the in-process counter keeps", |&rule| {
+            SlidingWindowCounter::new(rule, FakeClock::new()).is_ok()
+        });
+    // 2025 to 2027.
+    let starts = 1_735_689_600_000_000u64..1_798_761_600_000_000;
+    // The clock stays where the script's integers are exact (the window after next starts
+    // before 2^53 us), and two windows before the in-process counter's horizon (2^(63 - 2
+    // bits(N)) windows from the start of the first), past which its time stands still and the
+    // instants it reports never come.
+    let last = |rule: Rule, start_us: u64| {
+        let window_us = rule.window().as_micros() as u64;
+        let index_bits = 63 - 2 * (u64::BITS - rule.limit().leading_zeros());
+        let horizon_us = 1u64
+            .checked_shl(index_bits)
+            .and_then(|windows| (windows - 2).checked_mul(window_us))
+            .and_then(|span| span.checked_add(start_us / window_us * window_us))
+            .unwrap_or(u64::MAX);
+        ((1u64 << 53) - 2 * window_us).min(horizon_us) - 1
+    };
+    replay(Algorithm::SlidingWindowCounter, rules, starts, last, 128);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_admits_exactly_the_limit_over_a_long_window() {
     let server = RedisServer::start();
+    // The run takes well under a second: the counter's requests fall in one aligned hour, or
+    // straddle an edge where the earlier hour's permits still weigh in full.
     for algorithm in ALGORITHMS {
         let rule = Rule::per_hour(100).unwrap();
         let mut nodes = Vec::new();
@@ -234,8 +299,18 @@ async fn keys_expire_once_indistinguishable_from_fresh() {
         assert!(redis.allow("brief", &"free").await.unwrap());
         let key = redis.keys("brief", &"free").unwrap().remove(0);
         let ttl: i64 = connection.pttl(&key).await.unwrap();
-        assert!(ttl > 0 && ttl <= 201, "{algorithm}: {key} PTTL {ttl}");
-        tokio::time::sleep(Duration::from_millis(350)).await;
+        // The counter's permit still weighs through the next window: its key lasts until then,
+        // and no longer.
+        let (shortest, longest) = if algorithm == Algorithm::SlidingWindowCounter {
+            (200, 401)
+        } else {
+            (0, 201)
+        };
+        assert!(
+            ttl > shortest && ttl <= longest,
+            "{algorithm}: {key} PTTL {ttl}"
+        );
+        tokio::time::sleep(Duration::from_millis(longest as u64 + 150)).await;
         let exists: bool = connection.exists(&key).await.unwrap();
         assert!(!exists, "{algorithm}: {key} outlived its window");
     }
@@ -314,10 +389,11 @@ async fn a_plan_with_several_limits_takes_from_all_or_none() {
             minute_before, minute_after,
             "{algorithm}: a denial charged the other limit"
         );
-        // Second 1: two more reach the per-minute limit, which then denies.
-        assert!(at(1_000_000).await.unwrap().decision().is_allowed());
-        assert!(at(1_000_000).await.unwrap().decision().is_allowed());
-        let denied = at(2_000_000).await.unwrap().decision();
+        // Second 2 (in second 1 the counter still weighs second 0's three): two more reach the
+        // per-minute limit, which then denies.
+        assert!(at(2_000_000).await.unwrap().decision().is_allowed());
+        assert!(at(2_000_000).await.unwrap().decision().is_allowed());
+        let denied = at(3_000_000).await.unwrap().decision();
         assert!(denied.is_denied());
         assert_eq!(
             denied.limit(),
@@ -610,6 +686,15 @@ async fn rules_the_scripts_cannot_keep_exact_are_refused_by_name() {
     let huge_log = Rule::per_hour(1 << 20).unwrap();
     let error = build(Algorithm::SlidingWindowLog, huge_log).unwrap_err();
     assert!(matches!(error, RedisError::InvalidRule { .. }), "{error:?}");
+    // The counter's bound on its limit (below 2^31) keeps its script's products exact.
+    let huge_counter = Rule::per_hour(1 << 31).unwrap();
+    let error = build(Algorithm::SlidingWindowCounter, huge_counter).unwrap_err();
+    assert!(matches!(error, RedisError::InvalidRule { .. }), "{error:?}");
+    let error = build(Algorithm::SlidingWindowCounter, sub_micro).unwrap_err();
+    assert!(
+        matches!(error, RedisError::WindowNotMicroseconds { .. }),
+        "{error:?}"
+    );
     let error = RedisRateLimiter::builder("redis://127.0.0.1:1", Algorithm::FixedWindow)
         .plan("free:tier", Rule::per_second(1).unwrap())
         .build_lazy()

@@ -79,17 +79,12 @@ pub enum RedisError {
         reason: &'static str,
     },
     /// A plan's rule is one the method cannot honour in process (the local fallback, and the
-    /// sliding log's bound on its limit, follow the in-process limiters).
+    /// sliding log's and counter's bounds on their limits, follow the in-process limiters).
     InvalidRule {
         /// The plan, as `Debug` shows it.
         plan: String,
         /// Why.
         source: RuleError,
-    },
-    /// The service's method has no script in Redis yet.
-    UnsupportedMethod {
-        /// The method.
-        algorithm: crate::Algorithm,
     },
     /// A plan's rule cannot be kept exact in the scripts' integers: Lua numbers are doubles,
     /// exact only below 2^53.
@@ -175,11 +170,6 @@ impl fmt::Display for RedisError {
             }
             RedisError::InvalidLimits { plan, reason } => write!(f, "plan {plan}: {reason}"),
             RedisError::InvalidRule { plan, source } => write!(f, "plan {plan}: {source}"),
-            RedisError::UnsupportedMethod { algorithm } => write!(
-                f,
-                "the {algorithm} has no Redis script: use the token bucket, the fixed window or \
-                 the sliding window log in Redis"
-            ),
             RedisError::NotExact {
                 plan,
                 rule,

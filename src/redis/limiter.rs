@@ -383,9 +383,7 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
         mode: Mode,
         now_us: Option<u64>,
     ) -> Result<Vec<i64>, RedisError> {
-        let script = script::script_for(self.algorithm).ok_or(RedisError::UnsupportedMethod {
-            algorithm: self.algorithm,
-        })?;
+        let script = script::script_for(self.algorithm);
         let mut invocation = script.prepare_invoke();
         for key in keys {
             invocation.key(key);
@@ -433,15 +431,20 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
             Some(CODE_ALLOWED | CODE_DENIED) => {}
             _ => return Err(bad_reply()),
         }
-        let figures = reply.get(3..).ok_or_else(bad_reply)?;
-        if figures.len() != 4 * entry.limits.len() {
-            return Err(bad_reply());
-        }
-        let decisions = entry
+        let mut figures = reply.get(3..).ok_or_else(bad_reply)?;
+        let expected: usize = entry
             .limits
             .iter()
-            .zip(figures.chunks_exact(4))
-            .map(|((spec, _), chunk)| spec.decision([chunk[0], chunk[1], chunk[2], chunk[3]]));
+            .map(|(spec, _)| spec.figure_count())
+            .sum();
+        if figures.len() != expected {
+            return Err(bad_reply());
+        }
+        let decisions = entry.limits.iter().map(|(spec, _)| {
+            let (own, rest) = figures.split_at(spec.figure_count());
+            figures = rest;
+            spec.decision(own)
+        });
         combine(decisions).ok_or_else(bad_reply)
     }
 
@@ -611,14 +614,10 @@ impl<P: Eq + fmt::Debug> RedisRateLimiterBuilder<P> {
         let mut connection = limiter.connection.clone();
         let url = limiter.url.clone();
         let connect = async {
-            for algorithm in [
-                Algorithm::TokenBucket,
-                Algorithm::FixedWindow,
-                Algorithm::SlidingWindowLog,
-            ] {
-                if let Some(script) = script::script_for(algorithm) {
-                    script.load_async(&mut connection).await?;
-                }
+            for algorithm in Algorithm::ALL {
+                script::script_for(algorithm)
+                    .load_async(&mut connection)
+                    .await?;
             }
             Ok::<(), ::redis::RedisError>(())
         };

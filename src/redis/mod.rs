@@ -15,19 +15,27 @@
 //! - **The in-process decisions, exactly.** The token bucket is the same exact GCRA as
 //!   [`TokenBucket`](crate::TokenBucket), in integer ticks of `1/(N/gcd(N, W))` µs that Lua's
 //!   doubles hold exactly (a rule whose full bucket would reach 2^50 ticks is refused with
-//!   [`RedisError::NotExact`]); the fixed window and sliding log follow
-//!   [`FixedWindow`](crate::FixedWindow) and [`SlidingWindowLog`](crate::SlidingWindowLog).
-//!   Windows must be whole microseconds; figures are reported in nanoseconds rounded up, so for
-//!   times in whole microseconds the decisions equal the in-process ones (tested).
+//!   [`RedisError::NotExact`]); the fixed window, sliding log and sliding window counter follow
+//!   [`FixedWindow`](crate::FixedWindow), [`SlidingWindowLog`](crate::SlidingWindowLog) and
+//!   [`SlidingWindowCounter`](crate::SlidingWindowCounter). The counter's estimate
+//!   `ceil(P * (W - e) / W) + C` and its exact first instant to retry are computed without
+//!   forming a product of a count and a time (which can pass 2^53), and its waits come back to
+//!   the nanosecond. Windows must be whole microseconds; figures are reported in nanoseconds
+//!   rounded up, so for times in whole microseconds the decisions equal the in-process ones
+//!   (tested, the counter also with limits up to 2^30, windows up to [`MAX_WINDOW_MICROS`] and
+//!   an in-process clock counting from the Unix epoch, so that both align their windows alike).
 //! - **One clock.** Scripts read the Redis server's `TIME` (scripts replicate by effects since
 //!   Redis 7), so nodes with skewed clocks agree. Windows are aligned to the Unix epoch. State
 //!   never moves backwards: a server clock that steps back is met with the stored state (a
-//!   bucket's TAT, a window's index, a log's latest admission), and grants nothing extra. (Only
-//!   the figures differ from in process, and only for a step back of more than a window: the
-//!   bucket's reported wait is then capped at two windows, to keep its integers exact.)
+//!   bucket's TAT, a window's index, a log's latest admission, a counter's window, where a
+//!   reading behind it counts at its start), and grants nothing extra. (Only the figures differ
+//!   from in process, and only for a step back of more than a window: the bucket's reported
+//!   wait is then capped at two windows, to keep its integers exact.)
 //! - **Bounded memory.** Every write sets an expiry at the instant the key becomes
 //!   indistinguishable from a missing one (a full bucket, a window that is over, a log whose
-//!   admissions have all left), so Redis holds state only for clients active within a window.
+//!   admissions have all left, a counter whose estimate is 0: once the window after the one
+//!   holding its last admission ends), so Redis holds state only for clients active within a
+//!   window (two for the counter).
 //! - **Failure.** Each round trip is bounded by a timeout (50 ms by default); after 3 consecutive
 //!   failures a circuit breaker opens and no request waits on Redis until a probe, every 500 ms,
 //!   succeeds. Meanwhile the [`FailurePolicy`] decides: return the error, allow, deny, or decide
@@ -44,10 +52,11 @@
 //! `<prefix>:{<plan>:<client>}:<method>:<limit>/<window>us`, for example
 //! `tollgate:{Free:alice}:tb:5/1000000us`: the prefix (default `tollgate`), the hash tag shared
 //! by all of a client's keys under one plan (Redis Cluster puts them in one slot), the method
-//! (`tb`, `fw`, `swl`) and the rule, so a changed rule starts afresh. The plan is its `Debug`
-//! form without quotes. Values: the bucket is a hash `{t: TAT in µs, f: remainder in ticks}`;
-//! the window a hash `{w: window index, c: count}`; the log a sorted set of admissions scored by
-//! their expiry in µs.
+//! (`tb`, `fw`, `swl`, `swc`) and the rule, so a changed rule starts afresh. The plan is its
+//! `Debug` form without quotes. Values: the bucket is a hash `{t: TAT in µs, f: remainder in
+//! ticks}`; the window a hash `{w: window index, c: count}`; the log a sorted set of admissions
+//! scored by their expiry in µs; the counter a hash `{w: window index, c: count in that window,
+//! p: count in the window before}`. Window indexes count windows since the Unix epoch.
 
 mod deny_cache;
 mod error;

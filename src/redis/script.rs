@@ -5,7 +5,9 @@
 //! override (`""` for the server's `TIME`), then each limit's parameters in order. The reply is
 //! `{code, index, now_us}` and four integers per limit: allowed, remaining, retry_after,
 //! reset_after (code 1: allowed and committed; 0: denied, nothing written; -1: `KEYS[index]`
-//! holds another type, nothing written).
+//! holds another type, nothing written). The sliding window counter's waits are not whole
+//! microseconds: its limits reply five integers, the fifth the nanoseconds by which its
+//! retry_after, rounded up to microseconds, overstates the wait.
 
 use std::sync::LazyLock;
 
@@ -14,7 +16,9 @@ use ::redis::{Script, ScriptInvocation};
 use super::RedisError;
 use crate::decision::Rejection;
 use crate::method::token_bucket::GcraParams;
-use crate::{Algorithm, Decision, FixedWindow, Rule, RuleError, SlidingWindowLog};
+use crate::{
+    Algorithm, Decision, FixedWindow, Rule, RuleError, SlidingWindowCounter, SlidingWindowLog,
+};
 
 pub(super) static TOKEN_BUCKET: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/token_bucket.lua")));
@@ -22,14 +26,16 @@ pub(super) static FIXED_WINDOW: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/fixed_window.lua")));
 pub(super) static SLIDING_WINDOW_LOG: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/sliding_window_log.lua")));
+pub(super) static SLIDING_WINDOW_COUNTER: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/sliding_window_counter.lua")));
 
-/// The script deciding for `algorithm`, if Redis has one for it.
-pub(super) fn script_for(algorithm: Algorithm) -> Option<&'static Script> {
+/// The script deciding for `algorithm`.
+pub(super) fn script_for(algorithm: Algorithm) -> &'static Script {
     match algorithm {
-        Algorithm::TokenBucket => Some(&TOKEN_BUCKET),
-        Algorithm::FixedWindow => Some(&FIXED_WINDOW),
-        Algorithm::SlidingWindowLog => Some(&SLIDING_WINDOW_LOG),
-        Algorithm::SlidingWindowCounter => None,
+        Algorithm::TokenBucket => &TOKEN_BUCKET,
+        Algorithm::FixedWindow => &FIXED_WINDOW,
+        Algorithm::SlidingWindowLog => &SLIDING_WINDOW_LOG,
+        Algorithm::SlidingWindowCounter => &SLIDING_WINDOW_COUNTER,
     }
 }
 
@@ -40,7 +46,8 @@ pub(super) fn script_for(algorithm: Algorithm) -> Option<&'static Script> {
 pub const MAX_BURST_TICKS: u64 = 1 << 50;
 
 /// The longest window the window scripts accept, in microseconds: a window index times the
-/// window, plus one window, stays below 2^53 for any time before the year 2255.
+/// window, plus two windows (the sliding window counter's window after next), stays below 2^53
+/// for any time before the year 2184.
 pub const MAX_WINDOW_MICROS: u64 = 1 << 50;
 
 /// Reply codes (see the module docs).
@@ -64,6 +71,10 @@ pub(super) enum LimitSpec {
         window_us: u64,
     },
     SlidingWindowLog {
+        rule: Rule,
+        window_us: u64,
+    },
+    SlidingWindowCounter {
         rule: Rule,
         window_us: u64,
     },
@@ -98,9 +109,6 @@ impl LimitSpec {
             value,
             max,
         };
-        if script_for(algorithm).is_none() {
-            return Err(RedisError::UnsupportedMethod { algorithm });
-        }
         match algorithm {
             Algorithm::TokenBucket => {
                 let limit = rule.limit();
@@ -119,7 +127,9 @@ impl LimitSpec {
                     burst_ticks: burst as u64,
                 })
             }
-            Algorithm::FixedWindow | Algorithm::SlidingWindowLog => {
+            Algorithm::FixedWindow
+            | Algorithm::SlidingWindowLog
+            | Algorithm::SlidingWindowCounter => {
                 if window_us > MAX_WINDOW_MICROS {
                     return Err(not_exact(
                         "a window in microseconds of",
@@ -127,17 +137,26 @@ impl LimitSpec {
                         MAX_WINDOW_MICROS,
                     ));
                 }
-                if algorithm == Algorithm::FixedWindow {
-                    // The count is an integer in Lua; the in-process bound is far below 2^53.
-                    FixedWindow::new(rule, crate::FakeClock::new()).map_err(invalid)?;
-                    Ok(LimitSpec::FixedWindow { rule, window_us })
-                } else {
-                    // One sorted-set member per admission: the in-process bound on the limit.
-                    SlidingWindowLog::new(rule, crate::FakeClock::new()).map_err(invalid)?;
-                    Ok(LimitSpec::SlidingWindowLog { rule, window_us })
+                let clock = crate::FakeClock::new();
+                match algorithm {
+                    Algorithm::FixedWindow => {
+                        // The count is an integer in Lua; the in-process bound is far below 2^53.
+                        FixedWindow::new(rule, clock).map_err(invalid)?;
+                        Ok(LimitSpec::FixedWindow { rule, window_us })
+                    }
+                    Algorithm::SlidingWindowLog => {
+                        // One sorted-set member per admission: the in-process bound on the limit.
+                        SlidingWindowLog::new(rule, clock).map_err(invalid)?;
+                        Ok(LimitSpec::SlidingWindowLog { rule, window_us })
+                    }
+                    _ => {
+                        // The in-process bound keeps the limit below 2^31: the script's exact
+                        // quotients of a count times a time need counts below 2^32.
+                        SlidingWindowCounter::new(rule, clock).map_err(invalid)?;
+                        Ok(LimitSpec::SlidingWindowCounter { rule, window_us })
+                    }
                 }
             }
-            Algorithm::SlidingWindowCounter => Err(RedisError::UnsupportedMethod { algorithm }),
         }
     }
 
@@ -145,7 +164,8 @@ impl LimitSpec {
         match *self {
             LimitSpec::TokenBucket { rule, .. }
             | LimitSpec::FixedWindow { rule, .. }
-            | LimitSpec::SlidingWindowLog { rule, .. } => rule,
+            | LimitSpec::SlidingWindowLog { rule, .. }
+            | LimitSpec::SlidingWindowCounter { rule, .. } => rule,
         }
     }
 
@@ -155,6 +175,15 @@ impl LimitSpec {
             LimitSpec::TokenBucket { .. } => "tb",
             LimitSpec::FixedWindow { .. } => "fw",
             LimitSpec::SlidingWindowLog { .. } => "swl",
+            LimitSpec::SlidingWindowCounter { .. } => "swc",
+        }
+    }
+
+    /// How many integers of the script's reply this limit's decision takes.
+    pub(super) fn figure_count(&self) -> usize {
+        match self {
+            LimitSpec::SlidingWindowCounter { .. } => 5,
+            _ => 4,
         }
     }
 
@@ -198,20 +227,29 @@ impl LimitSpec {
                     .arg(burst_ticks);
             }
             LimitSpec::FixedWindow { rule, window_us }
-            | LimitSpec::SlidingWindowLog { rule, window_us } => {
+            | LimitSpec::SlidingWindowLog { rule, window_us }
+            | LimitSpec::SlidingWindowCounter { rule, window_us } => {
                 invocation.arg(rule.limit()).arg(window_us);
             }
         }
     }
 
-    /// The decision this limit's four reply integers say.
+    /// The decision this limit's reply integers say ([`LimitSpec::figure_count`] of them; a
+    /// missing one reads 0).
     ///
     /// Times come back in the script's units (ticks of the bucket, microseconds of the windows)
     /// and are turned into nanoseconds rounded up, as the in-process limiters round their ticks:
-    /// for times and windows in whole microseconds the two answer the same figures.
-    pub(super) fn decision(&self, figures: [i64; 4]) -> Decision {
-        let [allowed, remaining, retry_after, reset_after] =
-            figures.map(|x| u64::try_from(x).unwrap_or(0));
+    /// for times and windows in whole microseconds the two answer the same figures. The
+    /// counter's wait comes as whole microseconds and the nanoseconds they overstate it by.
+    pub(super) fn decision(&self, figures: &[i64]) -> Decision {
+        let figure = |i: usize| {
+            figures
+                .get(i)
+                .and_then(|&x| u64::try_from(x).ok())
+                .unwrap_or(0)
+        };
+        let (allowed, remaining, retry_after) = (figure(0), figure(1), figure(2));
+        let reset_after = figure(self.figure_count() - 1);
         let rule = self.rule();
         let (remaining, retry_after, reset_after) = match *self {
             LimitSpec::TokenBucket {
@@ -234,6 +272,11 @@ impl LimitSpec {
                 retry_after.saturating_mul(1_000),
                 reset_after.saturating_mul(1_000),
             ),
+            LimitSpec::SlidingWindowCounter { .. } => (
+                remaining,
+                retry_after.saturating_mul(1_000).saturating_sub(figure(3)),
+                reset_after.saturating_mul(1_000),
+            ),
         };
         if allowed == 1 {
             Decision::allowed(rule, remaining, reset_after)
@@ -253,7 +296,7 @@ pub(super) fn check_in_process(algorithm: Algorithm, rule: Rule) -> Result<(), R
             SlidingWindowLog::new(rule, crate::FakeClock::new()).map(|_| ())
         }
         Algorithm::SlidingWindowCounter => {
-            crate::SlidingWindowCounter::new(rule, crate::FakeClock::new()).map(|_| ())
+            SlidingWindowCounter::new(rule, crate::FakeClock::new()).map(|_| ())
         }
     }
 }

@@ -1,0 +1,205 @@
+-- Sliding window counter for every limit of one plan: checks all, then commits all or none.
+--
+-- KEYS[i]   the counter of limit i: a hash {w = window index, c = permits granted in it, p =
+--           permits granted in the window before}. A missing key is an empty counter. Windows
+--           are aligned to the Unix epoch: window k is [k * window_us, (k + 1) * window_us).
+-- ARGV[1]   n, from 0 to the smallest limit (0 reports what is available and writes nothing)
+-- ARGV[2]   "acquire" or "peek" (peek: what one permit would get, writing nothing)
+-- ARGV[3]   the time in microseconds, or "" for the server's TIME (the normal case)
+-- ARGV[3 + 2(i-1) + 1 .. 2]  limit i: limit, window_us
+--
+-- At e microseconds into window k, with C permits granted in window k and P in window k-1, the
+-- estimate is ceil(P * (W - e) / W) + C, and n permits are granted iff estimate + n <= limit. A
+-- reading in an older window than the stored one (the server's clock stepped back) is counted
+-- at the start of the stored window, where the previous window weighs most: it never resets a
+-- count. The figures are measured from the reading itself.
+--
+-- Reply: {code, index, now_us, then per limit five integers: allowed, remaining (permits),
+-- retry_after (us, rounded up), retry_short (the nanoseconds, 0 to 999, by which retry_after
+-- overstates the exact wait), reset_after (us)}; code 1 = allowed (and committed), 0 = denied,
+-- -1 = KEYS[index] holds another type (nothing written). Every number is an integer below 2^53:
+-- products of a count and a time, which can exceed it, are never formed (see mul_div).
+
+-- Numbers go to Redis as exact integer strings: Lua's own number-to-string conversion keeps only
+-- 14 significant digits, and times in microseconds have 16.
+local function int(x)
+  return string.format('%.0f', x)
+end
+
+local n = tonumber(ARGV[1])
+local peek = ARGV[2] == 'peek'
+local now
+if ARGV[3] ~= '' then
+  now = tonumber(ARGV[3])
+else
+  local time = redis.call('TIME')
+  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+end
+
+for i = 1, #KEYS do
+  local kind = redis.call('TYPE', KEYS[i])['ok']
+  if kind ~= 'none' and kind ~= 'hash' then
+    return {-1, i, now}
+  end
+end
+
+-- floor(a / b) for integers below 2^53, corrected for the division's rounding.
+local function div(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+-- floor(a * b / d) and (a * b) mod d, for a below 2^32 and b, d below 2^51, whose quotient is
+-- below 2^53, without forming a * b (up to 2^83): a's bits from the highest, doubling the
+-- quotient and remainder and adding b's, with the remainder kept below d (so below 2^52).
+local function mul_div(a, b, d)
+  local bq = div(b, d)
+  local br = b - bq * d
+  local q, r = 0, 0
+  local bit = 2147483648
+  while bit >= 1 do
+    q, r = q * 2, r * 2
+    if r >= d then
+      q, r = q + 1, r - d
+    end
+    if a >= bit then
+      a = a - bit
+      q, r = q + bq, r + br
+      if r >= d then
+        q, r = q + 1, r - d
+      end
+    end
+    bit = bit / 2
+  end
+  return q, r
+end
+
+-- The previous window's count weighted by the part of it the sliding window still covers,
+-- rounded up: ceil(prev * (W - e) / W), at most prev.
+local function weighted(prev, window, e)
+  local q, r = mul_div(prev, window - e, window)
+  if r > 0 then
+    q = q + 1
+  end
+  return q
+end
+
+-- Microseconds from now until the estimate is 0 if nothing more is taken: the start of the
+-- window after next while the current window holds a permit, of the next while only the
+-- previous one does, now if neither does.
+local function reset_after(s, cur, now)
+  if cur > 0 then
+    return (s.index + 2) * s.window - now
+  elseif s.prev > 0 then
+    return (s.index + 1) * s.window - now
+  end
+  return 0
+end
+
+-- The exact wait until `take` permits fit if nothing more is taken, as whole microseconds
+-- rounded up and the nanoseconds they overstate it by: the first instant at which
+-- ceil(P' * (W - e') / W) + C' + take <= limit. While cur + take <= limit it lies in this window
+-- or at the start of the next, where the previous count's weight must fall to
+-- floor((limit - cur - take) * W / prev); otherwise in the next window, where cur weighs as the
+-- previous count, or at the start of the one after: the weight must fall to
+-- floor((limit - take) * W / cur). Times in nanoseconds (W_ns = 1000 W) are kept as whole
+-- microseconds and a part below one.
+local function retry_after(s, take, now)
+  local index, weighing, room = s.index, s.prev, s.limit - s.cur - take
+  if s.cur + take > s.limit then
+    index, weighing, room = s.index + 1, s.cur, s.limit - take
+  end
+  -- The weight in nanoseconds: floor(room * 1000 * W / weighing) = 1000 * q + floor(1000 * r /
+  -- weighing), below W_ns since the request does not fit at the weight now.
+  local q, r = mul_div(room, s.window, math.max(weighing, 1))
+  local sub = div(1000 * r, math.max(weighing, 1))
+  if q >= s.window then
+    q, sub = s.window, 0
+  end
+  -- The instant (index + 1) * W_ns - weight, less now: 1000 * (until - q) - sub ns.
+  local until_us = (index + 1) * s.window - now - q
+  return until_us, sub
+end
+
+-- The decision for `take` permits (0: what is available) at `now`: allowed, remaining,
+-- retry_after (us), retry_short (ns), reset_after (us).
+local function decide(s, take, now)
+  local room = s.limit - s.cur
+  local weight = weighted(s.prev, s.window, s.e)
+  if take == 0 then
+    return 1, math.max(room - weight, 0), 0, 0, reset_after(s, s.cur, now)
+  end
+  if take <= room and weight <= room - take then
+    return 1, room - take - weight, 0, 0, reset_after(s, s.cur + take, now)
+  end
+  local retry, short = retry_after(s, take, now)
+  return 0, math.max(room - weight, 0), retry, short, reset_after(s, s.cur, now)
+end
+
+local reply = {1, 0, now}
+local states = {}
+local all_allowed = true
+for i = 1, #KEYS do
+  local base = 3 + 2 * (i - 1)
+  local limit, window = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
+  local stored = redis.call('HMGET', KEYS[i], 'w', 'c', 'p')
+  local w, c, p = tonumber(stored[1]), tonumber(stored[2]), tonumber(stored[3])
+  local s = {limit = limit, window = window, index = div(now, window), cur = 0, prev = 0}
+  if w ~= nil and c ~= nil and p ~= nil then
+    c, p = math.min(c, limit), math.min(p, limit)
+    if now < w * window then
+      -- Behind the stored window: counted at its start.
+      s.index, s.cur, s.prev = w, c, p
+    elseif s.index == w then
+      s.cur, s.prev = c, p
+    elseif s.index == w + 1 then
+      -- The stored window's count weighs on the next window only.
+      s.prev = c
+    end
+  end
+  s.e = math.max(now - s.index * window, 0)
+  local allowed, remaining, retry, short, reset
+  if peek then
+    -- What one permit would get: the quota if it fits, else its denial.
+    allowed, remaining, retry, short, reset = decide(s, 1, now)
+    if allowed == 1 then
+      allowed, remaining, retry, short, reset = decide(s, 0, now)
+    end
+  else
+    allowed, remaining, retry, short, reset = decide(s, n, now)
+  end
+  if allowed == 0 then
+    all_allowed = false
+  end
+  states[i] = s
+  local at = #reply
+  reply[at + 1], reply[at + 2], reply[at + 3] = allowed, remaining, retry
+  reply[at + 4], reply[at + 5] = short, reset
+end
+
+if not all_allowed then
+  reply[1] = 0
+  return reply
+end
+if peek or n == 0 then
+  return reply
+end
+
+for i = 1, #KEYS do
+  local s = states[i]
+  redis.call('HSET', KEYS[i], 'w', int(s.index), 'c', int(s.cur + n), 'p', int(s.prev))
+  -- The estimate is 0 once the window after this one ends; the counter is then
+  -- indistinguishable from a missing key: expire it then (rounded up to whole milliseconds). An
+  -- injected time runs apart from the server's clock, so such keys are kept a minute longer.
+  local ttl = math.floor(((s.index + 2) * s.window - now) / 1000) + 1
+  if ARGV[3] ~= '' then
+    ttl = ttl + 60000
+  end
+  redis.call('PEXPIRE', KEYS[i], int(ttl))
+end
+return reply
