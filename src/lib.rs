@@ -39,11 +39,12 @@
 //! Every method is lock-free: the state lives in atomics updated by compare-and-swap loops (the
 //! fixed window takes a single `fetch_add` for one permit in the current window), and no decision
 //! path takes a lock. A denied attempt changes nothing that any answer depends on: the token
-//! bucket, the sliding log and the sliding window counter only read their state; the fixed window's single-permit path adds to
-//! a count that racing grants already filled, which the count's headroom absorbs. (The service
-//! also counts each decision in a per-thread shard, and may retire and replace a client's limiter
-//! made under an earlier rule, on any call, even one of 0 permits.) Each module documents its
-//! guarantee and why it holds under any interleaving.
+//! bucket, the sliding window counter and the sliding log only read their state (but for a
+//! sliding-log batch that another thread interrupts, which gives back its claims); the fixed
+//! window's single-permit path adds to a count that racing grants already filled, which the
+//! count's headroom absorbs. (The service counts decisions when asked to, and may retire and
+//! replace a client's limiter made under an earlier rule, on any call, even one of 0 permits.)
+//! Each module documents its guarantee and why it holds under any interleaving.
 //!
 //! ## Time
 //!
