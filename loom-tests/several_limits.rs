@@ -2,9 +2,10 @@
 //! (take from each limit in order; on a refusal, give back what the limits before it granted),
 //! on the token bucket's own CAS loop and `GcraParams::undo`, with loom's atomics.
 //!
-//! Checked under every interleaving: no limit grants more than its own limit, and the
-//! reservations are exact: once every thread is done, each limit's state holds exactly the
-//! permits of the requests that were granted, nothing of those refused.
+//! Checked under every interleaving: no limit grants more than its own limit, and no give-back
+//! returns more than its reservation took: once every thread is done, each limit's state holds
+//! at least the permits of the requests that were granted (exactly them, unless a give-back met
+//! a later grant and kept its permits, which is stricter).
 //!
 //! And the gate that evicts such a client's limits together: a sweep retires it only when every
 //! committed permit has left its limit, and a request whose commit meets the retired gate gives
@@ -42,14 +43,19 @@ pub(crate) fn check_two_limits(threads: usize, undo: Undo) {
                 let states = Arc::clone(&states);
                 thread::spawn(move || {
                     let clock = FixedClock(0);
+                    let mut decisions = Vec::new();
                     for (taken, limit) in limits.iter().enumerate() {
-                        if limit.acquire(&states[taken], 1, &clock).is_allowed() {
+                        let decision = limit.acquire(&states[taken], 1, &clock);
+                        if decision.is_allowed() {
+                            decisions.push(decision);
                             continue;
                         }
-                        for (given, limit) in limits[..taken].iter().enumerate() {
+                        for (given, (limit, decision)) in
+                            limits[..taken].iter().zip(&decisions).enumerate()
+                        {
                             match undo {
-                                Undo::Exact => limit.undo(&states[given], 1),
-                                Undo::Twice => limit.undo(&states[given], 2),
+                                Undo::Exact => limit.undo(&states[given], 1, decision, 0),
+                                Undo::Twice => limit.undo(&states[given], 2, decision, 0),
                             }
                         }
                         return false;
@@ -71,16 +77,16 @@ pub(crate) fn check_two_limits(threads: usize, undo: Undo) {
             "the first request to reach both limits is granted"
         );
         for (limit, state) in limits.iter().zip(states.iter()) {
-            // What the granted requests took, and nothing more: the state a fresh bucket
-            // reaches after `granted` grants alone.
+            // At least what the granted requests took (a give-back that meets a later grant
+            // keeps its permits, refilling at the bucket's rate), and never less: a bucket at
+            // least as far in debt as `granted` grants alone leave it.
             let alone = AtomicU64::new(0);
             for _ in 0..granted {
                 assert!(limit.acquire(&alone, 1, &FixedClock(0)).is_allowed());
             }
             let (held, expected) = (state.load(Ordering::Relaxed), alone.load(Ordering::Relaxed));
-            assert_eq!(
-                held,
-                expected,
+            assert!(
+                held >= expected,
                 "inexact reservation: the limit of {} holds {held}, {granted} grants make {expected}",
                 limit.rule().limit()
             );

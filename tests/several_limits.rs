@@ -356,3 +356,122 @@ proptest! {
         }
     }
 }
+
+/// A give-back racing a later grant on a token bucket that had refilled must not take that
+/// grant's permits too: a churn thread's refused reservations (3 permits, refused by the second
+/// limit) race single grants. Within 6 ms a "4 per second" limit grants at most 4.
+#[test]
+fn a_give_back_racing_a_later_grant_never_over_admits() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    for algorithm in METHODS {
+        let clock = FakeClock::new();
+        let service = Arc::new(
+            ServiceBuilder::new(algorithm, clock.clone())
+                .plan_limits(
+                    "p",
+                    [
+                        Rule::per_second(4).unwrap(),
+                        // Refuses 3 at once (above its limit), grants single permits freely.
+                        Rule::new(2, Duration::from_millis(1)).unwrap(),
+                    ],
+                )
+                .build::<u64>()
+                .unwrap(),
+        );
+        let stop = Arc::new(AtomicBool::new(false));
+        let churn = {
+            let (service, stop) = (Arc::clone(&service), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    assert!(service.acquire(&1, &"p", 3).unwrap().is_denied());
+                }
+            })
+        };
+        let start = std::time::Instant::now();
+        let mut rounds = 0u64;
+        while start.elapsed() < Duration::from_millis(1_500) {
+            rounds += 1;
+            clock.set(Duration::from_secs(20 * rounds - 10)); // a full bucket, and the churn on it
+            for _ in 0..50 {
+                std::hint::spin_loop();
+            }
+            clock.advance(Duration::from_secs(10));
+            let mut granted = 0;
+            for _ in 0..6 {
+                granted += (0..3)
+                    .filter(|_| service.acquire(&1, &"p", 1).unwrap().is_allowed())
+                    .count();
+                clock.advance(Duration::from_millis(1));
+            }
+            assert!(
+                granted <= 4,
+                "{algorithm}, round {rounds}: {granted} in 6 ms, limit 4/s"
+            );
+        }
+        stop.store(true, Ordering::Relaxed);
+        churn.join().unwrap();
+    }
+}
+
+/// A reading before the service's start counts as its start; the eviction gate must count it
+/// the same way, or a sweep would forget usage the limits still hold.
+#[test]
+fn a_sweep_after_a_reading_before_the_start_forgets_nothing() {
+    for algorithm in METHODS {
+        let clock = FakeClock::starting_at(Duration::from_millis(5_500));
+        let service = ServiceBuilder::new(algorithm, clock.clone())
+            .plan_limits(
+                "p",
+                [
+                    Rule::per_second(3).unwrap(),
+                    Rule::new(100, Duration::from_secs(1)).unwrap(),
+                ],
+            )
+            .build::<u64>()
+            .unwrap();
+        clock.set(Duration::from_millis(1_000)); // the clock steps back before the start
+        let first = (0..5)
+            .filter(|_| service.acquire(&0, &"p", 1).unwrap().is_allowed())
+            .count();
+        clock.set(Duration::from_millis(5_500));
+        assert!(service.peek(&0, &"p").unwrap().is_denied(), "{algorithm}");
+        assert_eq!(
+            service.sweep(),
+            0,
+            "{algorithm}: the limits still hold {first} permits"
+        );
+        let after = (0..5)
+            .filter(|_| service.acquire(&0, &"p", 1).unwrap().is_allowed())
+            .count();
+        assert_eq!(after, 0, "{algorithm}");
+    }
+}
+
+/// A refused request whose reading is behind the stored window gives back what it took from
+/// the window it was counted in.
+#[test]
+fn a_refused_request_with_a_stale_reading_keeps_nothing() {
+    for algorithm in METHODS {
+        let clock = FakeClock::starting_at(Duration::from_millis(500));
+        let service = ServiceBuilder::new(algorithm, clock.clone())
+            .plan_limits(
+                "p",
+                [
+                    Rule::per_second(10).unwrap(),
+                    Rule::new(4, Duration::from_secs(100)).unwrap(),
+                ],
+            )
+            .build::<u64>()
+            .unwrap();
+        clock.set(Duration::from_millis(1_500));
+        assert!(service.acquire(&1, &"p", 1).unwrap().is_allowed());
+        clock.set(Duration::from_millis(500)); // a window back
+        assert!(service.acquire(&1, &"p", 8).unwrap().is_denied()); // the second limit refuses
+        clock.set(Duration::from_millis(1_500));
+        let three = service.acquire(&1, &"p", 3).unwrap();
+        assert!(
+            three.is_allowed(),
+            "{algorithm}: the refused request kept permits: {three:?}"
+        );
+    }
+}

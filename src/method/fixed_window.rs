@@ -80,6 +80,11 @@ impl WindowParams {
         }
     }
 
+    /// The clock reading window 0 starts at.
+    pub(crate) fn origin_nanos(&self) -> u64 {
+        self.origin_nanos
+    }
+
     /// A clock reading as nanoseconds since window 0 starts; readings before it count as its
     /// start.
     #[inline]

@@ -390,12 +390,19 @@ impl CounterParams {
         })
     }
 
-    /// Gives back `n` permits that an acquire on `word` granted at `now_nanos` (a reservation
-    /// across several limits that another limit refused), if the window they were counted in is
-    /// still the current one; once it has rolled, they weigh only as the previous window's, and
-    /// are left (so a give-back can only make the counter stricter, never more generous).
-    pub fn undo<A: AtomicWord>(&self, word: &A, n: u64, now_nanos: u64) {
-        let granted_in = self.roll(0, self.elapsed(now_nanos)).index;
+    /// Gives back `n` permits that `granted` (an allowed decision of this counter's, made at
+    /// `now_nanos`) took (a reservation across several limits that another limit refused), if
+    /// the window they were counted in is still the current one. After a grant its window holds
+    /// a permit, so its `reset_after` ends at the start of the window after next: that names the
+    /// window. Once it has rolled, the permits weigh only as the previous window's and are left
+    /// (stricter, never more generous).
+    pub fn undo<A: AtomicWord>(&self, word: &A, n: u64, granted: &Decision, now_nanos: u64) {
+        let reset_at = self
+            .elapsed(now_nanos)
+            .saturating_add(granted.reset_after_units());
+        let Some(granted_in) = (reset_at / self.rule.window_nanos()).checked_sub(2) else {
+            return;
+        };
         // Relaxed: see `word::update`.
         word::update(word, word.load(Ordering::Relaxed), |current| {
             let (index, count, previous) = self.unpack(current);
@@ -404,6 +411,11 @@ impl CounterParams {
             }
             Step::Store(self.pack(index, count.saturating_sub(n), previous), ())
         });
+    }
+
+    /// The clock reading window 0 starts at.
+    pub(crate) fn origin_nanos(&self) -> u64 {
+        self.origin_nanos
     }
 
     /// What taking `n` permits at the clock's reading would answer, taking nothing.

@@ -181,6 +181,11 @@ impl GcraParams {
         self.now_ticks(since_nanos)
     }
 
+    /// The clock reading the bucket's tick 0 stands for.
+    pub(crate) fn origin_nanos(&self) -> u64 {
+        self.origin_nanos
+    }
+
     /// A clock reading in ticks since the bucket's origin, clamped to the horizon.
     #[inline]
     fn now_ticks(&self, now_nanos: u64) -> u64 {
@@ -282,21 +287,23 @@ impl GcraParams {
         })
     }
 
-    /// Gives back `n` permits that an acquire on `tat` granted (a reservation across several
-    /// limits that another limit refused). Exact: the grant moved the TAT forward by `n*T`, and
-    /// moving it back by as much leaves every other grant's share in place; a TAT that has since
-    /// fallen behind the clock is a full bucket either way.
-    pub fn undo<A: AtomicWord>(&self, tat: &A, n: u64) {
-        // Relaxed: see `word::update`.
-        word::update(tat, tat.load(Ordering::Relaxed), |current| {
-            if current == RETIRED {
-                return Step::Answer(());
-            }
-            Step::Store(
-                current.saturating_sub(n.saturating_mul(self.token_ticks)),
-                (),
-            )
-        });
+    /// Gives back `n` permits that `granted` (an allowed decision of this bucket's, made at
+    /// `now_nanos`) took: a reservation across several limits that another limit refused.
+    ///
+    /// Only while the TAT is still the one the grant stored: then no other grant has landed
+    /// since, and moving it back by `n*T` is exact. Once another grant has landed, it may have
+    /// started from the clock rather than from this grant's TAT (a bucket that had refilled
+    /// meanwhile), and taking `n*T` off would take that grant's permits too; the reservation's
+    /// permits are then kept, and refill at the bucket's rate (stricter, never more generous).
+    pub fn undo<A: AtomicWord>(&self, tat: &A, n: u64, granted: &Decision, now_nanos: u64) {
+        // The TAT the grant stored: its reading plus the debt it reported.
+        let stored = self
+            .now_ticks(now_nanos)
+            .saturating_add(granted.reset_after_units());
+        let given_back = stored.saturating_sub(n.saturating_mul(self.token_ticks));
+        // Relaxed: see `word::update`; one strong exchange, which fails only if another grant
+        // (or a retirement) changed the word.
+        let _ = tat.compare_exchange(stored, given_back, Ordering::Relaxed, Ordering::Relaxed);
     }
 
     /// What taking `n` permits at the clock's reading would answer, taking nothing.

@@ -219,7 +219,7 @@ impl ClientParams {
     ) -> Option<()> {
         match (self, state) {
             (ClientParams::TokenBucket(params), ClientState::Word(word)) => {
-                params.undo(word, n);
+                params.undo(word, n, granted, now_nanos);
                 Some(())
             }
             (ClientParams::FixedWindow(params), ClientState::Word(word)) => {
@@ -227,11 +227,27 @@ impl ClientParams {
                 Some(())
             }
             (ClientParams::SlidingWindowCounter(params), ClientState::Word(word)) => {
-                params.undo(word, n, now_nanos);
+                params.undo(word, n, granted, now_nanos);
                 Some(())
             }
             _ => None,
         }
+    }
+
+    /// The clock reading by which the permits `granted` (an allowed decision, made at
+    /// `now_nanos`) reports will all have left: its `reset_after`, counted from the reading as
+    /// the method counts it (a reading before the method's origin counts as the origin).
+    pub(crate) fn busy_until(&self, granted: &Decision, now_nanos: u64) -> u64 {
+        let origin = match self {
+            ClientParams::TokenBucket(params) => params.origin_nanos(),
+            ClientParams::FixedWindow(params) => params.origin_nanos(),
+            ClientParams::SlidingWindowCounter(params) => params.origin_nanos(),
+            // Not among the methods a plan of several limits takes.
+            ClientParams::SlidingWindowLog(_) => 0,
+        };
+        now_nanos
+            .max(origin)
+            .saturating_add(crate::clock::duration_to_nanos(granted.reset_after()))
     }
 
     /// Whether this method can give back permits it granted (see [`ClientParams::undo`]).

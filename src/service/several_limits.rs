@@ -5,7 +5,9 @@
 //!
 //! A request is granted only if every limit grants it, and then it has taken from every limit;
 //! if any limit refuses, the permits already taken from the limits before it are given back, so
-//! the request keeps nothing. No limit ever grants more than its own method's guarantee allows:
+//! the request keeps nothing (where a give-back cannot be exact, because the window has rolled or
+//! another grant has landed on a token bucket since, the permits are kept and refill or expire as
+//! any permit does: stricter, never more generous). No limit ever grants more than its own method's guarantee allows:
 //! each limit's state is the method's own lock-free state, and a reservation that is given back
 //! only ever *delays* permits. The cost: while a reservation is held (from its grant on one limit
 //! until the refusal by a later one is known and it is given back, a few atomic operations),
@@ -187,10 +189,10 @@ impl SeveralLimits {
         }
         // The commit: move the gate to the instant every permit has left its limit, unless the
         // sweep retired it meanwhile.
-        let busy_until = granted
+        let busy_until = limits
             .iter()
-            .flatten()
-            .map(|decision| now.saturating_add(nanos(decision.reset_after())))
+            .zip(&granted)
+            .filter_map(|(limit, decision)| Some(limit.busy_until(decision.as_ref()?, now)))
             .max()
             .unwrap_or(now);
         if !self.gate.commit(busy_until) {
@@ -274,11 +276,6 @@ impl SeveralLimits {
     pub(crate) fn retire_if_idle(&self, now_nanos: u64) -> bool {
         self.gate.retire_if_idle(now_nanos)
     }
-}
-
-/// A `Duration` in nanoseconds, saturating.
-fn nanos(duration: std::time::Duration) -> u64 {
-    crate::clock::duration_to_nanos(duration)
 }
 
 /// Of `first` and the other allowed decisions, the one with the fewest permits left.
