@@ -657,7 +657,7 @@ enum RunStop {
 /// interleaving of threads and any skew between their clock readings. Memory is one 8-byte slot
 /// per permit of the limit, so the limit is capped at [`SlidingWindowLog::MAX_LIMIT`].
 ///
-/// [`Limiter::try_acquire_n`] takes `n` permits (up to the limit) all at one admission time, or
+/// [`Limiter::try_acquire_n`](crate::Limiter::try_acquire_n) takes `n` permits (up to the limit) all at one admission time, or
 /// none. In a ring no other thread touches meanwhile it answers exactly as a log kept under a
 /// lock would. A batch that another thread's claim interrupts may spend up to `n - 1` slots
 /// without admitting anything; see [Batches](#batches) for what that costs, and for how long.
