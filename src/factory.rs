@@ -2,79 +2,82 @@
 
 use crate::clock::Clock;
 use crate::error::RuleError;
-use crate::{
-    Algorithm, Decision, FixedWindow, Limiter, MonotonicClock, Rule, SlidingWindowCounter,
-    SlidingWindowLog, TokenBucket,
-};
+use crate::method::for_each_method;
+use crate::{Algorithm, Decision, Limiter, MonotonicClock, Rule};
 
-/// A limiter of any method, dispatched by `match` (no boxing, no virtual call).
-///
-/// # Examples
-///
-/// ```
-/// use tollgate::{Algorithm, FakeClock, Limiter, LimiterFactory, Rule};
-///
-/// let factory = LimiterFactory::new(Algorithm::SlidingWindowLog);
-/// let limiter = factory.create(Rule::per_second(2)?, FakeClock::new())?;
-/// assert!(limiter.try_acquire());
-/// assert!(limiter.try_acquire());
-/// assert!(!limiter.try_acquire());
-/// # Ok::<(), tollgate::RuleError>(())
-/// ```
-#[derive(Debug)]
-pub enum AnyLimiter<C = MonotonicClock> {
-    /// A token bucket.
-    TokenBucket(TokenBucket<C>),
-    /// A fixed window.
-    FixedWindow(FixedWindow<C>),
-    /// A sliding window log.
-    SlidingWindowLog(SlidingWindowLog<C>),
-    /// A sliding window counter.
-    SlidingWindowCounter(SlidingWindowCounter<C>),
+/// `AnyLimiter`, one variant per method of `for_each_method`, and how the factory makes each.
+macro_rules! any_limiter {
+    ($($method:ident($params:ty)),* $(,)?) => {
+        /// A limiter of any method, dispatched by `match` (no boxing, no virtual call).
+        ///
+        /// # Examples
+        ///
+        /// ```
+        /// use tollgate::{Algorithm, FakeClock, Limiter, LimiterFactory, Rule};
+        ///
+        /// let factory = LimiterFactory::new(Algorithm::SlidingWindowLog);
+        /// let limiter = factory.create(Rule::per_second(2)?, FakeClock::new())?;
+        /// assert!(limiter.try_acquire());
+        /// assert!(limiter.try_acquire());
+        /// assert!(!limiter.try_acquire());
+        /// # Ok::<(), tollgate::RuleError>(())
+        /// ```
+        #[derive(Debug)]
+        pub enum AnyLimiter<C = MonotonicClock> {
+            $(
+                #[doc = concat!("A [`", stringify!($method), "`](crate::", stringify!($method), ").")]
+                $method(crate::$method<C>),
+            )*
+        }
+
+        impl<C: Clock> AnyLimiter<C> {
+            /// The method of this limiter.
+            pub fn algorithm(&self) -> Algorithm {
+                match self {
+                    $(AnyLimiter::$method(_) => Algorithm::$method,)*
+                }
+            }
+
+            /// A fresh limiter of `algorithm` for `rule`, reading time from `clock`.
+            fn create(algorithm: Algorithm, rule: Rule, clock: C) -> Result<Self, RuleError> {
+                Ok(match algorithm {
+                    $(Algorithm::$method => AnyLimiter::$method(crate::$method::new(rule, clock)?),)*
+                })
+            }
+        }
+
+        impl<C: Clock> Limiter for AnyLimiter<C> {
+            #[inline]
+            fn try_acquire(&self) -> bool {
+                match self {
+                    $(AnyLimiter::$method(limiter) => limiter.try_acquire(),)*
+                }
+            }
+
+            #[inline]
+            fn try_acquire_n(&self, n: u64) -> Decision {
+                match self {
+                    $(AnyLimiter::$method(limiter) => limiter.try_acquire_n(n),)*
+                }
+            }
+
+            #[inline]
+            fn peek(&self) -> Decision {
+                match self {
+                    $(AnyLimiter::$method(limiter) => limiter.peek(),)*
+                }
+            }
+
+            fn rule(&self) -> Rule {
+                match self {
+                    $(AnyLimiter::$method(limiter) => limiter.rule(),)*
+                }
+            }
+        }
+    };
 }
 
-impl<C: Clock> AnyLimiter<C> {
-    /// The method of this limiter.
-    pub fn algorithm(&self) -> Algorithm {
-        match self {
-            AnyLimiter::TokenBucket(_) => Algorithm::TokenBucket,
-            AnyLimiter::FixedWindow(_) => Algorithm::FixedWindow,
-            AnyLimiter::SlidingWindowLog(_) => Algorithm::SlidingWindowLog,
-            AnyLimiter::SlidingWindowCounter(_) => Algorithm::SlidingWindowCounter,
-        }
-    }
-}
-
-impl<C: Clock> Limiter for AnyLimiter<C> {
-    #[inline]
-    fn try_acquire_n(&self, n: u64) -> Decision {
-        match self {
-            AnyLimiter::TokenBucket(limiter) => limiter.try_acquire_n(n),
-            AnyLimiter::FixedWindow(limiter) => limiter.try_acquire_n(n),
-            AnyLimiter::SlidingWindowLog(limiter) => limiter.try_acquire_n(n),
-            AnyLimiter::SlidingWindowCounter(limiter) => limiter.try_acquire_n(n),
-        }
-    }
-
-    #[inline]
-    fn peek(&self) -> Decision {
-        match self {
-            AnyLimiter::TokenBucket(limiter) => limiter.peek(),
-            AnyLimiter::FixedWindow(limiter) => limiter.peek(),
-            AnyLimiter::SlidingWindowLog(limiter) => limiter.peek(),
-            AnyLimiter::SlidingWindowCounter(limiter) => limiter.peek(),
-        }
-    }
-
-    fn rule(&self) -> Rule {
-        match self {
-            AnyLimiter::TokenBucket(limiter) => limiter.rule(),
-            AnyLimiter::FixedWindow(limiter) => limiter.rule(),
-            AnyLimiter::SlidingWindowLog(limiter) => limiter.rule(),
-            AnyLimiter::SlidingWindowCounter(limiter) => limiter.rule(),
-        }
-    }
-}
+for_each_method!(any_limiter);
 
 /// Makes limiters of one method: the setting, applied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,15 +107,6 @@ impl LimiterFactory {
 
     /// A fresh limiter for `rule`, reading time from `clock`.
     pub fn create<C: Clock>(&self, rule: Rule, clock: C) -> Result<AnyLimiter<C>, RuleError> {
-        Ok(match self.algorithm {
-            Algorithm::TokenBucket => AnyLimiter::TokenBucket(TokenBucket::new(rule, clock)?),
-            Algorithm::FixedWindow => AnyLimiter::FixedWindow(FixedWindow::new(rule, clock)?),
-            Algorithm::SlidingWindowLog => {
-                AnyLimiter::SlidingWindowLog(SlidingWindowLog::new(rule, clock)?)
-            }
-            Algorithm::SlidingWindowCounter => {
-                AnyLimiter::SlidingWindowCounter(SlidingWindowCounter::new(rule, clock)?)
-            }
-        })
+        AnyLimiter::create(self.algorithm, rule, clock)
     }
 }

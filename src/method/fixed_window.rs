@@ -15,7 +15,7 @@ use crate::clock::Clock;
 use crate::decision::{Admit, Decision, Rejection};
 use crate::error::RuleError;
 use crate::method::word::{self, Step};
-use crate::method::{one_word_method, standalone_limiter};
+use crate::method::{one_word_method, one_word_service_method, standalone_limiter};
 use crate::service::client_state::PARAM_WORDS;
 use crate::sync::{AtomicWord, Ordering, Word};
 use crate::{Algorithm, Rule};
@@ -80,11 +80,6 @@ impl WindowParams {
         }
     }
 
-    /// The clock reading window 0 starts at.
-    pub(crate) fn origin_nanos(&self) -> u64 {
-        self.origin_nanos
-    }
-
     /// A clock reading as nanoseconds since window 0 starts; readings before it count as its
     /// start.
     #[inline]
@@ -129,6 +124,7 @@ impl WindowParams {
     }
 
     /// The rule these parameters enforce.
+    #[cfg(any(test, feature = "loom"))]
     pub fn rule(&self) -> Rule {
         self.rule
     }
@@ -361,15 +357,13 @@ impl WindowParams {
     /// What one permit would get now, taking nothing.
     #[inline]
     pub fn peek<A: AtomicWord>(&self, word: &A, clock: &impl Clock) -> Decision {
-        // Relaxed: a snapshot of one word.
-        let current = word.load(Ordering::Relaxed);
-        if current & RETIRED != 0 {
-            return Decision::retired(self.rule);
-        }
         let now = self.elapsed(clock.now_nanos());
-        let (available, _) = self.decide_elapsed(current, now, 0);
-        let (one, _) = self.decide_elapsed(current, now, 1);
-        if one.is_allowed() { available } else { one }
+        word::peek(
+            word,
+            |current| current & RETIRED != 0,
+            || Decision::retired(self.rule),
+            |current, n| self.decide_elapsed(current, now, n).0,
+        )
     }
 
     /// Retires the word whatever its state (for a client that moved to another rule). Returns
@@ -461,6 +455,7 @@ impl<C: Clock> FixedWindow<C> {
 standalone_limiter!(FixedWindow);
 
 one_word_method!(WindowParams);
+one_word_service_method!(WindowParams, fresh: empty_since, idle: retire_if_idle);
 
 #[cfg(test)]
 mod tests {

@@ -112,3 +112,151 @@ macro_rules! one_word_method {
     };
 }
 pub(crate) use one_word_method;
+
+/// Every method, once: its `Algorithm` variant (also the name of its public limiter) and its
+/// constants' type. The service's dispatch (`ClientParams`) and `AnyLimiter` are both expanded
+/// from this list by `$callback`, so a new method is its file, its `Algorithm` variant and one
+/// line here.
+macro_rules! for_each_method {
+    ($callback:ident) => {
+        $callback! {
+            TokenBucket($crate::method::token_bucket::GcraParams),
+            FixedWindow($crate::method::fixed_window::WindowParams),
+            SlidingWindowLog($crate::method::sliding_window_log::LogParams),
+            SlidingWindowCounter($crate::method::sliding_window_counter::CounterParams),
+        }
+    };
+}
+pub(crate) use for_each_method;
+
+/// The [`ServiceMethod`](crate::service::client_state::ServiceMethod) impl of a one-word
+/// method's constants (state `ClientState::Word`), from their inherent functions: `$fresh`
+/// makes the word of a fresh client as of an instant, `$idle` retires a word that is as fresh.
+macro_rules! one_word_service_method {
+    ($params:ty, fresh: $fresh:ident, idle: $idle:ident) => {
+        impl $crate::service::client_state::ServiceMethod for $params {
+            const CAN_UNDO: bool = true;
+
+            fn new_for(rule: $crate::Rule, start_nanos: u64) -> Result<Self, $crate::RuleError> {
+                Ok(<$params>::new(rule)?.starting_at(start_nanos))
+            }
+
+            fn to_words(self) -> [u64; $crate::service::client_state::PARAM_WORDS] {
+                <$params>::to_words(self)
+            }
+
+            fn from_words(
+                words: [u64; $crate::service::client_state::PARAM_WORDS],
+            ) -> Option<Self> {
+                <$params>::from_words(words)
+            }
+
+            fn rule(&self) -> $crate::Rule {
+                self.rule
+            }
+
+            fn origin_nanos(&self) -> u64 {
+                self.origin_nanos
+            }
+
+            fn fresh_state(&self, since_nanos: u64) -> $crate::service::client_state::ClientState {
+                $crate::service::client_state::ClientState::Word($crate::sync::Word::new(
+                    <$params>::$fresh(self, since_nanos),
+                ))
+            }
+
+            #[inline]
+            fn acquire(
+                &self,
+                state: &$crate::service::client_state::ClientState,
+                n: u64,
+                clock: &impl $crate::Clock,
+            ) -> $crate::Decision {
+                match state {
+                    $crate::service::client_state::ClientState::Word(word) => {
+                        <$params>::acquire(self, word, n, clock)
+                    }
+                    _ => $crate::Decision::retired(self.rule),
+                }
+            }
+
+            #[inline]
+            fn acquire_one(
+                &self,
+                state: &$crate::service::client_state::ClientState,
+                clock: &impl $crate::Clock,
+            ) -> $crate::decision::Admit {
+                match state {
+                    $crate::service::client_state::ClientState::Word(word) => {
+                        <$params>::acquire_one(self, word, clock)
+                    }
+                    _ => $crate::decision::Admit::Retired,
+                }
+            }
+
+            #[inline]
+            fn peek(
+                &self,
+                state: &$crate::service::client_state::ClientState,
+                clock: &impl $crate::Clock,
+            ) -> $crate::Decision {
+                match state {
+                    $crate::service::client_state::ClientState::Word(word) => {
+                        <$params>::peek(self, word, clock)
+                    }
+                    _ => $crate::Decision::retired(self.rule),
+                }
+            }
+
+            fn retire_now(&self, state: &$crate::service::client_state::ClientState) {
+                if let $crate::service::client_state::ClientState::Word(word) = state {
+                    <$params>::retire_now(word);
+                }
+            }
+
+            fn retire_if_idle(
+                &self,
+                state: &$crate::service::client_state::ClientState,
+                now_nanos: u64,
+            ) -> bool {
+                match state {
+                    $crate::service::client_state::ClientState::Word(word) => {
+                        <$params>::$idle(self, word, now_nanos)
+                    }
+                    _ => false,
+                }
+            }
+
+            fn undo(
+                &self,
+                state: &$crate::service::client_state::ClientState,
+                n: u64,
+                granted: &$crate::Decision,
+                now_nanos: u64,
+            ) -> Option<()> {
+                match state {
+                    $crate::service::client_state::ClientState::Word(word) => {
+                        <$params>::undo(self, word, n, granted, now_nanos);
+                        Some(())
+                    }
+                    _ => None,
+                }
+            }
+
+            fn dry_run(
+                &self,
+                state: &$crate::service::client_state::ClientState,
+                n: u64,
+                clock: &impl $crate::Clock,
+            ) -> $crate::Decision {
+                match state {
+                    $crate::service::client_state::ClientState::Word(word) => {
+                        <$params>::dry_run(self, word, n, clock)
+                    }
+                    _ => $crate::Decision::retired(self.rule),
+                }
+            }
+        }
+    };
+}
+pub(crate) use one_word_service_method;

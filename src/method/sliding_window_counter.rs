@@ -17,7 +17,7 @@ use crate::clock::Clock;
 use crate::decision::{Admit, Decision, Rejection};
 use crate::error::RuleError;
 use crate::method::word::{self, Step};
-use crate::method::{one_word_method, standalone_limiter};
+use crate::method::{one_word_method, one_word_service_method, standalone_limiter};
 use crate::service::client_state::PARAM_WORDS;
 use crate::sync::{AtomicWord, Ordering, Word};
 use crate::{Algorithm, Rule};
@@ -139,6 +139,7 @@ impl CounterParams {
     }
 
     /// The rule these parameters enforce.
+    #[cfg(any(test, feature = "loom"))]
     pub fn rule(&self) -> Rule {
         self.rule
     }
@@ -413,11 +414,6 @@ impl CounterParams {
         });
     }
 
-    /// The clock reading window 0 starts at.
-    pub(crate) fn origin_nanos(&self) -> u64 {
-        self.origin_nanos
-    }
-
     /// What taking `n` permits at the clock's reading would answer, taking nothing.
     #[inline]
     pub(crate) fn dry_run<A: AtomicWord>(&self, word: &A, n: u64, clock: &impl Clock) -> Decision {
@@ -430,15 +426,13 @@ impl CounterParams {
     /// What one permit would get now, taking nothing.
     #[inline]
     pub fn peek<A: AtomicWord>(&self, word: &A, clock: &impl Clock) -> Decision {
-        // Relaxed: a snapshot of one word.
-        let current = word.load(Ordering::Relaxed);
-        if current & RETIRED != 0 {
-            return Decision::retired(self.rule);
-        }
         let now = self.elapsed(clock.now_nanos());
-        let (available, _) = self.decide_elapsed(current, now, 0);
-        let (one, _) = self.decide_elapsed(current, now, 1);
-        if one.is_allowed() { available } else { one }
+        word::peek(
+            word,
+            |current| current & RETIRED != 0,
+            || Decision::retired(self.rule),
+            |current, n| self.decide_elapsed(current, now, n).0,
+        )
     }
 
     /// Retires the word whatever its state (for a client that moved to another rule). Returns
@@ -579,6 +573,7 @@ impl<C: Clock> SlidingWindowCounter<C> {
 standalone_limiter!(SlidingWindowCounter);
 
 one_word_method!(CounterParams);
+one_word_service_method!(CounterParams, fresh: empty_since, idle: retire_if_idle);
 
 #[cfg(test)]
 mod tests {

@@ -11,10 +11,11 @@
 use crossbeam_utils::{Backoff, CachePadded};
 
 use crate::clock::Clock;
+use crate::decision::Admit;
 use crate::decision::{Decision, Rejection};
 use crate::error::RuleError;
 use crate::method::{Method, standalone_limiter};
-use crate::service::client_state::PARAM_WORDS;
+use crate::service::client_state::{ClientState, PARAM_WORDS, ServiceMethod};
 use crate::sync::{AtomicWord, Ordering, Word};
 use crate::{Algorithm, Rule};
 
@@ -348,6 +349,7 @@ impl LogParams {
     }
 
     /// The rule these parameters enforce.
+    #[cfg(any(test, feature = "loom"))]
     pub fn rule(&self) -> Rule {
         self.rule
     }
@@ -777,6 +779,87 @@ impl Method for LogParams {
 
     fn rule(&self) -> Rule {
         self.rule
+    }
+}
+
+impl ServiceMethod for LogParams {
+    /// A claimed slot cannot be given back without unsorting the ring for other claims in flight
+    /// (a batch undoes only its own run, before anyone else claims after it).
+    const CAN_UNDO: bool = false;
+
+    fn new_for(rule: Rule, start_nanos: u64) -> Result<Self, RuleError> {
+        Ok(LogParams::new(rule)?.starting_at(start_nanos))
+    }
+
+    fn to_words(self) -> [u64; PARAM_WORDS] {
+        LogParams::to_words(self)
+    }
+
+    fn from_words(words: [u64; PARAM_WORDS]) -> Option<Self> {
+        LogParams::from_words(words)
+    }
+
+    fn rule(&self) -> Rule {
+        self.rule
+    }
+
+    fn origin_nanos(&self) -> u64 {
+        self.origin_nanos
+    }
+
+    fn fresh_state(&self, since_nanos: u64) -> ClientState {
+        ClientState::Ring(Box::new(LogRing::empty_since(self, since_nanos)))
+    }
+
+    fn fresh_report(&self, zero_permits: bool, since_nanos: u64, clock: &impl Clock) -> Decision {
+        // A ring is an allocation (up to 512 KiB), not to be made for a client that may never
+        // come back.
+        LogParams::fresh_report(self, zero_permits, since_nanos, clock)
+    }
+
+    #[inline]
+    fn acquire(&self, state: &ClientState, n: u64, clock: &impl Clock) -> Decision {
+        match state {
+            ClientState::Ring(ring) => self.acquire_counting(ring, n, clock, true),
+            _ => Decision::retired(self.rule),
+        }
+    }
+
+    #[inline]
+    fn acquire_one(&self, state: &ClientState, clock: &impl Clock) -> Admit {
+        let ClientState::Ring(ring) = state else {
+            return Admit::Retired;
+        };
+        // Counting the permits left is a search of the ring that "allowed?" does not need.
+        let decision = self.acquire_counting(ring, 1, clock, false);
+        if decision.is_retired() {
+            Admit::Retired
+        } else if decision.is_allowed() {
+            Admit::Granted
+        } else {
+            Admit::Denied
+        }
+    }
+
+    #[inline]
+    fn peek(&self, state: &ClientState, clock: &impl Clock) -> Decision {
+        match state {
+            ClientState::Ring(ring) => LogParams::peek(self, ring, clock),
+            _ => Decision::retired(self.rule),
+        }
+    }
+
+    fn retire_now(&self, state: &ClientState) {
+        if let ClientState::Ring(ring) = state {
+            ring.retire(None);
+        }
+    }
+
+    fn retire_if_idle(&self, state: &ClientState, now_nanos: u64) -> bool {
+        match state {
+            ClientState::Ring(ring) => LogParams::retire_if_idle(self, ring.as_ref(), now_nanos),
+            _ => false,
+        }
     }
 }
 

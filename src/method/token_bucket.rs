@@ -17,7 +17,7 @@ use crate::clock::Clock;
 use crate::decision::{Admit, Decision, Rejection, Scale};
 use crate::error::RuleError;
 use crate::method::word::{self, Step};
-use crate::method::{one_word_method, standalone_limiter};
+use crate::method::{one_word_method, one_word_service_method, standalone_limiter};
 use crate::service::client_state::PARAM_WORDS;
 use crate::sync::{AtomicWord, Ordering, Word};
 use crate::{Algorithm, Rule};
@@ -170,6 +170,7 @@ impl GcraParams {
     }
 
     /// The rule these parameters enforce.
+    #[cfg(any(test, feature = "loom"))]
     pub fn rule(&self) -> Rule {
         self.rule
     }
@@ -179,11 +180,6 @@ impl GcraParams {
     /// `since_nanos`. A service seeds new clients with it (see `RateLimiterService::sweep`).
     pub fn full_since(&self, since_nanos: u64) -> u64 {
         self.now_ticks(since_nanos)
-    }
-
-    /// The clock reading the bucket's tick 0 stands for.
-    pub(crate) fn origin_nanos(&self) -> u64 {
-        self.origin_nanos
     }
 
     /// A clock reading in ticks since the bucket's origin, clamped to the horizon.
@@ -317,15 +313,13 @@ impl GcraParams {
     /// What one permit would get now, taking nothing.
     #[inline]
     pub fn peek<A: AtomicWord>(&self, tat: &A, clock: &impl Clock) -> Decision {
-        // Relaxed: a snapshot of one word.
-        let current = tat.load(Ordering::Relaxed);
-        if current == RETIRED {
-            return Decision::retired(self.rule);
-        }
         let now = clock.now_nanos();
-        let (available, _) = self.decide(current, now, 0);
-        let (one, _) = self.decide(current, now, 1);
-        if one.is_allowed() { available } else { one }
+        word::peek(
+            tat,
+            |current| current == RETIRED,
+            || Decision::retired(self.rule),
+            |current, n| self.decide(current, now, n).0,
+        )
     }
 
     /// Retires the bucket whatever its state (for a client that moved to another rule). Returns
@@ -421,6 +415,7 @@ impl<C: Clock> TokenBucket<C> {
 standalone_limiter!(TokenBucket);
 
 one_word_method!(GcraParams);
+one_word_service_method!(GcraParams, fresh: full_since, idle: retire_if_full);
 
 #[cfg(test)]
 mod tests {

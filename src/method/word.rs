@@ -8,6 +8,7 @@
 
 use crossbeam_utils::Backoff;
 
+use crate::decision::Decision;
 use crate::sync::{AtomicWord, Ordering};
 
 /// The ordering of a retiring exchange. Release: a service writes the instant it retired at
@@ -50,6 +51,26 @@ pub(crate) fn update<A: AtomicWord, T>(
         }
         backoff.spin();
     }
+}
+
+/// What one permit would get now from `word`, taking nothing: `decide(word, n)` for `n = 0`
+/// (the permits available) when one is, for `n = 1` (the wait) when none is; `retired` for a
+/// retired word.
+#[inline]
+pub(crate) fn peek<A: AtomicWord>(
+    word: &A,
+    is_retired: impl Fn(u64) -> bool,
+    retired: impl FnOnce() -> Decision,
+    decide: impl Fn(u64, u64) -> Decision,
+) -> Decision {
+    // Relaxed: a snapshot of one word.
+    let current = word.load(Ordering::Relaxed);
+    if is_retired(current) {
+        return retired();
+    }
+    let available = decide(current, 0);
+    let one = decide(current, 1);
+    if one.is_allowed() { available } else { one }
 }
 
 /// Retires `word` whatever it holds: `retired` gives the retired form of a live word, `None`

@@ -9,24 +9,13 @@ use super::several_limits::SeveralLimits;
 use crate::clock::Clock;
 use crate::decision::Admit;
 use crate::error::RuleError;
-use crate::method::fixed_window::WindowParams;
-use crate::method::sliding_window_counter::CounterParams;
-use crate::method::sliding_window_log::{LogParams, LogRing};
-use crate::method::token_bucket::GcraParams;
+use crate::method::for_each_method;
+use crate::method::sliding_window_log::LogRing;
 use crate::sync::Word;
 use crate::{Algorithm, Decision, Rule};
 
 /// How many words a plan's constants take in the plan table (see `ClientParams::to_words`).
 pub(crate) const PARAM_WORDS: usize = 6;
-
-/// One plan's constants, for the service's method.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ClientParams {
-    TokenBucket(GcraParams),
-    FixedWindow(WindowParams),
-    SlidingWindowLog(LogParams),
-    SlidingWindowCounter(CounterParams),
-}
 
 /// One client's state.
 #[derive(Debug)]
@@ -39,303 +28,250 @@ pub(crate) enum ClientState {
     Several(Box<SeveralLimits>),
 }
 
-impl ClientParams {
-    /// The constants of `rule` for `algorithm`, with a timeline that starts at the clock reading
-    /// `start_nanos` (the service's start), or why the method cannot honour the rule.
-    pub(crate) fn new(
-        algorithm: Algorithm,
-        rule: Rule,
-        start_nanos: u64,
-    ) -> Result<ClientParams, RuleError> {
-        Ok(match algorithm {
-            Algorithm::TokenBucket => {
-                ClientParams::TokenBucket(GcraParams::new(rule)?.starting_at(start_nanos))
-            }
-            Algorithm::FixedWindow => {
-                ClientParams::FixedWindow(WindowParams::new(rule)?.starting_at(start_nanos))
-            }
-            Algorithm::SlidingWindowLog => {
-                ClientParams::SlidingWindowLog(LogParams::new(rule)?.starting_at(start_nanos))
-            }
-            Algorithm::SlidingWindowCounter => ClientParams::SlidingWindowCounter(
-                CounterParams::new(rule)?.starting_at(start_nanos),
-            ),
-        })
-    }
+/// What the service needs of a method's constants, on a client's state of any shape: each
+/// method implements it in its own file, and [`ClientParams`] dispatches to it.
+pub(crate) trait ServiceMethod: Copy + Sized {
+    /// Whether the method can give back permits it granted (see [`ServiceMethod::undo`]).
+    const CAN_UNDO: bool;
+
+    /// The constants of `rule`, with a timeline that starts at the clock reading `start_nanos`
+    /// (the service's start), or why the method cannot honour the rule.
+    fn new_for(rule: Rule, start_nanos: u64) -> Result<Self, RuleError>;
 
     /// The constants as plain words, for the plan table.
-    pub(crate) fn to_words(self) -> [u64; PARAM_WORDS] {
-        match self {
-            ClientParams::TokenBucket(params) => params.to_words(),
-            ClientParams::FixedWindow(params) => params.to_words(),
-            ClientParams::SlidingWindowLog(params) => params.to_words(),
-            ClientParams::SlidingWindowCounter(params) => params.to_words(),
-        }
-    }
+    fn to_words(self) -> [u64; PARAM_WORDS];
 
-    /// The inverse of [`ClientParams::to_words`], for `algorithm`.
-    #[inline]
-    pub(crate) fn from_words(
-        algorithm: Algorithm,
-        words: [u64; PARAM_WORDS],
-    ) -> Option<ClientParams> {
-        Some(match algorithm {
-            Algorithm::TokenBucket => ClientParams::TokenBucket(GcraParams::from_words(words)?),
-            Algorithm::FixedWindow => ClientParams::FixedWindow(WindowParams::from_words(words)?),
-            Algorithm::SlidingWindowLog => {
-                ClientParams::SlidingWindowLog(LogParams::from_words(words)?)
-            }
-            Algorithm::SlidingWindowCounter => {
-                ClientParams::SlidingWindowCounter(CounterParams::from_words(words)?)
-            }
-        })
-    }
+    /// The inverse of [`ServiceMethod::to_words`].
+    fn from_words(words: [u64; PARAM_WORDS]) -> Option<Self>;
 
-    /// The method these constants are for.
-    pub(crate) fn algorithm(&self) -> Algorithm {
-        match self {
-            ClientParams::TokenBucket(_) => Algorithm::TokenBucket,
-            ClientParams::FixedWindow(_) => Algorithm::FixedWindow,
-            ClientParams::SlidingWindowLog(_) => Algorithm::SlidingWindowLog,
-            ClientParams::SlidingWindowCounter(_) => Algorithm::SlidingWindowCounter,
-        }
-    }
+    /// The rule these constants enforce.
+    fn rule(&self) -> Rule;
 
-    pub(crate) fn rule(&self) -> Rule {
-        match self {
-            ClientParams::TokenBucket(params) => params.rule(),
-            ClientParams::FixedWindow(params) => params.rule(),
-            ClientParams::SlidingWindowLog(params) => params.rule(),
-            ClientParams::SlidingWindowCounter(params) => params.rule(),
-        }
-    }
+    /// The clock reading the method's timeline starts at.
+    fn origin_nanos(&self) -> u64;
 
     /// The state of a client that has taken nothing yet, as of `since_nanos`: identical to a
     /// fresh one for any reading from then on, and stricter for earlier readings, so that it is
     /// at least as strict as any state retired as idle at or before `since_nanos`.
-    pub(crate) fn fresh_state(&self, since_nanos: u64) -> ClientState {
-        match self {
-            ClientParams::TokenBucket(params) => {
-                ClientState::Word(Word::new(params.full_since(since_nanos)))
-            }
-            ClientParams::FixedWindow(params) => {
-                ClientState::Word(Word::new(params.empty_since(since_nanos)))
-            }
-            ClientParams::SlidingWindowLog(params) => {
-                ClientState::Ring(Box::new(LogRing::empty_since(params, since_nanos)))
-            }
-            ClientParams::SlidingWindowCounter(params) => {
-                ClientState::Word(Word::new(params.empty_since(since_nanos)))
-            }
-        }
-    }
+    fn fresh_state(&self, since_nanos: u64) -> ClientState;
 
-    /// What a fresh state (as of `since_nanos`) would report, without keeping one, for a client
-    /// the service does not hold: a peek, or with `zero_permits` an acquire of 0 permits.
-    pub(crate) fn fresh_report(
-        &self,
-        zero_permits: bool,
-        since_nanos: u64,
-        clock: &impl Clock,
-    ) -> Decision {
-        // A ring is an allocation (up to 512 KiB), not to be made for a client that may never
-        // come back; the one-word states cost nothing to make and ask.
-        if let ClientParams::SlidingWindowLog(params) = self {
-            return params.fresh_report(zero_permits, since_nanos, clock);
-        }
+    /// What a fresh state (as of `since_nanos`) would report, without keeping one: a peek, or
+    /// with `zero_permits` an acquire of 0 permits.
+    fn fresh_report(&self, zero_permits: bool, since_nanos: u64, clock: &impl Clock) -> Decision {
         let state = self.fresh_state(since_nanos);
         if zero_permits {
-            self.acquire(&state, 0, clock, true)
+            self.acquire(&state, 0, clock)
         } else {
             self.peek(&state, clock)
         }
     }
 
-    /// Takes `n` permits from `state`. `count_remaining: false` lets the sliding log skip counting
-    /// the permits left (an allowed decision then reports 0), for callers that only ask
-    /// "allowed?".
-    #[inline]
-    pub(crate) fn acquire(
-        &self,
-        state: &ClientState,
-        n: u64,
-        clock: &impl Clock,
-        count_remaining: bool,
-    ) -> Decision {
-        match (self, state) {
-            (ClientParams::TokenBucket(params), ClientState::Word(word)) => {
-                params.acquire(word, n, clock)
-            }
-            (ClientParams::FixedWindow(params), ClientState::Word(word)) => {
-                params.acquire(word, n, clock)
-            }
-            (ClientParams::SlidingWindowLog(params), ClientState::Ring(ring)) => {
-                params.acquire_counting(ring, n, clock, count_remaining)
-            }
-            (ClientParams::SlidingWindowCounter(params), ClientState::Word(word)) => {
-                params.acquire(word, n, clock)
-            }
-            // A state of another method's shape: treat it as retired so the service replaces it.
-            _ => Decision::retired(self.rule()),
-        }
-    }
+    /// Takes `n` permits from `state` (a state of another shape answers as retired, so the
+    /// service replaces it).
+    fn acquire(&self, state: &ClientState, n: u64, clock: &impl Clock) -> Decision;
 
     /// Takes one permit from `state`, answering only whether.
-    #[inline]
-    pub(crate) fn acquire_one(&self, state: &ClientState, clock: &impl Clock) -> Admit {
-        match (self, state) {
-            (ClientParams::TokenBucket(params), ClientState::Word(word)) => {
-                params.acquire_one(word, clock)
-            }
-            (ClientParams::FixedWindow(params), ClientState::Word(word)) => {
-                params.acquire_one(word, clock)
-            }
-            (ClientParams::SlidingWindowLog(params), ClientState::Ring(ring)) => {
-                let decision = params.acquire_counting(ring, 1, clock, false);
-                if decision.is_retired() {
-                    Admit::Retired
-                } else if decision.is_allowed() {
-                    Admit::Granted
-                } else {
-                    Admit::Denied
-                }
-            }
-            (ClientParams::SlidingWindowCounter(params), ClientState::Word(word)) => {
-                params.acquire_one(word, clock)
-            }
-            _ => Admit::Retired,
-        }
-    }
+    fn acquire_one(&self, state: &ClientState, clock: &impl Clock) -> Admit;
+
+    /// What one permit would get now, taking nothing.
+    fn peek(&self, state: &ClientState, clock: &impl Clock) -> Decision;
+
+    /// Retires `state` whatever it holds.
+    fn retire_now(&self, state: &ClientState);
+
+    /// Retires `state` if it is indistinguishable from a fresh one at `now_nanos`.
+    fn retire_if_idle(&self, state: &ClientState, now_nanos: u64) -> bool;
 
     /// Gives back `n` permits that `granted` (an allowed decision from `state`, made at
-    /// `now_nanos`) took. Exact for the one-word methods; `None` for a method that cannot give
-    /// permits back (a plan with several limits refuses it when it is made).
-    pub(crate) fn undo(
-        &self,
-        state: &ClientState,
-        n: u64,
-        granted: &Decision,
-        now_nanos: u64,
-    ) -> Option<()> {
-        match (self, state) {
-            (ClientParams::TokenBucket(params), ClientState::Word(word)) => {
-                params.undo(word, n, granted, now_nanos);
-                Some(())
-            }
-            (ClientParams::FixedWindow(params), ClientState::Word(word)) => {
-                params.undo(word, n, granted, now_nanos);
-                Some(())
-            }
-            (ClientParams::SlidingWindowCounter(params), ClientState::Word(word)) => {
-                params.undo(word, n, granted, now_nanos);
-                Some(())
-            }
-            _ => None,
-        }
-    }
-
-    /// The clock reading by which the permits `granted` (an allowed decision, made at
-    /// `now_nanos`) reports will all have left: its `reset_after`, counted from the reading as
-    /// the method counts it (a reading before the method's origin counts as the origin).
-    pub(crate) fn busy_until(&self, granted: &Decision, now_nanos: u64) -> u64 {
-        let origin = match self {
-            ClientParams::TokenBucket(params) => params.origin_nanos(),
-            ClientParams::FixedWindow(params) => params.origin_nanos(),
-            ClientParams::SlidingWindowCounter(params) => params.origin_nanos(),
-            // Not among the methods a plan of several limits takes.
-            ClientParams::SlidingWindowLog(_) => 0,
-        };
-        now_nanos
-            .max(origin)
-            .saturating_add(crate::clock::duration_to_nanos(granted.reset_after()))
-    }
-
-    /// Whether this method can give back permits it granted (see [`ClientParams::undo`]).
-    pub(crate) fn can_undo(&self) -> bool {
-        matches!(
-            self,
-            ClientParams::TokenBucket(_)
-                | ClientParams::FixedWindow(_)
-                | ClientParams::SlidingWindowCounter(_)
-        )
+    /// `now_nanos`) took; `None` for a method that cannot.
+    fn undo(&self, state: &ClientState, n: u64, granted: &Decision, now_nanos: u64) -> Option<()> {
+        let _ = (state, n, granted, now_nanos);
+        None
     }
 
     /// What taking `n` permits from `state` now would answer, taking nothing.
-    pub(crate) fn dry_run(&self, state: &ClientState, n: u64, clock: &impl Clock) -> Decision {
-        match (self, state) {
-            (ClientParams::TokenBucket(params), ClientState::Word(word)) => {
-                params.dry_run(word, n, clock)
-            }
-            (ClientParams::FixedWindow(params), ClientState::Word(word)) => {
-                params.dry_run(word, n, clock)
-            }
-            (ClientParams::SlidingWindowCounter(params), ClientState::Word(word)) => {
-                params.dry_run(word, n, clock)
-            }
-            _ => self.peek(state, clock),
-        }
-    }
-
-    #[inline]
-    pub(crate) fn peek(&self, state: &ClientState, clock: &impl Clock) -> Decision {
-        match (self, state) {
-            (ClientParams::TokenBucket(params), ClientState::Word(word)) => {
-                params.peek(word, clock)
-            }
-            (ClientParams::FixedWindow(params), ClientState::Word(word)) => {
-                params.peek(word, clock)
-            }
-            (ClientParams::SlidingWindowLog(params), ClientState::Ring(ring)) => {
-                params.peek(ring, clock)
-            }
-            (ClientParams::SlidingWindowCounter(params), ClientState::Word(word)) => {
-                params.peek(word, clock)
-            }
-            _ => Decision::retired(self.rule()),
-        }
-    }
-
-    /// Retires `state` whatever it holds, so that no acquire can succeed on it any more (for a
-    /// client that moved to another plan or rule). `self` may be any plan's constants: only the
-    /// method matters.
-    pub(crate) fn retire_now(&self, state: &ClientState) {
-        match (self, state) {
-            (ClientParams::TokenBucket(_), ClientState::Word(word)) => {
-                GcraParams::retire_now(word);
-            }
-            (ClientParams::FixedWindow(_), ClientState::Word(word)) => {
-                WindowParams::retire_now(word);
-            }
-            (ClientParams::SlidingWindowCounter(_), ClientState::Word(word)) => {
-                CounterParams::retire_now(word);
-            }
-            (_, ClientState::Ring(ring)) => {
-                ring.retire(None);
-            }
-            (_, ClientState::Several(several)) => {
-                several.retire_now();
-            }
-            // A one-word state under the log's constants cannot arise; nothing to retire.
-            (ClientParams::SlidingWindowLog(_), ClientState::Word(_)) => {}
-        }
-    }
-
-    /// Retires `state` if it is indistinguishable from a fresh one at `now_nanos`.
-    pub(crate) fn retire_if_idle(&self, state: &ClientState, now_nanos: u64) -> bool {
-        match (self, state) {
-            (ClientParams::TokenBucket(params), ClientState::Word(word)) => {
-                params.retire_if_full(word, now_nanos)
-            }
-            (ClientParams::FixedWindow(params), ClientState::Word(word)) => {
-                params.retire_if_idle(word, now_nanos)
-            }
-            (ClientParams::SlidingWindowLog(params), ClientState::Ring(ring)) => {
-                params.retire_if_idle(ring.as_ref(), now_nanos)
-            }
-            (ClientParams::SlidingWindowCounter(params), ClientState::Word(word)) => {
-                params.retire_if_idle(word, now_nanos)
-            }
-            _ => false,
-        }
+    fn dry_run(&self, state: &ClientState, n: u64, clock: &impl Clock) -> Decision {
+        let _ = n;
+        self.peek(state, clock)
     }
 }
+
+/// `ClientParams`, one variant per method of [`for_each_method`], each call dispatched to the
+/// method's [`ServiceMethod`] impl.
+macro_rules! client_params {
+    ($($method:ident($params:ty)),* $(,)?) => {
+        /// One plan's constants, for the service's method.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub(crate) enum ClientParams {
+            $($method($params)),*
+        }
+
+        impl ClientParams {
+            /// The constants of `rule` for `algorithm`, with a timeline that starts at the
+            /// clock reading `start_nanos` (the service's start), or why the method cannot
+            /// honour the rule.
+            pub(crate) fn new(
+                algorithm: Algorithm,
+                rule: Rule,
+                start_nanos: u64,
+            ) -> Result<ClientParams, RuleError> {
+                Ok(match algorithm {
+                    $(Algorithm::$method => ClientParams::$method(
+                        <$params as ServiceMethod>::new_for(rule, start_nanos)?,
+                    ),)*
+                })
+            }
+
+            /// The constants as plain words, for the plan table.
+            pub(crate) fn to_words(self) -> [u64; PARAM_WORDS] {
+                match self {
+                    $(ClientParams::$method(params) => ServiceMethod::to_words(params),)*
+                }
+            }
+
+            /// The inverse of [`ClientParams::to_words`], for `algorithm`.
+            #[inline]
+            pub(crate) fn from_words(
+                algorithm: Algorithm,
+                words: [u64; PARAM_WORDS],
+            ) -> Option<ClientParams> {
+                match algorithm {
+                    $(Algorithm::$method => {
+                        <$params as ServiceMethod>::from_words(words).map(ClientParams::$method)
+                    })*
+                }
+            }
+
+            /// The method these constants are for.
+            pub(crate) fn algorithm(&self) -> Algorithm {
+                match self {
+                    $(ClientParams::$method(_) => Algorithm::$method,)*
+                }
+            }
+
+            pub(crate) fn rule(&self) -> Rule {
+                match self {
+                    $(ClientParams::$method(params) => ServiceMethod::rule(params),)*
+                }
+            }
+
+            /// See [`ServiceMethod::fresh_state`].
+            pub(crate) fn fresh_state(&self, since_nanos: u64) -> ClientState {
+                match self {
+                    $(ClientParams::$method(params) => params.fresh_state(since_nanos),)*
+                }
+            }
+
+            /// See [`ServiceMethod::fresh_report`].
+            pub(crate) fn fresh_report(
+                &self,
+                zero_permits: bool,
+                since_nanos: u64,
+                clock: &impl Clock,
+            ) -> Decision {
+                match self {
+                    $(ClientParams::$method(params) => {
+                        ServiceMethod::fresh_report(params, zero_permits, since_nanos, clock)
+                    })*
+                }
+            }
+
+            /// Takes `n` permits from `state`.
+            #[inline]
+            pub(crate) fn acquire(&self, state: &ClientState, n: u64, clock: &impl Clock) -> Decision {
+                match self {
+                    $(ClientParams::$method(params) => {
+                        ServiceMethod::acquire(params, state, n, clock)
+                    })*
+                }
+            }
+
+            /// Takes one permit from `state`, answering only whether.
+            #[inline]
+            pub(crate) fn acquire_one(&self, state: &ClientState, clock: &impl Clock) -> Admit {
+                match self {
+                    $(ClientParams::$method(params) => {
+                        ServiceMethod::acquire_one(params, state, clock)
+                    })*
+                }
+            }
+
+            /// Gives back `n` permits that `granted` (an allowed decision from `state`, made at
+            /// `now_nanos`) took; `None` for a method that cannot give permits back (a plan
+            /// with several limits refuses it when it is made).
+            pub(crate) fn undo(
+                &self,
+                state: &ClientState,
+                n: u64,
+                granted: &Decision,
+                now_nanos: u64,
+            ) -> Option<()> {
+                match self {
+                    $(ClientParams::$method(params) => {
+                        ServiceMethod::undo(params, state, n, granted, now_nanos)
+                    })*
+                }
+            }
+
+            /// The clock reading by which the permits `granted` (an allowed decision, made at
+            /// `now_nanos`) reports will all have left: its `reset_after`, counted from the
+            /// reading as the method counts it (a reading before the method's origin counts as
+            /// the origin).
+            pub(crate) fn busy_until(&self, granted: &Decision, now_nanos: u64) -> u64 {
+                let origin = match self {
+                    $(ClientParams::$method(params) => ServiceMethod::origin_nanos(params),)*
+                };
+                now_nanos
+                    .max(origin)
+                    .saturating_add(crate::clock::duration_to_nanos(granted.reset_after()))
+            }
+
+            /// Whether this method can give back permits it granted.
+            pub(crate) fn can_undo(&self) -> bool {
+                match self {
+                    $(ClientParams::$method(_) => <$params as ServiceMethod>::CAN_UNDO,)*
+                }
+            }
+
+            /// What taking `n` permits from `state` now would answer, taking nothing.
+            pub(crate) fn dry_run(&self, state: &ClientState, n: u64, clock: &impl Clock) -> Decision {
+                match self {
+                    $(ClientParams::$method(params) => {
+                        ServiceMethod::dry_run(params, state, n, clock)
+                    })*
+                }
+            }
+
+            /// What one permit would get now from `state`, taking nothing.
+            #[inline]
+            pub(crate) fn peek(&self, state: &ClientState, clock: &impl Clock) -> Decision {
+                match self {
+                    $(ClientParams::$method(params) => ServiceMethod::peek(params, state, clock),)*
+                }
+            }
+
+            /// Retires `state` whatever it holds, so that no acquire can succeed on it any more
+            /// (for a client that moved to another plan or rule).
+            pub(crate) fn retire_now(&self, state: &ClientState) {
+                if let ClientState::Several(several) = state {
+                    several.retire_now();
+                    return;
+                }
+                match self {
+                    $(ClientParams::$method(params) => ServiceMethod::retire_now(params, state),)*
+                }
+            }
+
+            /// Retires `state` if it is indistinguishable from a fresh one at `now_nanos`.
+            pub(crate) fn retire_if_idle(&self, state: &ClientState, now_nanos: u64) -> bool {
+                match self {
+                    $(ClientParams::$method(params) => {
+                        ServiceMethod::retire_if_idle(params, state, now_nanos)
+                    })*
+                }
+            }
+        }
+    };
+}
+
+for_each_method!(client_params);

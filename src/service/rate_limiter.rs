@@ -26,7 +26,7 @@ trait Answer: Sized {
 impl Answer for Decision {
     #[inline]
     fn acquire(params: &ClientParams, state: &ClientState, n: u64, clock: &impl Clock) -> Self {
-        params.acquire(state, n, clock, true)
+        params.acquire(state, n, clock)
     }
     #[inline]
     fn from_decision(decision: Decision) -> Self {

@@ -168,13 +168,13 @@ impl SeveralLimits {
             let mut each = limits
                 .iter()
                 .zip(self.states.iter())
-                .map(|(limit, state)| limit.acquire(state, 0, &reading, true));
+                .map(|(limit, state)| limit.acquire(state, 0, &reading));
             let first = each.next()?;
             return Some(closest_to_exhaustion(first, each));
         }
         let mut granted = [None; super::plan_table::MAX_LIMITS];
         for (taken, (limit, state)) in limits.iter().zip(self.states.iter()).enumerate() {
-            let decision = limit.acquire(state, n, &reading, true);
+            let decision = limit.acquire(state, n, &reading);
             if decision.is_allowed() {
                 granted[taken] = Some(decision);
                 continue;
