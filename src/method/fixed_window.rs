@@ -60,6 +60,7 @@ impl WindowParams {
     }
 
     /// The inverse of [`WindowParams::to_words`].
+    #[inline]
     pub(crate) fn from_words(words: [u64; PARAM_WORDS]) -> Option<WindowParams> {
         Some(WindowParams {
             rule: Rule::from_parts(words[0], words[1])?,

@@ -141,16 +141,7 @@ macro_rules! one_word_service_method {
                 Ok(<$params>::new(rule)?.starting_at(start_nanos))
             }
 
-            fn to_words(self) -> [u64; $crate::service::client_state::PARAM_WORDS] {
-                <$params>::to_words(self)
-            }
-
-            fn from_words(
-                words: [u64; $crate::service::client_state::PARAM_WORDS],
-            ) -> Option<Self> {
-                <$params>::from_words(words)
-            }
-
+            #[inline]
             fn rule(&self) -> $crate::Rule {
                 self.rule
             }

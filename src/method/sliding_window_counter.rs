@@ -83,6 +83,7 @@ impl CounterParams {
     }
 
     /// The inverse of [`CounterParams::to_words`].
+    #[inline]
     pub(crate) fn from_words(words: [u64; PARAM_WORDS]) -> Option<CounterParams> {
         Some(CounterParams {
             rule: Rule::from_parts(words[0], words[1])?,

@@ -283,6 +283,7 @@ impl LogParams {
     }
 
     /// The inverse of [`LogParams::to_words`].
+    #[inline]
     pub(crate) fn from_words(words: [u64; PARAM_WORDS]) -> Option<LogParams> {
         Some(LogParams {
             rule: Rule::from_parts(words[0], words[1])?,
@@ -789,14 +790,6 @@ impl ServiceMethod for LogParams {
 
     fn new_for(rule: Rule, start_nanos: u64) -> Result<Self, RuleError> {
         Ok(LogParams::new(rule)?.starting_at(start_nanos))
-    }
-
-    fn to_words(self) -> [u64; PARAM_WORDS] {
-        LogParams::to_words(self)
-    }
-
-    fn from_words(words: [u64; PARAM_WORDS]) -> Option<Self> {
-        LogParams::from_words(words)
     }
 
     fn rule(&self) -> Rule {

@@ -75,6 +75,7 @@ impl GcraParams {
     }
 
     /// The inverse of [`GcraParams::to_words`].
+    #[inline]
     pub(crate) fn from_words(words: [u64; PARAM_WORDS]) -> Option<GcraParams> {
         Some(GcraParams {
             rule: Rule::from_parts(words[0], words[1])?,

@@ -29,7 +29,9 @@ pub(crate) enum ClientState {
 }
 
 /// What the service needs of a method's constants, on a client's state of any shape: each
-/// method implements it in its own file, and [`ClientParams`] dispatches to it.
+/// method implements it in its own file, and [`ClientParams`] dispatches to it. (Besides it,
+/// each method's constants have inherent `to_words` and `from_words` for the plan table, which
+/// the dispatch calls directly: decoding runs on every decision, and stays inlined so.)
 pub(crate) trait ServiceMethod: Copy + Sized {
     /// Whether the method can give back permits it granted (see [`ServiceMethod::undo`]).
     const CAN_UNDO: bool;
@@ -37,12 +39,6 @@ pub(crate) trait ServiceMethod: Copy + Sized {
     /// The constants of `rule`, with a timeline that starts at the clock reading `start_nanos`
     /// (the service's start), or why the method cannot honour the rule.
     fn new_for(rule: Rule, start_nanos: u64) -> Result<Self, RuleError>;
-
-    /// The constants as plain words, for the plan table.
-    fn to_words(self) -> [u64; PARAM_WORDS];
-
-    /// The inverse of [`ServiceMethod::to_words`].
-    fn from_words(words: [u64; PARAM_WORDS]) -> Option<Self>;
 
     /// The rule these constants enforce.
     fn rule(&self) -> Rule;
@@ -125,7 +121,7 @@ macro_rules! client_params {
             /// The constants as plain words, for the plan table.
             pub(crate) fn to_words(self) -> [u64; PARAM_WORDS] {
                 match self {
-                    $(ClientParams::$method(params) => ServiceMethod::to_words(params),)*
+                    $(ClientParams::$method(params) => params.to_words(),)*
                 }
             }
 
@@ -136,9 +132,8 @@ macro_rules! client_params {
                 words: [u64; PARAM_WORDS],
             ) -> Option<ClientParams> {
                 match algorithm {
-                    $(Algorithm::$method => {
-                        <$params as ServiceMethod>::from_words(words).map(ClientParams::$method)
-                    })*
+                    // Each method's own (inherent, inlined) decoding: this runs on every decision.
+                    $(Algorithm::$method => <$params>::from_words(words).map(ClientParams::$method),)*
                 }
             }
 
