@@ -54,7 +54,8 @@ pub struct GcraParams {
     origin_nanos: u64,
 }
 
-fn gcd(mut a: u64, mut b: u64) -> u64 {
+/// The greatest common divisor (Euclid), for the exact tick scale.
+pub(crate) fn gcd(mut a: u64, mut b: u64) -> u64 {
     while b != 0 {
         (a, b) = (b, a % b);
     }

@@ -15,7 +15,7 @@ use ::redis::{Script, ScriptInvocation};
 
 use super::RedisError;
 use crate::decision::Rejection;
-use crate::method::token_bucket::GcraParams;
+use crate::method::token_bucket::{GcraParams, gcd};
 use crate::{
     Algorithm, Decision, FixedWindow, Rule, RuleError, SlidingWindowCounter, SlidingWindowLog,
 };
@@ -78,13 +78,6 @@ pub(super) enum LimitSpec {
         rule: Rule,
         window_us: u64,
     },
-}
-
-fn gcd(mut a: u64, mut b: u64) -> u64 {
-    while b != 0 {
-        (a, b) = (b, a % b);
-    }
-    a
 }
 
 impl LimitSpec {
