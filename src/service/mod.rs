@@ -14,7 +14,7 @@ mod plan_table;
 mod rate_limiter;
 pub(crate) mod seqlock;
 pub(crate) mod several_limits;
-mod stats;
+pub(crate) mod stats;
 mod sweeper;
 
 pub use builder::ServiceBuilder;

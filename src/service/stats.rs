@@ -41,9 +41,10 @@ impl DecisionCounts {
     }
 }
 
-/// This thread's shard number, handed out once per thread in turn.
+/// This thread's shard number, handed out once per thread in turn (callers reduce it to their
+/// own shard count).
 #[inline]
-fn thread_shard() -> usize {
+pub(crate) fn thread_shard() -> usize {
     use std::cell::Cell;
     use std::sync::atomic::AtomicUsize;
     static NEXT: AtomicUsize = AtomicUsize::new(0);

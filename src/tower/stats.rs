@@ -7,6 +7,7 @@
 
 use crossbeam_utils::CachePadded;
 
+use crate::service::stats::thread_shard;
 use crate::sync::{Ordering, Word};
 
 /// Counts of what the layer did since it was made. Like Envoy's local rate limit statistics.
@@ -89,24 +90,6 @@ impl Counters {
             errors,
         }
     }
-}
-
-/// This thread's shard number, handed out once per thread in turn.
-#[inline]
-fn thread_shard() -> usize {
-    use std::cell::Cell;
-    use std::sync::atomic::AtomicUsize;
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static SHARD: Cell<usize> = const { Cell::new(usize::MAX) };
-    }
-    SHARD.with(|shard| {
-        if shard.get() == usize::MAX {
-            // Relaxed: only uniqueness matters, which the RMW gives.
-            shard.set(NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS);
-        }
-        shard.get()
-    })
 }
 
 /// Parts per million: the unit of [`Shadow`]'s fractions.
