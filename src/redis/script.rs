@@ -20,14 +20,30 @@ use crate::{
     Algorithm, Decision, FixedWindow, Rule, RuleError, SlidingWindowCounter, SlidingWindowLog,
 };
 
-pub(super) static TOKEN_BUCKET: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/token_bucket.lua")));
-pub(super) static FIXED_WINDOW: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/fixed_window.lua")));
-pub(super) static SLIDING_WINDOW_LOG: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/sliding_window_log.lua")));
-pub(super) static SLIDING_WINDOW_COUNTER: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/sliding_window_counter.lua")));
+pub(super) static TOKEN_BUCKET: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("scripts/prelude.lua"),
+        include_str!("scripts/token_bucket.lua")
+    ))
+});
+pub(super) static FIXED_WINDOW: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("scripts/prelude.lua"),
+        include_str!("scripts/fixed_window.lua")
+    ))
+});
+pub(super) static SLIDING_WINDOW_LOG: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("scripts/prelude.lua"),
+        include_str!("scripts/sliding_window_log.lua")
+    ))
+});
+pub(super) static SLIDING_WINDOW_COUNTER: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("scripts/prelude.lua"),
+        include_str!("scripts/sliding_window_counter.lua")
+    ))
+});
 
 /// The script deciding for `algorithm`.
 pub(super) fn script_for(algorithm: Algorithm) -> &'static Script {

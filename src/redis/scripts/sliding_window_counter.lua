@@ -20,27 +20,10 @@
 -- -1 = KEYS[index] holds another type (nothing written). Every number is an integer below 2^53:
 -- products of a count and a time, which can exceed it, are never formed (see mul_div).
 
--- Numbers go to Redis as exact integer strings: Lua's own number-to-string conversion keeps only
--- 14 significant digits, and times in microseconds have 16.
-local function int(x)
-  return string.format('%.0f', x)
-end
-
-local n = tonumber(ARGV[1])
-local peek = ARGV[2] == 'peek'
-local now
-if ARGV[3] ~= '' then
-  now = tonumber(ARGV[3])
-else
-  local time = redis.call('TIME')
-  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-end
-
-for i = 1, #KEYS do
-  local kind = redis.call('TYPE', KEYS[i])['ok']
-  if kind ~= 'none' and kind ~= 'hash' then
-    return {-1, i, now}
-  end
+-- `int`, `n`, `peek`, `now` and `key_of_another_type` come from prelude.lua, run first.
+local other = key_of_another_type('hash')
+if other then
+  return {-1, other, now}
 end
 
 -- floor(a / b) for integers below 2^53, corrected for the division's rounding.

@@ -13,27 +13,10 @@
 -- retry_after (us), reset_after (us)}; code 1 = allowed (and committed), 0 = denied, -1 =
 -- KEYS[index] holds another type (nothing written). Every figure is an integer below 2^53.
 
--- Numbers go to Redis as exact integer strings: Lua's own number-to-string conversion keeps only
--- 14 significant digits, and times in microseconds have 16.
-local function int(x)
-  return string.format('%.0f', x)
-end
-
-local n = tonumber(ARGV[1])
-local peek = ARGV[2] == 'peek'
-local now
-if ARGV[3] ~= '' then
-  now = tonumber(ARGV[3])
-else
-  local time = redis.call('TIME')
-  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-end
-
-for i = 1, #KEYS do
-  local kind = redis.call('TYPE', KEYS[i])['ok']
-  if kind ~= 'none' and kind ~= 'zset' then
-    return {-1, i, now}
-  end
+-- `int`, `n`, `peek`, `now` and `key_of_another_type` come from prelude.lua, run first.
+local other = key_of_another_type('zset')
+if other then
+  return {-1, other, now}
 end
 
 local reply = {1, 0, now}

@@ -1,0 +1,35 @@
+-- What every script starts with (prepended to each by `src/redis/script.rs`): the arguments
+-- they share, the clock, and the check that their keys are theirs.
+--
+-- ARGV[1]   n, the permits asked for
+-- ARGV[2]   "acquire" or "peek"
+-- ARGV[3]   the time in microseconds, or "" for the server's TIME (the normal case)
+
+-- Numbers go to Redis as exact integer strings: Lua's own number-to-string conversion keeps only
+-- 14 significant digits, and times in microseconds have 16.
+local function int(x)
+  return string.format('%.0f', x)
+end
+
+local n = tonumber(ARGV[1])
+local peek = ARGV[2] == 'peek'
+local now
+if ARGV[3] ~= '' then
+  now = tonumber(ARGV[3])
+else
+  local time = redis.call('TIME')
+  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+end
+
+-- The position of the first key that holds something other than `kind` (another program's
+-- key under our name), or nil: nothing may be written then.
+local function key_of_another_type(kind)
+  for i = 1, #KEYS do
+    local found = redis.call('TYPE', KEYS[i])['ok']
+    if found ~= 'none' and found ~= kind then
+      return i
+    end
+  end
+  return nil
+end
+
