@@ -186,6 +186,13 @@ pub enum ServiceError {
         /// Why.
         source: crate::InvalidPolicyName,
     },
+    /// A plan's limits were changed more often than a client's state can tell its versions apart.
+    TooManyRuleChanges {
+        /// The plan, as its `Debug` form.
+        plan: String,
+        /// The most changes one plan may have.
+        max: u64,
+    },
     /// A service was built with a larger initial capacity than it allocates up front.
     CapacityTooLarge {
         /// The capacity asked for.
@@ -235,6 +242,12 @@ impl fmt::Display for ServiceError {
                  the fixed window or the sliding window counter"
             ),
             ServiceError::InvalidPolicyName { source } => write!(f, "{source}"),
+            ServiceError::TooManyRuleChanges { plan, max } => write!(
+                f,
+                "plan {plan} has had its limits changed {max} times, the most one plan may: \
+                 build a new service to change them again (setting the limits a plan already \
+                 has is not a change)"
+            ),
             ServiceError::CapacityTooLarge { capacity, max } => {
                 write!(
                     f,

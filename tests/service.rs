@@ -133,6 +133,32 @@ fn a_rule_change_applies_from_each_clients_next_request() {
 }
 
 #[test]
+fn setting_the_rule_a_plan_already_has_resets_no_client() {
+    for algorithm in Algorithm::ALL {
+        let clock = FakeClock::new();
+        let service = service(algorithm, &clock, Rule::per_second(5).unwrap());
+        assert_eq!(burst(&service, 1, Plan::Free, 20), 5, "{algorithm}");
+        // A configuration reloaded unchanged, as single limits and as a list of one.
+        service
+            .set_rule(&Plan::Free, Rule::per_second(5).unwrap())
+            .unwrap();
+        service
+            .set_limits(&Plan::Free, [Rule::per_second(5).unwrap()])
+            .unwrap();
+        assert_eq!(
+            burst(&service, 1, Plan::Free, 20),
+            0,
+            "{algorithm}: the client kept its use"
+        );
+        // A real change still starts it afresh.
+        service
+            .set_rule(&Plan::Free, Rule::per_second(6).unwrap())
+            .unwrap();
+        assert_eq!(burst(&service, 1, Plan::Free, 20), 6, "{algorithm}");
+    }
+}
+
+#[test]
 fn a_rule_change_is_checked_against_the_method() {
     let clock = FakeClock::new();
     let service = service(

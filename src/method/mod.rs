@@ -151,9 +151,10 @@ macro_rules! one_word_service_method {
             }
 
             fn fresh_state(&self, since_nanos: u64) -> $crate::service::client_state::ClientState {
-                $crate::service::client_state::ClientState::Word($crate::sync::Word::new(
-                    <$params>::$fresh(self, since_nanos),
-                ))
+                $crate::service::client_state::ClientState::Word(
+                    0,
+                    $crate::sync::Word::new(<$params>::$fresh(self, since_nanos)),
+                )
             }
 
             #[inline]
@@ -164,7 +165,7 @@ macro_rules! one_word_service_method {
                 clock: &impl $crate::Clock,
             ) -> $crate::Decision {
                 match state {
-                    $crate::service::client_state::ClientState::Word(word) => {
+                    $crate::service::client_state::ClientState::Word(_, word) => {
                         <$params>::acquire(self, word, n, clock)
                     }
                     _ => $crate::Decision::retired(self.rule),
@@ -178,7 +179,7 @@ macro_rules! one_word_service_method {
                 clock: &impl $crate::Clock,
             ) -> $crate::decision::Admit {
                 match state {
-                    $crate::service::client_state::ClientState::Word(word) => {
+                    $crate::service::client_state::ClientState::Word(_, word) => {
                         <$params>::acquire_one(self, word, clock)
                     }
                     _ => $crate::decision::Admit::Retired,
@@ -192,7 +193,7 @@ macro_rules! one_word_service_method {
                 clock: &impl $crate::Clock,
             ) -> $crate::Decision {
                 match state {
-                    $crate::service::client_state::ClientState::Word(word) => {
+                    $crate::service::client_state::ClientState::Word(_, word) => {
                         <$params>::peek(self, word, clock)
                     }
                     _ => $crate::Decision::retired(self.rule),
@@ -200,7 +201,7 @@ macro_rules! one_word_service_method {
             }
 
             fn retire_now(&self, state: &$crate::service::client_state::ClientState) {
-                if let $crate::service::client_state::ClientState::Word(word) = state {
+                if let $crate::service::client_state::ClientState::Word(_, word) = state {
                     <$params>::retire_now(word);
                 }
             }
@@ -211,7 +212,7 @@ macro_rules! one_word_service_method {
                 now_nanos: u64,
             ) -> bool {
                 match state {
-                    $crate::service::client_state::ClientState::Word(word) => {
+                    $crate::service::client_state::ClientState::Word(_, word) => {
                         <$params>::$idle(self, word, now_nanos)
                     }
                     _ => false,
@@ -226,7 +227,7 @@ macro_rules! one_word_service_method {
                 now_nanos: u64,
             ) -> Option<()> {
                 match state {
-                    $crate::service::client_state::ClientState::Word(word) => {
+                    $crate::service::client_state::ClientState::Word(_, word) => {
                         <$params>::undo(self, word, n, granted, now_nanos);
                         Some(())
                     }
@@ -241,7 +242,7 @@ macro_rules! one_word_service_method {
                 clock: &impl $crate::Clock,
             ) -> $crate::Decision {
                 match state {
-                    $crate::service::client_state::ClientState::Word(word) => {
+                    $crate::service::client_state::ClientState::Word(_, word) => {
                         <$params>::dry_run(self, word, n, clock)
                     }
                     _ => $crate::Decision::retired(self.rule),

@@ -801,7 +801,7 @@ impl ServiceMethod for LogParams {
     }
 
     fn fresh_state(&self, since_nanos: u64) -> ClientState {
-        ClientState::Ring(Box::new(LogRing::empty_since(self, since_nanos)))
+        ClientState::Ring(0, Box::new(LogRing::empty_since(self, since_nanos)))
     }
 
     fn fresh_report(&self, zero_permits: bool, since_nanos: u64, clock: &impl Clock) -> Decision {
@@ -813,14 +813,14 @@ impl ServiceMethod for LogParams {
     #[inline]
     fn acquire(&self, state: &ClientState, n: u64, clock: &impl Clock) -> Decision {
         match state {
-            ClientState::Ring(ring) => self.acquire_counting(ring, n, clock, true),
+            ClientState::Ring(_, ring) => self.acquire_counting(ring, n, clock, true),
             _ => Decision::retired(self.rule),
         }
     }
 
     #[inline]
     fn acquire_one(&self, state: &ClientState, clock: &impl Clock) -> Admit {
-        let ClientState::Ring(ring) = state else {
+        let ClientState::Ring(_, ring) = state else {
             return Admit::Retired;
         };
         // Counting the permits left is a search of the ring that "allowed?" does not need.
@@ -837,20 +837,20 @@ impl ServiceMethod for LogParams {
     #[inline]
     fn peek(&self, state: &ClientState, clock: &impl Clock) -> Decision {
         match state {
-            ClientState::Ring(ring) => LogParams::peek(self, ring, clock),
+            ClientState::Ring(_, ring) => LogParams::peek(self, ring, clock),
             _ => Decision::retired(self.rule),
         }
     }
 
     fn retire_now(&self, state: &ClientState) {
-        if let ClientState::Ring(ring) = state {
+        if let ClientState::Ring(_, ring) = state {
             ring.retire(None);
         }
     }
 
     fn retire_if_idle(&self, state: &ClientState, now_nanos: u64) -> bool {
         match state {
-            ClientState::Ring(ring) => LogParams::retire_if_idle(self, ring.as_ref(), now_nanos),
+            ClientState::Ring(_, ring) => LogParams::retire_if_idle(self, ring.as_ref(), now_nanos),
             _ => false,
         }
     }

@@ -17,15 +17,50 @@ use crate::{Algorithm, Decision, Rule};
 /// How many words a plan's constants take in the plan table (see `ClientParams::to_words`).
 pub(crate) const PARAM_WORDS: usize = 6;
 
-/// One client's state.
+/// The version of a plan's limits that a client's state was made under (see `PlanTable`).
+///
+/// 32 bits, so that it sits beside [`ClientState`]'s tag: a one-word state takes 16 bytes, and a
+/// service entry with a `u64` key 24, the allocator's smallest chunk. The plan table refuses a
+/// change that would take a plan past `Version::MAX`.
+pub(crate) type Version = u32;
+
+/// One client's state, and the version of its plan's limits it was made under (0 for the
+/// per-limit states inside [`ClientState::Several`], whose own version is the one that counts).
 #[derive(Debug)]
 pub(crate) enum ClientState {
     /// The token bucket's TAT, or the fixed window's or the sliding window counter's packed word.
-    Word(Word),
-    /// The sliding log's ring; boxed so that the one-word methods' entries stay one word.
-    Ring(Box<LogRing<Word>>),
+    Word(Version, Word),
+    /// The sliding log's ring; boxed so that the one-word methods' entries stay small.
+    Ring(Version, Box<LogRing<Word>>),
     /// One state per limit of a plan with several (see `SeveralLimits`).
-    Several(Box<SeveralLimits>),
+    Several(Version, Box<SeveralLimits>),
+}
+
+// Where 64-bit atomics are native words, a one-word client's state is two words: the version
+// sits beside the tag (see `Version`). Checked here, since an entry's size is its memory cost.
+#[cfg(target_has_atomic = "64")]
+const _: () = assert!(size_of::<ClientState>() == 16);
+
+impl ClientState {
+    /// The version of its plan's limits this state was made under.
+    #[inline]
+    pub(crate) fn version(&self) -> Version {
+        match self {
+            ClientState::Word(version, _)
+            | ClientState::Ring(version, _)
+            | ClientState::Several(version, _) => *version,
+        }
+    }
+
+    /// This state, marked as made under `version`.
+    pub(crate) fn made_under(mut self, version: Version) -> ClientState {
+        match &mut self {
+            ClientState::Word(made_under, _)
+            | ClientState::Ring(made_under, _)
+            | ClientState::Several(made_under, _) => *made_under = version,
+        }
+        self
+    }
 }
 
 /// What the service needs of a method's constants, on a client's state of any shape: each
@@ -248,7 +283,7 @@ macro_rules! client_params {
             /// Retires `state` whatever it holds, so that no acquire can succeed on it any more
             /// (for a client that moved to another plan or rule).
             pub(crate) fn retire_now(&self, state: &ClientState) {
-                if let ClientState::Several(several) = state {
+                if let ClientState::Several(_, several) = state {
                     several.retire_now();
                     return;
                 }

@@ -8,7 +8,7 @@
 
 use std::sync::Mutex;
 
-use super::client_state::{ClientParams, PARAM_WORDS};
+use super::client_state::{ClientParams, PARAM_WORDS, Version};
 use super::seqlock::VersionedWords;
 use super::stats::{DecisionCounts, PlanStats};
 use crate::sync::Word;
@@ -63,6 +63,11 @@ fn to_words(limits: &[ClientParams]) -> ([u64; FIRST_WORDS], [u64; OTHER_WORDS])
     }
     (first, others)
 }
+
+/// A plan's limits have changed `Version::MAX` times, as many versions as a client's state can
+/// tell apart.
+#[derive(Debug)]
+pub(crate) struct TooManyChanges;
 
 /// The plans of one service.
 #[derive(Debug)]
@@ -132,7 +137,7 @@ impl<P: Eq> PlanTable<P> {
     /// The current version of the plan at `index`, its first limit's constants, and how many
     /// limits it has: always of exactly that version. The whole of a single-limit plan.
     #[inline]
-    pub(crate) fn read(&self, index: usize) -> (u64, ClientParams, usize) {
+    pub(crate) fn read(&self, index: usize) -> (Version, ClientParams, usize) {
         let entry = &self.plans[index];
         loop {
             let (version, words) = entry.first.read();
@@ -140,13 +145,14 @@ impl<P: Eq> PlanTable<P> {
             limit.copy_from_slice(&words[..PARAM_WORDS]);
             // Always decodes: every version was written from valid constants of this method.
             if let Some(params) = ClientParams::from_words(self.algorithm, limit) {
-                return (version, params, words[PARAM_WORDS] as usize);
+                // Never truncates: `set_limits` stops at `Version::MAX`.
+                return (version as Version, params, words[PARAM_WORDS] as usize);
             }
         }
     }
 
     /// Every limit of the plan at `index`, and their version.
-    pub(crate) fn read_all(&self, index: usize) -> (u64, PlanLimits) {
+    pub(crate) fn read_all(&self, index: usize) -> (Version, PlanLimits) {
         let entry = &self.plans[index];
         loop {
             let (version, first, count) = self.read(index);
@@ -154,7 +160,7 @@ impl<P: Eq> PlanTable<P> {
             let count = count.clamp(1, MAX_LIMITS);
             if count > 1 {
                 let (others_version, words) = entry.others.read();
-                if others_version != version {
+                if others_version != u64::from(version) {
                     // A change is under way (it writes `others` first): read both again.
                     continue;
                 }
@@ -182,17 +188,36 @@ impl<P: Eq> PlanTable<P> {
     }
 
     /// Replaces the limits of the plan at `index` (1 to [`MAX_LIMITS`] of them, already checked
-    /// by [`PlanTable::params_for`]). Clients under the plan follow them from their next request.
-    pub(crate) fn set_limits(&self, index: usize, limits: &[ClientParams]) {
+    /// by [`PlanTable::params_for`]), as a new version; clients under the plan follow them from
+    /// their next request. Limits equal to the plan's current ones are no change: no new version,
+    /// and `Ok(false)`.
+    ///
+    /// # Errors
+    ///
+    /// [`TooManyChanges`] when the plan is at `Version::MAX` already.
+    pub(crate) fn set_limits(
+        &self,
+        index: usize,
+        limits: &[ClientParams],
+    ) -> Result<bool, TooManyChanges> {
         let (first, others) = to_words(limits);
         let entry = &self.plans[index];
         let _writer = self
             .change
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
+        // No writer can run meanwhile, so these reads return the current version at once.
+        let (version, current_first) = entry.first.read();
+        if current_first == first && entry.others.read().1 == others {
+            return Ok(false);
+        }
+        if version >= u64::from(Version::MAX) {
+            return Err(TooManyChanges);
+        }
         // `others` first: a reader that sees the new first version then finds `others` at it.
         entry.others.write(others);
         entry.first.write(first);
+        Ok(true)
     }
 
     /// Counts one decision for the plan at `index`.
@@ -207,5 +232,50 @@ impl<P: Eq> PlanTable<P> {
     pub(crate) fn stats(&self, index: usize) -> Option<PlanStats> {
         let (allowed, denied) = self.plans[index].counts.as_ref()?.totals();
         Some(PlanStats { allowed, denied })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ServiceError;
+
+    #[test]
+    fn a_plan_changes_at_most_version_max_times_and_an_unchanged_setting_is_no_change() {
+        let rule = |limit| Rule::per_second(limit).unwrap();
+        let params = |limit| ClientParams::new(Algorithm::TokenBucket, rule(limit), 0).unwrap();
+        let mut table = PlanTable::new(
+            Algorithm::TokenBucket,
+            0,
+            vec![("free", vec![params(5)])],
+            false,
+        );
+        // As if the plan had been changed `Version::MAX - 1` times.
+        let (first, others) = to_words(&[params(5)]);
+        let last_but_one = u64::from(Version::MAX) - 1;
+        table.plans[0].first = VersionedWords::at_version(last_but_one, first);
+        table.plans[0].others = VersionedWords::at_version(last_but_one, others);
+        assert_eq!(table.read(0).0, Version::MAX - 1);
+
+        assert!(matches!(table.set_limits(0, &[params(5)]), Ok(false)));
+        assert!(matches!(table.set_limits(0, &[params(6)]), Ok(true)));
+        assert_eq!(table.read(0).0, Version::MAX);
+        assert_eq!(table.read(0).1.rule(), rule(6));
+        // One more would wrap, and an old client's state would pass for a current one.
+        assert!(table.set_limits(0, &[params(7)]).is_err());
+        assert_eq!(
+            table.read(0).1.rule(),
+            rule(6),
+            "the refused change left no trace"
+        );
+        // Setting what it has is still no change, and no error.
+        assert!(matches!(table.set_limits(0, &[params(6)]), Ok(false)));
+
+        let error = ServiceError::TooManyRuleChanges {
+            plan: "\"free\"".to_owned(),
+            max: u64::from(Version::MAX),
+        };
+        assert!(error.to_string().contains("plan \"free\""), "{error}");
+        assert!(error.to_string().contains("4294967295"), "{error}");
     }
 }

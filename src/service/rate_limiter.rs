@@ -5,7 +5,7 @@ use std::fmt;
 use std::hash::{BuildHasher, Hash, RandomState};
 
 use super::builder::{ServiceBuilder, limits_of};
-use super::client_state::{ClientParams, ClientState};
+use super::client_state::{ClientParams, ClientState, Version};
 use super::plan_table::{MAX_LIMITS, PlanTable};
 use super::several_limits::SeveralLimits;
 use crate::clock::Clock;
@@ -66,12 +66,19 @@ impl Answer for Admit {
     }
 }
 
-/// One client's limiter under one plan: the state, and the version of the plan's rule it was
-/// made under.
+/// One client's limiter under one plan: the state, marked with the version of the plan's limits
+/// it was made under.
 #[derive(Debug)]
 pub(super) struct ClientEntry {
-    version: u64,
     state: ClientState,
+}
+
+impl ClientEntry {
+    /// The version of the plan's limits this entry was made under.
+    #[inline]
+    fn version(&self) -> Version {
+        self.state.version()
+    }
 }
 
 /// Rate limits many clients, each by the rule of its plan.
@@ -223,10 +230,16 @@ where
     /// state is retired (no request can still be granted on it) before the fresh one is made,
     /// and a request uses a state only if it was made under the rule in force after its lookup.
     ///
+    /// Setting the rule a plan already has is no change: its clients keep their state (so a
+    /// configuration reloaded unchanged resets nobody).
+    ///
     /// # Errors
     ///
     /// [`ServiceError::UnknownPlan`] when the service has no such plan,
-    /// [`ServiceError::InvalidRule`] when its method cannot honour `rule` (the old rule stays).
+    /// [`ServiceError::InvalidRule`] when its method cannot honour `rule` (the old rule stays),
+    /// [`ServiceError::TooManyRuleChanges`] when the plan's limits have already changed
+    /// `u32::MAX` times (each client's state records the version it was made under in 32 bits,
+    /// which keeps a client's entry small).
     pub fn set_rule(&self, plan: &P, rule: Rule) -> Result<(), ServiceError> {
         self.set_limits(plan, [rule])
     }
@@ -247,7 +260,12 @@ where
         let index = self.plan_index(plan)?;
         let rules: Vec<Rule> = limits.into_iter().collect();
         let limits = limits_of(plan, &rules, |rule| self.plans.params_for(rule))?;
-        self.plans.set_limits(index, &limits);
+        self.plans
+            .set_limits(index, &limits)
+            .map_err(|_| ServiceError::TooManyRuleChanges {
+                plan: format!("{plan:?}"),
+                max: u64::from(Version::MAX),
+            })?;
         Ok(())
     }
 
@@ -344,12 +362,14 @@ where
                                 self.plans.record(index, true);
                                 return Ok(T::from_decision(decision));
                             }
-                            (version, ClientState::Several(Box::new(fresh)))
+                            (version, ClientState::Several(version, Box::new(fresh)))
                         }
                     };
                     // Two first requests may both get here; the map keeps exactly one entry,
                     // and both use it.
-                    clients.get_or_insert_with(client.to_owned(), || ClientEntry { version, state })
+                    clients.get_or_insert_with(client.to_owned(), || ClientEntry {
+                        state: state.made_under(version),
+                    })
                 }
             };
             // The plan is read *after* the entry is found (or put) in the map, and the entry is
@@ -359,8 +379,8 @@ where
             // is always seen here as made under an earlier version: it never grants, and the
             // client cannot start afresh twice across one change.
             let (version, params, count) = self.plans.read(index);
-            if entry.version != version {
-                if entry.version < version {
+            if entry.version() != version {
+                if entry.version() < version {
                     // Made under an earlier rule of the plan: retire it, so that no request
                     // still holding it can be granted on it, and start afresh under the current
                     // rule.
@@ -372,7 +392,7 @@ where
                 continue;
             }
             let answer = match (&entry.state, count) {
-                (ClientState::Several(several), 2..) => {
+                (ClientState::Several(_, several), 2..) => {
                     let (all_version, limits) = self.plans.read_all(index);
                     if all_version != version {
                         continue;
@@ -418,8 +438,8 @@ where
         if count > 1 {
             let (version, limits) = self.plans.read_all(index);
             if let Some(entry) = entry
-                && entry.version == version
-                && let ClientState::Several(several) = &entry.state
+                && entry.version() == version
+                && let ClientState::Several(_, several) = &entry.state
                 && let Some(decision) = several.peek(limits.as_slice(), &self.clock)
             {
                 return Ok(decision);
@@ -430,7 +450,7 @@ where
             }
         }
         if let Some(entry) = entry
-            && entry.version == version
+            && entry.version() == version
         {
             let decision = params.peek(&entry.state, &self.clock);
             if !decision.is_retired() {
@@ -478,15 +498,16 @@ where
         let entry = clients.get(client);
         let (version, limits) = self.plans.read_all(index);
         let limits = limits.as_slice();
-        let several = entry
-            .filter(|entry| entry.version == version)
-            .and_then(|entry| match &entry.state {
-                ClientState::Several(several) => several.peek_each(limits, &self.clock),
-                state => {
-                    let decision = limits[0].peek(state, &self.clock);
-                    (!decision.is_retired()).then(|| vec![decision])
-                }
-            });
+        let several =
+            entry
+                .filter(|entry| entry.version() == version)
+                .and_then(|entry| match &entry.state {
+                    ClientState::Several(_, several) => several.peek_each(limits, &self.clock),
+                    state => {
+                        let decision = limits[0].peek(state, &self.clock);
+                        (!decision.is_retired()).then(|| vec![decision])
+                    }
+                });
         let decisions = match several {
             Some(decisions) => decisions,
             None => {
@@ -529,9 +550,9 @@ where
             let clients = clients.pin();
             for (client, entry) in clients.iter() {
                 let (version, params, _) = self.plans.read(index);
-                let retired = if version == entry.version {
+                let retired = if version == entry.version() {
                     match &entry.state {
-                        ClientState::Several(several) => several.retire_if_idle(now),
+                        ClientState::Several(_, several) => several.retire_if_idle(now),
                         state => params.retire_if_idle(state, now),
                     }
                 } else {

@@ -62,6 +62,17 @@ impl<A: AtomicWord, const N: usize> VersionedWords<A, N> {
         }
     }
 
+    /// Version `version`, holding `words`: a table that has been through that many writes.
+    #[cfg(test)]
+    pub(crate) fn at_version(version: u64, words: [u64; N]) -> Self {
+        let versioned: Self = VersionedWords::new(words);
+        versioned.version.store(version, Ordering::Relaxed);
+        versioned.copies[(version & 1) as usize]
+            .sequence
+            .store(complete(version), Ordering::Relaxed);
+        versioned
+    }
+
     /// The current version's number and words.
     #[inline]
     pub fn read(&self) -> (u64, [u64; N]) {
