@@ -365,20 +365,6 @@ impl LogParams {
         n: u64,
         clock: &impl Clock,
     ) -> Decision {
-        self.acquire_counting(ring, n, clock, true)
-    }
-
-    /// [`LogParams::acquire`], counting the permits left after an admission only if
-    /// `count_remaining` (a binary search over the ring: a cost a caller that only asks "allowed?"
-    /// need not pay). Without it an allowed decision reports 0 remaining.
-    #[inline]
-    pub fn acquire_counting<A: AtomicWord>(
-        &self,
-        ring: &LogRing<A>,
-        n: u64,
-        clock: &impl Clock,
-        count_remaining: bool,
-    ) -> Decision {
         // One clock reading per attempt, kept on a retry (see `GcraParams::acquire`): the
         // admission's time is at least the latest admission's anyway.
         let now = self.elapsed(clock.now_nanos());
@@ -390,11 +376,45 @@ impl LogParams {
             }
             _ => return self.reject(ring, n, now),
         }
+        match self.claim_one(ring, now) {
+            OneClaim::Retired => Decision::retired(self.rule),
+            OneClaim::Denied { expiry, latest } => {
+                let retry_after = self.wait_until(expiry, now);
+                let reset_after = latest.saturating_sub(now);
+                Decision::denied(self.rule, 0, retry_after, reset_after)
+            }
+            OneClaim::Claimed { head, time } => {
+                let oldest = ring.index_after(index_of(head), 1);
+                let remaining = self.expired_after(ring, oldest, ring.capacity() - 1, time);
+                let reset_after = (time + self.rule.window_nanos()).saturating_sub(now);
+                Decision::allowed(self.rule, remaining, reset_after)
+            }
+        }
+    }
+
+    /// Takes one permit at the clock's reading, answering only whether: the same claim as
+    /// [`LogParams::acquire`]'s, without the figures a [`Decision`] reports (counting the
+    /// permits left is a search of the ring that "allowed?" does not need).
+    #[inline]
+    pub(crate) fn admit_one<A: AtomicWord>(&self, ring: &LogRing<A>, clock: &impl Clock) -> Admit {
+        let now = self.elapsed(clock.now_nanos());
+        match self.claim_one(ring, now) {
+            OneClaim::Retired => Admit::Retired,
+            OneClaim::Denied { .. } => Admit::Denied,
+            OneClaim::Claimed { .. } => Admit::Granted,
+        }
+    }
+
+    /// Claims the slot at `head` for one admission at `now` (elapsed time), if the admission
+    /// L places back has left the window: the single permit's side of the protocol documented
+    /// on [`SlidingWindowLog`]. Inlined into each caller, which builds only the answer it needs.
+    #[inline(always)]
+    fn claim_one<A: AtomicWord>(&self, ring: &LogRing<A>, now: u64) -> OneClaim {
         let backoff = Backoff::new();
         loop {
             let Snapshot { head, slot, latest } = ring.snapshot();
             if is_retired(latest) || is_retired(slot) {
-                return Decision::retired(self.rule);
+                return OneClaim::Retired;
             }
             let mark = lap_mark(head);
             if slot & LAP_MARK == mark {
@@ -402,13 +422,12 @@ impl LogParams {
                 ring.help_head_past(head);
                 continue;
             }
-            let latest_time = (latest & EXPIRY_MASK).saturating_sub(self.rule.window_nanos());
+            let latest = latest & EXPIRY_MASK;
+            let latest_time = latest.saturating_sub(self.rule.window_nanos());
             let time = now.max(latest_time).min(self.latest_time);
             let expiry = slot & EXPIRY_MASK;
             if expiry > time {
-                let retry_after = self.wait_until(expiry, now);
-                let reset_after = (latest & EXPIRY_MASK).saturating_sub(now);
-                return Decision::denied(self.rule, 0, retry_after, reset_after);
+                return OneClaim::Denied { expiry, latest };
             }
             let claimed = mark | (time + self.rule.window_nanos());
             // AcqRel: the claim publishes this admission's time to whoever next reads the slot,
@@ -421,14 +440,7 @@ impl LogParams {
             {
                 // A failure to move `head` on means a helper did it.
                 ring.help_head_past(head);
-                let remaining = if count_remaining {
-                    let oldest = ring.index_after(index_of(head), 1);
-                    self.expired_after(ring, oldest, ring.capacity() - 1, time)
-                } else {
-                    0
-                };
-                let reset_after = (time + self.rule.window_nanos()).saturating_sub(now);
-                return Decision::allowed(self.rule, remaining, reset_after);
+                return OneClaim::Claimed { head, time };
             }
             backoff.spin();
         }
@@ -638,6 +650,16 @@ struct Snapshot {
     latest: u64,
 }
 
+/// What one permit's claim found (see `LogParams::claim_one`).
+enum OneClaim {
+    /// The ring has been retired.
+    Retired,
+    /// The slot at `head` had not expired: its `expiry`, and the `latest` admission's expiry.
+    Denied { expiry: u64, latest: u64 },
+    /// The slot at `head` was claimed for an admission at `time`.
+    Claimed { head: u64, time: u64 },
+}
+
 /// Why a batch's run of claims stopped short.
 enum RunStop {
     /// The ring has been retired.
@@ -769,8 +791,7 @@ impl Method for LogParams {
 
     #[inline]
     fn try_acquire(&self, state: &Self::State, clock: &impl Clock) -> bool {
-        // Counting the permits left is a search of the ring that "allowed?" does not need.
-        self.acquire_counting(state, 1, clock, false).is_allowed()
+        self.admit_one(state, clock) == Admit::Granted
     }
 
     #[inline]
@@ -813,24 +834,16 @@ impl ServiceMethod for LogParams {
     #[inline]
     fn acquire(&self, state: &ClientState, n: u64, clock: &impl Clock) -> Decision {
         match state {
-            ClientState::Ring(_, ring) => self.acquire_counting(ring, n, clock, true),
+            ClientState::Ring(_, ring) => LogParams::acquire(self, ring, n, clock),
             _ => Decision::retired(self.rule),
         }
     }
 
     #[inline]
     fn acquire_one(&self, state: &ClientState, clock: &impl Clock) -> Admit {
-        let ClientState::Ring(_, ring) = state else {
-            return Admit::Retired;
-        };
-        // Counting the permits left is a search of the ring that "allowed?" does not need.
-        let decision = self.acquire_counting(ring, 1, clock, false);
-        if decision.is_retired() {
-            Admit::Retired
-        } else if decision.is_allowed() {
-            Admit::Granted
-        } else {
-            Admit::Denied
+        match state {
+            ClientState::Ring(_, ring) => self.admit_one(ring, clock),
+            _ => Admit::Retired,
         }
     }
 
