@@ -21,7 +21,7 @@
 //! | first requests | map insert: load, write if empty | `service::TWO_FIRST_REQUESTS` |
 //! | sweep racing requests | map removal without the identity check | `service::SWEEP_THEN_REQUESTS` |
 //! | sweep, lagging clock | no Acquire fence before reading the sweep's instant | `service::SWEEP_WITH_LAGGING_CLOCK` |
-//! | plan table reads | a read that checks only the copy's parity | `rule_change::check_reads_racing_changes` |
+//! | plan table publication | a version published by a Relaxed swap | `rule_change::check_reads_racing_changes` |
 //! | rule change racing requests | the plan read once, before the lookup | `rule_change::check_change_racing_requests` |
 //! | several limits, all or nothing | an undo that gives back twice what it took | `several_limits::check_two_limits` |
 //! | several limits, eviction | the gate retired by a check and a blind store | `several_limits::check_gate_racing_a_sweep` |
@@ -630,9 +630,9 @@ fn service_without_acquire_fence_fails_sweep_model() {
 }
 
 #[test]
-#[should_panic(expected = "mixed versions")]
-fn plan_table_read_checking_only_parity_fails_two_changes_model() {
-    crate::rule_change::check_reads_racing_changes(2, 1, crate::rule_change::Read::ParityOnly);
+#[should_panic(expected = "Causality violation")]
+fn plan_table_publishing_by_a_relaxed_swap_fails_two_changes_model() {
+    crate::rule_change::check_reads_racing_changes(2, 1, crate::rule_change::Publish::Relaxed);
 }
 
 #[test]

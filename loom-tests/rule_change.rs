@@ -1,23 +1,30 @@
-//! Live rule changes: the plan table's versioned constants, and the service's protocol around
+//! Live rule changes: the plan table's published versions, and the service's protocol around
 //! them.
 //!
-//! - `VersionedWords` (the plan table): readers racing two and three consecutive changes always
-//!   get one version's words whole, with that version's number.
+//! - Publication (the plan table): a change writes a new, immutable version and publishes it
+//!   through one atomic pointer; readers racing two and three consecutive changes always see a
+//!   version's contents whole, with its number. The contents sit in loom cells, so loom reports
+//!   any read that is not ordered after the write. (Reclamation of replaced versions is seize's,
+//!   papaya's collector; here they are kept until the model ends.)
 //! - A rule change and a sweep racing a client's requests: the client never starts afresh more
 //!   than once across the change, so it gets at most one window's worth of the new rule beyond
 //!   what it had used. The requests follow `RateLimiterService::acquire` step by step (look the
 //!   client up, insert a fresh state on a miss, read the plan *after* the lookup, retire and
 //!   replace a state made under an earlier version, move on from a retired one), with the map a
-//!   stand-in for one client's entry as in `service`.
+//!   stand-in for one client's entry as in `service`, and the plan's version one atomic word (a
+//!   read of the published pointer is one atomic snapshot, as a word's load is).
 //!
-//! `negative_controls` runs both checkers on the protocols as they were before (a read that
-//! checks only the copy's parity; a request that reads the plan once, before its lookup, and
-//! inserts under that version after a retry) and shows that each is caught.
+//! `negative_controls` runs both checkers on broken protocols (a publication by a Relaxed store;
+//! a request that reads the plan once, before its lookup, and inserts under that version after a
+//! retry) and shows that each is caught.
 
+// The model's versions are raw pointers, as the table's are; each block says why it is sound.
+#![allow(unsafe_code)]
+
+use loom::cell::UnsafeCell;
 use loom::sync::Arc;
-use loom::sync::atomic::AtomicU64;
+use loom::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use loom::thread;
-use tollgate::loom_support::VersionedWords;
 
 use crate::fixed_window::window;
 use crate::service::{CasSlot, ClientSlot};
@@ -25,68 +32,124 @@ use crate::sliding_window_log::log;
 use crate::support::{Admission, Answer, Evictable, explore};
 use crate::token_bucket::bucket;
 
-/// The words of version `v`: each tells its version, so a mix is visible.
-fn words_of(version: u64) -> [u64; 2] {
+/// The contents of version `v`: each word tells its version, so a mix is visible.
+fn contents_of(version: u64) -> [u64; 2] {
     [100 + version, 200 + version]
 }
 
-/// How a reader reads the versioned words.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Read {
-    /// `VersionedWords::read`.
-    Checked,
-    /// The read before the fix: only the copy's parity is checked.
-    ParityOnly,
+/// One published version: its number and contents, written before it is published and never
+/// again (`PlanVersion`).
+struct Published {
+    version: u64,
+    contents: UnsafeCell<[u64; 2]>,
 }
 
-fn read(words: &VersionedWords<AtomicU64, 2>, how: Read) -> (u64, [u64; 2]) {
-    match how {
-        Read::Checked => words.read(),
-        Read::ParityOnly => words.read_checking_only_parity(),
+/// How a change publishes its version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Publish {
+    /// `PlanTable::set_limits`: a swap with Release (AcqRel) ordering.
+    Release,
+    /// Broken: a Relaxed swap, which does not order the contents before the pointer.
+    Relaxed,
+}
+
+/// The plan table's pointer and every version ever published (kept to the end, where the real
+/// table retires them through seize).
+struct Table {
+    current: AtomicPtr<Published>,
+}
+
+impl Table {
+    fn new() -> Self {
+        Table {
+            current: AtomicPtr::new(Box::into_raw(Box::new(Published {
+                version: 0,
+                contents: UnsafeCell::new(contents_of(0)),
+            }))),
+        }
+    }
+
+    /// `PlanTable::set_limits` (changes are serialized: one writer); returns the replaced version.
+    fn publish(&self, version: u64, how: Publish) -> *mut Published {
+        let next = Box::into_raw(Box::new(Published {
+            version,
+            contents: UnsafeCell::new([0; 2]),
+        }));
+        // Written after the allocation, as a version's fields are, so that loom tracks the write.
+        // SAFETY: `next` is not published yet; this thread is its only user.
+        unsafe {
+            (*next)
+                .contents
+                .with_mut(|contents| *contents = contents_of(version))
+        };
+        let ordering = match how {
+            Publish::Release => Ordering::AcqRel,
+            Publish::Relaxed => Ordering::Relaxed,
+        };
+        self.current.swap(next, ordering)
+    }
+
+    /// `PinnedPlan::limits`: the version's number and contents.
+    fn read(&self) -> (u64, [u64; 2]) {
+        let current = self.current.load(Ordering::Acquire);
+        // SAFETY: every version lives until the model's end (see `check_reads_racing_changes`).
+        let published = unsafe { &*current };
+        (
+            published.version,
+            published.contents.with(|contents| unsafe { *contents }),
+        )
     }
 }
 
-/// One reader racing a writer that makes `changes` consecutive changes: every read returns the
-/// words of the version it names. Panics with "mixed versions" otherwise.
-pub(crate) fn check_reads_racing_changes(changes: u64, readers: usize, how: Read) {
+/// Readers racing a writer that makes `changes` consecutive changes: every read returns the
+/// contents of the version it names; loom panics with a causality violation if a read of the
+/// contents is not ordered after their write.
+pub(crate) fn check_reads_racing_changes(changes: u64, readers: usize, how: Publish) {
     explore(3, move || {
-        let words = Arc::new(VersionedWords::<AtomicU64, 2>::new(words_of(0)));
+        let table = Arc::new(Table::new());
         let writer = {
-            let words = Arc::clone(&words);
+            let table = Arc::clone(&table);
             thread::spawn(move || {
-                for version in 1..=changes {
-                    words.write(words_of(version));
-                }
+                (1..=changes)
+                    .map(|version| table.publish(version, how) as usize)
+                    .collect::<Vec<_>>()
             })
         };
         let readers: Vec<_> = (0..readers)
             .map(|_| {
-                let words = Arc::clone(&words);
-                thread::spawn(move || read(&words, how))
+                let table = Arc::clone(&table);
+                thread::spawn(move || table.read())
             })
             .collect();
-        writer.join().expect("the writer panicked");
+        let replaced = writer.join().expect("the writer panicked");
         for reader in readers {
             let (version, read) = reader.join().expect("a reader panicked");
             assert!(version <= changes);
             assert_eq!(
                 read,
-                words_of(version),
-                "mixed versions: version {version} read with other words"
+                contents_of(version),
+                "mixed versions: version {version} read with other contents"
             );
         }
-        assert_eq!(words.read(), (changes, words_of(changes)));
+        assert_eq!(table.read(), (changes, contents_of(changes)));
+        // Every thread is joined: no reader remains (seize's guarantee in the real table).
+        for version in replaced {
+            // SAFETY: each was made by `Box::into_raw` and swapped out once.
+            drop(unsafe { Box::from_raw(version as *mut Published) });
+        }
+        // SAFETY: the current version, likewise, with no reader left.
+        drop(unsafe { Box::from_raw(table.current.load(Ordering::Relaxed)) });
     });
 }
 
 #[test]
 fn plan_table_reads_racing_two_changes_never_mix_versions() {
-    check_reads_racing_changes(2, 1, Read::Checked);
+    check_reads_racing_changes(2, 1, Publish::Release);
 }
 
 #[test]
 fn plan_table_reads_racing_three_changes_never_mix_versions() {
-    check_reads_racing_changes(3, 1, Read::Checked);
+    check_reads_racing_changes(3, 1, Publish::Release);
 }
 
 /// How a request follows the plan's version.
@@ -108,7 +171,8 @@ const ROUNDS: usize = 3;
 /// and version a request may insert under.
 struct Client<M: Evictable> {
     slot: CasSlot,
-    plan: VersionedWords<AtomicU64, 1>,
+    /// The plan's current version (see the module's docs).
+    plan: AtomicU64,
     states: Vec<M::State>,
 }
 
@@ -119,9 +183,14 @@ impl<M: Evictable> Client<M> {
         let candidates = requests * ROUNDS * Self::VERSIONS;
         Client {
             slot: CasSlot::empty(),
-            plan: VersionedWords::new([0]),
+            plan: AtomicU64::new(0),
             states: (0..=candidates).map(|_| method.fresh_state()).collect(),
         }
+    }
+
+    /// The plan's current version, as `PinnedPlan::limits` reads it.
+    fn read_plan(&self) -> u64 {
+        self.plan.load(Ordering::Acquire)
     }
 
     /// The version state `entry` was made under.
@@ -141,14 +210,14 @@ impl<M: Evictable> Client<M> {
     fn request(&self, method: M, request: usize, now: u64, protocol: Protocol) -> Answer {
         let mut version_read_before = match protocol {
             Protocol::ReadAfterLookup => 0,
-            Protocol::ReadOnceBefore => self.plan.read().0,
+            Protocol::ReadOnceBefore => self.read_plan(),
         };
         for round in 0..ROUNDS {
             let entry = match self.slot.get() {
                 Some(entry) => entry,
                 None => {
                     let version = match protocol {
-                        Protocol::ReadAfterLookup => self.plan.read().0,
+                        Protocol::ReadAfterLookup => self.read_plan(),
                         Protocol::ReadOnceBefore => version_read_before,
                     };
                     self.slot
@@ -156,10 +225,10 @@ impl<M: Evictable> Client<M> {
                 }
             };
             let version = match protocol {
-                Protocol::ReadAfterLookup => self.plan.read().0,
+                Protocol::ReadAfterLookup => self.read_plan(),
                 Protocol::ReadOnceBefore => {
                     if Self::version_of(entry) != version_read_before {
-                        version_read_before = self.plan.read().0;
+                        version_read_before = self.read_plan();
                     }
                     version_read_before
                 }
@@ -172,7 +241,13 @@ impl<M: Evictable> Client<M> {
                 continue;
             }
             match method.acquire(&self.states[entry], 1, now) {
-                Answer::Retired => self.slot.remove_if_same(entry),
+                Answer::Retired => {
+                    // Acquire, as `RateLimiterService::acquire`: pairs with the Release of the
+                    // retiring exchange, so that what the retirer did before (here the change's
+                    // publication) is seen by the plan reads that follow.
+                    loom::sync::atomic::fence(Ordering::Acquire);
+                    self.slot.remove_if_same(entry);
+                }
                 answer => return answer,
             }
         }
@@ -181,11 +256,12 @@ impl<M: Evictable> Client<M> {
 
     /// `set_rule`, then `sweep` for this one client at `now`.
     fn change_then_sweep(&self, method: M, now: u64) {
-        self.plan.write([1]);
+        // Release: as the table's publication.
+        self.plan.store(1, Ordering::Release);
         let Some(entry) = self.slot.get() else {
             return;
         };
-        let (version, _) = self.plan.read();
+        let version = self.read_plan();
         let retired = if Self::version_of(entry) == version {
             method.retire_if_idle(&self.states[entry], now)
         } else {

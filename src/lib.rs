@@ -122,7 +122,6 @@ pub mod loom_support {
     pub use crate::method::sliding_window_counter::CounterParams;
     pub use crate::method::sliding_window_log::{LogParams, LogRing};
     pub use crate::method::token_bucket::GcraParams;
-    pub use crate::service::seqlock::VersionedWords;
     pub use crate::service::several_limits::Gate;
     pub use crate::sync::AtomicWord;
 

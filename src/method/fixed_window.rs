@@ -16,7 +16,6 @@ use crate::decision::{Admit, Decision, Rejection};
 use crate::error::RuleError;
 use crate::method::word::{self, Step};
 use crate::method::{one_word_method, one_word_service_method, standalone_limiter};
-use crate::service::client_state::PARAM_WORDS;
 use crate::sync::{AtomicWord, Ordering, Word};
 use crate::{Algorithm, Rule};
 
@@ -45,31 +44,6 @@ pub struct WindowParams {
 }
 
 impl WindowParams {
-    /// The parameters as plain words, for the service's plan table.
-    pub(crate) fn to_words(self) -> [u64; PARAM_WORDS] {
-        let rule = self.rule;
-        let count_bits = u64::from(self.count_bits);
-        [
-            rule.limit(),
-            rule.window_nanos(),
-            count_bits,
-            self.max_index,
-            self.origin_nanos,
-            0,
-        ]
-    }
-
-    /// The inverse of [`WindowParams::to_words`].
-    #[inline]
-    pub(crate) fn from_words(words: [u64; PARAM_WORDS]) -> Option<WindowParams> {
-        Some(WindowParams {
-            rule: Rule::from_parts(words[0], words[1])?,
-            count_bits: u32::try_from(words[2]).ok()?,
-            max_index: words[3],
-            origin_nanos: words[4],
-        })
-    }
-
     /// The same parameters for a window whose timeline starts at the clock reading
     /// `start_nanos` (its own start): window 0 is the one that reading falls in, aligned to the
     /// clock's origin, and the horizon lies [`RuleError::MIN_HORIZON`] or more after it.

@@ -18,7 +18,6 @@ use crate::decision::{Admit, Decision, Rejection};
 use crate::error::RuleError;
 use crate::method::word::{self, Step};
 use crate::method::{one_word_method, one_word_service_method, standalone_limiter};
-use crate::service::client_state::PARAM_WORDS;
 use crate::sync::{AtomicWord, Ordering, Word};
 use crate::{Algorithm, Rule};
 
@@ -70,30 +69,6 @@ struct Rolled {
 }
 
 impl CounterParams {
-    /// The parameters as plain words, for the service's plan table.
-    pub(crate) fn to_words(self) -> [u64; PARAM_WORDS] {
-        [
-            self.rule.limit(),
-            self.rule.window_nanos(),
-            u64::from(self.count_bits),
-            self.max_index,
-            self.last_nanos,
-            self.origin_nanos,
-        ]
-    }
-
-    /// The inverse of [`CounterParams::to_words`].
-    #[inline]
-    pub(crate) fn from_words(words: [u64; PARAM_WORDS]) -> Option<CounterParams> {
-        Some(CounterParams {
-            rule: Rule::from_parts(words[0], words[1])?,
-            count_bits: u32::try_from(words[2]).ok()?,
-            max_index: words[3],
-            last_nanos: words[4],
-            origin_nanos: words[5],
-        })
-    }
-
     /// The same parameters for a counter whose timeline starts at the clock reading
     /// `start_nanos` (its own start): window 0 is the one that reading falls in, aligned to the
     /// clock's origin, and the horizon lies [`RuleError::MIN_HORIZON`] or more after it.

@@ -15,7 +15,7 @@ use crate::decision::Admit;
 use crate::decision::{Decision, Rejection};
 use crate::error::RuleError;
 use crate::method::{Method, standalone_limiter};
-use crate::service::client_state::{ClientState, PARAM_WORDS, ServiceMethod};
+use crate::service::client_state::{ClientState, ServiceMethod};
 use crate::sync::{AtomicWord, Ordering, Word};
 use crate::{Algorithm, Rule};
 
@@ -269,30 +269,6 @@ impl<A: AtomicWord> LogRing<A> {
 }
 
 impl LogParams {
-    /// The parameters as plain words, for the service's plan table.
-    pub(crate) fn to_words(self) -> [u64; PARAM_WORDS] {
-        let rule = self.rule;
-        [
-            rule.limit(),
-            rule.window_nanos(),
-            self.capacity,
-            self.latest_time,
-            self.origin_nanos,
-            0,
-        ]
-    }
-
-    /// The inverse of [`LogParams::to_words`].
-    #[inline]
-    pub(crate) fn from_words(words: [u64; PARAM_WORDS]) -> Option<LogParams> {
-        Some(LogParams {
-            rule: Rule::from_parts(words[0], words[1])?,
-            capacity: words[2],
-            latest_time: words[3],
-            origin_nanos: words[4],
-        })
-    }
-
     /// The same parameters for a log whose timeline starts at the clock reading `origin_nanos`
     /// (its own start): readings before it count as its start, and its horizon lies
     /// [`RuleError::MIN_HORIZON`] or more after it.

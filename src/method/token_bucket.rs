@@ -18,7 +18,6 @@ use crate::decision::{Admit, Decision, Rejection, Scale};
 use crate::error::RuleError;
 use crate::method::word::{self, Step};
 use crate::method::{one_word_method, one_word_service_method, standalone_limiter};
-use crate::service::client_state::PARAM_WORDS;
 use crate::sync::{AtomicWord, Ordering, Word};
 use crate::{Algorithm, Rule};
 
@@ -63,30 +62,6 @@ pub(crate) fn gcd(mut a: u64, mut b: u64) -> u64 {
 }
 
 impl GcraParams {
-    /// The parameters as plain words, for the service's plan table.
-    pub(crate) fn to_words(self) -> [u64; PARAM_WORDS] {
-        [
-            self.rule.limit(),
-            self.rule.window_nanos(),
-            self.ticks_per_nano,
-            self.token_ticks,
-            self.burst_ticks,
-            self.origin_nanos,
-        ]
-    }
-
-    /// The inverse of [`GcraParams::to_words`].
-    #[inline]
-    pub(crate) fn from_words(words: [u64; PARAM_WORDS]) -> Option<GcraParams> {
-        Some(GcraParams {
-            rule: Rule::from_parts(words[0], words[1])?,
-            ticks_per_nano: words[2],
-            token_ticks: words[3],
-            burst_ticks: words[4],
-            origin_nanos: words[5],
-        })
-    }
-
     /// The same parameters for a bucket whose timeline starts at the clock reading
     /// `origin_nanos` (its own start): readings before it count as its start, and its horizon
     /// lies [`RuleError::MIN_HORIZON`] or more after it.

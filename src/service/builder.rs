@@ -165,21 +165,25 @@ impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher + Clone> ServiceBuilder<P, C, 
         }
         // Blocking resizes: the default incremental mode, filled by inserts, was measured to leave
         // lookups about ten times slower and to collapse multi-threaded throughput.
-        let clients = plans
-            .iter()
-            .map(|_| {
-                papaya::HashMap::builder()
-                    .hasher(self.hasher.clone())
-                    .capacity(self.capacity)
-                    .resize_mode(ResizeMode::Blocking)
-                    .build()
-            })
-            .collect();
+        let hasher = self.hasher;
+        let capacity = self.capacity;
+        let new_map = || {
+            papaya::HashMap::builder()
+                .hasher(hasher.clone())
+                .capacity(capacity)
+                .resize_mode(ResizeMode::Blocking)
+                .build()
+        };
         Ok(RateLimiterService {
             evicted_up_to: Word::new(0),
-            plans: PlanTable::new(self.algorithm, start_nanos, plans, self.count_decisions),
+            plans: PlanTable::new(
+                self.algorithm,
+                start_nanos,
+                plans,
+                self.count_decisions,
+                new_map,
+            ),
             clock: self.clock,
-            clients,
         })
     }
 }

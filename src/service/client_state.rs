@@ -14,9 +14,6 @@ use crate::method::sliding_window_log::LogRing;
 use crate::sync::Word;
 use crate::{Algorithm, Decision, Rule};
 
-/// How many words a plan's constants take in the plan table (see `ClientParams::to_words`).
-pub(crate) const PARAM_WORDS: usize = 6;
-
 /// The version of a plan's limits that a client's state was made under (see `PlanTable`).
 ///
 /// 32 bits, so that it sits beside [`ClientState`]'s tag: a one-word state takes 16 bytes, and a
@@ -64,9 +61,7 @@ impl ClientState {
 }
 
 /// What the service needs of a method's constants, on a client's state of any shape: each
-/// method implements it in its own file, and [`ClientParams`] dispatches to it. (Besides it,
-/// each method's constants have inherent `to_words` and `from_words` for the plan table, which
-/// the dispatch calls directly: decoding runs on every decision, and stays inlined so.)
+/// method implements it in its own file, and [`ClientParams`] dispatches to it.
 pub(crate) trait ServiceMethod: Copy + Sized {
     /// Whether the method can give back permits it granted (see [`ServiceMethod::undo`]).
     const CAN_UNDO: bool;
@@ -151,25 +146,6 @@ macro_rules! client_params {
                         <$params as ServiceMethod>::new_for(rule, start_nanos)?,
                     ),)*
                 })
-            }
-
-            /// The constants as plain words, for the plan table.
-            pub(crate) fn to_words(self) -> [u64; PARAM_WORDS] {
-                match self {
-                    $(ClientParams::$method(params) => params.to_words(),)*
-                }
-            }
-
-            /// The inverse of [`ClientParams::to_words`], for `algorithm`.
-            #[inline]
-            pub(crate) fn from_words(
-                algorithm: Algorithm,
-                words: [u64; PARAM_WORDS],
-            ) -> Option<ClientParams> {
-                match algorithm {
-                    // Each method's own (inherent, inlined) decoding: this runs on every decision.
-                    $(Algorithm::$method => <$params>::from_words(words).map(ClientParams::$method),)*
-                }
             }
 
             /// The method these constants are for.

@@ -3,8 +3,8 @@
 //!
 //! - [`RateLimiterService`] (`rate_limiter.rs`): the map of clients and the decision protocol.
 //! - [`ServiceBuilder`] (`builder.rs`) and [`Sweeper`] (`sweeper.rs`).
-//! - `plan_table.rs` (each plan's versioned limits, read without a lock on every decision, over
-//!   the seqlock in `seqlock.rs`) and `stats.rs` (decision counts).
+//! - `plan_table.rs` (each plan's client map and versioned limits, read without a lock on every
+//!   decision) and `stats.rs` (decision counts).
 //! - `client_state.rs` (one client's state, dispatched to the service's method) and
 //!   `several_limits.rs` (a plan of several limits, all or nothing).
 
@@ -12,7 +12,6 @@ mod builder;
 pub(crate) mod client_state;
 mod plan_table;
 mod rate_limiter;
-pub(crate) mod seqlock;
 pub(crate) mod several_limits;
 pub(crate) mod stats;
 mod sweeper;

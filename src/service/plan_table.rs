@@ -1,50 +1,74 @@
-//! The service's plans: each plan's rule constants, replaceable at runtime, and its decision
-//! counts.
+//! The service's plans: each plan's clients, its limits (replaceable at runtime) and its
+//! decision counts.
 //!
-//! Requests read a plan's constants on every decision, so reads take no lock and never wait for
-//! a writer: the constants sit in a [`VersionedWords`], whose every read returns one version's
-//! constants whole with that version's number. Changes are rare and serialized by a mutex that
-//! readers never touch.
+//! Requests read a plan's limits on every decision, so reads take no lock and never wait for a
+//! writer. Each version of a plan's limits is an immutable [`PlanVersion`], published whole
+//! through one atomic pointer, and read under the guard that a request already holds for its
+//! lookup in the plan's client map ([`PinnedPlan`]). A change publishes a new version, then
+//! retires the old one through that map's collector (seize, papaya's own memory reclamation),
+//! which frees it only once no guard that could have read it remains. A read therefore returns
+//! one version whole, with its number, for as long as its guard lives. Changes are rare and
+//! serialized by a mutex that readers never touch.
+
+// The one module with unsafe code: the reads and the reclamation of published versions, each
+// block with why it is sound.
+#![allow(unsafe_code)]
 
 use std::sync::Mutex;
+use std::sync::atomic::AtomicPtr;
 
-use super::client_state::{ClientParams, PARAM_WORDS, Version};
-use super::seqlock::VersionedWords;
+use papaya::{Guard, LocalGuard};
+
+use super::client_state::{ClientParams, Version};
+use super::rate_limiter::ClientEntry;
 use super::stats::{DecisionCounts, PlanStats};
-use crate::sync::Word;
+use crate::sync::Ordering;
 use crate::{Algorithm, Rule, RuleError};
 
 /// The most limits one plan may have, enforced together (see `RateLimiterService`).
 pub(crate) const MAX_LIMITS: usize = 4;
 
-/// The words of a plan's first limit, and how many limits the plan has.
-const FIRST_WORDS: usize = PARAM_WORDS + 1;
-/// The words of a plan's other limits.
-const OTHER_WORDS: usize = (MAX_LIMITS - 1) * PARAM_WORDS;
+/// The most plans a service may have.
+pub(crate) const MAX_PLANS: usize = 1 << 16;
 
-/// One plan: its name, its constants, its counts.
-///
-/// The first limit's constants and the plan's limit count sit in `first`, read on every
-/// decision; the other limits' in `others`, read only for plans that have them. Each change
-/// writes `others` and then `first`, so both reach the same version, and a reader of a plan with
-/// several limits accepts the two reads only when their versions agree.
-#[derive(Debug)]
-struct PlanEntry<P> {
-    plan: P,
-    first: VersionedWords<Word, FIRST_WORDS>,
-    others: VersionedWords<Word, OTHER_WORDS>,
-    /// `None` unless the service was built to count decisions.
-    counts: Option<DecisionCounts>,
-}
-
-/// A plan's limits at one version, as constants of the service's method.
+/// One version of a plan's limits, never changed once published.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct PlanLimits {
+pub(crate) struct PlanVersion {
+    version: Version,
     count: usize,
     limits: [ClientParams; MAX_LIMITS],
 }
 
-impl PlanLimits {
+impl PlanVersion {
+    /// `limits` (1 to [`MAX_LIMITS`] of them) as version `version`.
+    fn new(version: Version, limits: &[ClientParams]) -> PlanVersion {
+        let mut all = [limits[0]; MAX_LIMITS];
+        all[..limits.len()].copy_from_slice(limits);
+        PlanVersion {
+            version,
+            count: limits.len(),
+            limits: all,
+        }
+    }
+
+    /// This version's number: 0 for the plan's first limits, one more at each change.
+    #[inline]
+    pub(crate) fn version(&self) -> Version {
+        self.version
+    }
+
+    /// The first limit: the whole of a plan with one.
+    #[inline]
+    pub(crate) fn first(&self) -> &ClientParams {
+        &self.limits[0]
+    }
+
+    /// Whether the plan has several limits.
+    #[inline]
+    pub(crate) fn has_several(&self) -> bool {
+        self.count > 1
+    }
+
     /// The limits, in the order they were given.
     #[inline]
     pub(crate) fn as_slice(&self) -> &[ClientParams] {
@@ -52,16 +76,64 @@ impl PlanLimits {
     }
 }
 
-/// The words a plan's limits are stored as.
-fn to_words(limits: &[ClientParams]) -> ([u64; FIRST_WORDS], [u64; OTHER_WORDS]) {
-    let mut first = [0; FIRST_WORDS];
-    first[..PARAM_WORDS].copy_from_slice(&limits[0].to_words());
-    first[PARAM_WORDS] = limits.len() as u64;
-    let mut others = [0; OTHER_WORDS];
-    for (chunk, limit) in others.chunks_exact_mut(PARAM_WORDS).zip(&limits[1..]) {
-        chunk.copy_from_slice(&limit.to_words());
+/// One plan: its name, its clients, its current limits, its counts.
+struct PlanEntry<K, P, S> {
+    plan: P,
+    clients: papaya::HashMap<K, ClientEntry, S>,
+    /// The current [`PlanVersion`], a `Box` of it, owned by the table: read only under a guard
+    /// of `clients` (see [`PinnedPlan::limits`]); replaced ones are retired through that guard's
+    /// collector, the current one is freed when the table is dropped.
+    current: AtomicPtr<PlanVersion>,
+    /// `None` unless the service was built to count decisions.
+    counts: Option<DecisionCounts>,
+}
+
+impl<K, P, S> Drop for PlanEntry<K, P, S> {
+    fn drop(&mut self) {
+        let current = *self.current.get_mut();
+        // SAFETY: `current` came from `Box::into_raw` (see `PlanTable::new` and
+        // `PlanTable::set_limits`) and is the table's own, never retired: only replaced versions
+        // are. `&mut self` means that no reader holds it any more.
+        drop(unsafe { Box::from_raw(current) });
     }
-    (first, others)
+}
+
+/// A plan's client map with a guard of it held: what a request needs for its lookup, and the
+/// plan's limits read under the same guard.
+pub(crate) struct PinnedPlan<'t, K, S> {
+    clients: &'t papaya::HashMap<K, ClientEntry, S>,
+    guard: LocalGuard<'t>,
+    current: &'t AtomicPtr<PlanVersion>,
+}
+
+impl<'t, K, S> PinnedPlan<'t, K, S> {
+    /// The plan's clients.
+    #[inline]
+    pub(crate) fn clients(&self) -> &'t papaya::HashMap<K, ClientEntry, S> {
+        self.clients
+    }
+
+    /// The guard every call on [`PinnedPlan::clients`] is made with.
+    #[inline]
+    pub(crate) fn guard(&self) -> &LocalGuard<'t> {
+        &self.guard
+    }
+
+    /// The plan's current limits, whole, with their version.
+    #[inline]
+    pub(crate) fn limits(&self) -> &PlanVersion {
+        // Acquire (seize strengthens it to SeqCst): pairs with the Release of the swap that
+        // published the version, so its contents are seen whole.
+        let current = self.guard.protect(self.current, Ordering::Acquire);
+        // SAFETY: `current` is never null (the table publishes only boxes), and points to a
+        // version that is either the current one, freed only with the table (which `'t`
+        // outlives), or one replaced since it was loaded: a replaced version is retired only
+        // through a guard of this very map's collector (`set_limits`), after it was swapped out,
+        // and seize frees nothing retired while a guard of that collector that could have loaded
+        // it (this `guard`, held for the borrow's life) is alive. Published versions are never
+        // written again, so a shared reference is sound.
+        unsafe { &*current }
+    }
 }
 
 /// A plan's limits have changed `Version::MAX` times, as many versions as a client's state can
@@ -69,30 +141,35 @@ fn to_words(limits: &[ClientParams]) -> ([u64; FIRST_WORDS], [u64; OTHER_WORDS])
 #[derive(Debug)]
 pub(crate) struct TooManyChanges;
 
-/// The plans of one service.
-#[derive(Debug)]
-pub(crate) struct PlanTable<P> {
+/// The plans of one service: each plan's clients and limits, found by the plan's index.
+pub(crate) struct PlanTable<K, P, S> {
     algorithm: Algorithm,
     /// The clock reading the service started at: every rule's timeline starts there (see
     /// `ClientParams::new`).
     start_nanos: u64,
-    plans: Box<[PlanEntry<P>]>,
+    plans: Box<[PlanEntry<K, P, S>]>,
     /// Serializes rule changes; never taken on a decision.
     change: Mutex<()>,
 }
 
-/// The most plans a service may have: a client's key in the map carries its plan's index in 16
-/// bits.
-pub(crate) const MAX_PLANS: usize = 1 << 16;
+impl<K, P: std::fmt::Debug, S> std::fmt::Debug for PlanTable<K, P, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PlanTable")
+            .field("algorithm", &self.algorithm)
+            .field("plans", &self.plans().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
 
-impl<P: Eq> PlanTable<P> {
+impl<K, P, S> PlanTable<K, P, S> {
     /// A table of `plans`, each already checked against `algorithm` with timelines starting at
-    /// `start_nanos`. At most [`MAX_PLANS`].
+    /// `start_nanos`, each with an empty client map from `new_map`. At most [`MAX_PLANS`].
     pub(crate) fn new(
         algorithm: Algorithm,
         start_nanos: u64,
         plans: Vec<(P, Vec<ClientParams>)>,
         count_decisions: bool,
+        mut new_map: impl FnMut() -> papaya::HashMap<K, ClientEntry, S>,
     ) -> Self {
         let shards = std::thread::available_parallelism()
             .map_or(4, |cores| cores.get())
@@ -103,14 +180,11 @@ impl<P: Eq> PlanTable<P> {
             start_nanos,
             plans: plans
                 .into_iter()
-                .map(|(plan, limits)| {
-                    let (first, others) = to_words(&limits);
-                    PlanEntry {
-                        plan,
-                        first: VersionedWords::new(first),
-                        others: VersionedWords::new(others),
-                        counts: count_decisions.then(|| DecisionCounts::new(shards)),
-                    }
+                .map(|(plan, limits)| PlanEntry {
+                    plan,
+                    clients: new_map(),
+                    current: AtomicPtr::new(Box::into_raw(Box::new(PlanVersion::new(0, &limits)))),
+                    counts: count_decisions.then(|| DecisionCounts::new(shards)),
                 })
                 .collect(),
             change: Mutex::new(()),
@@ -122,64 +196,36 @@ impl<P: Eq> PlanTable<P> {
         self.algorithm
     }
 
-    /// The index of `plan`, if the table has it. A linear search: services have few plans, and
-    /// comparing a handful of small values beats hashing one.
-    #[inline]
-    pub(crate) fn index_of(&self, plan: &P) -> Option<usize> {
-        self.plans.iter().position(|entry| entry.plan == *plan)
-    }
-
     /// The plans, in the order they were given.
     pub(crate) fn plans(&self) -> impl Iterator<Item = &P> {
         self.plans.iter().map(|entry| &entry.plan)
     }
 
-    /// The current version of the plan at `index`, its first limit's constants, and how many
-    /// limits it has: always of exactly that version. The whole of a single-limit plan.
+    /// How many plans the table has.
+    pub(crate) fn len(&self) -> usize {
+        self.plans.len()
+    }
+
+    /// Every plan's client map.
+    pub(crate) fn client_maps(&self) -> impl Iterator<Item = &papaya::HashMap<K, ClientEntry, S>> {
+        self.plans.iter().map(|entry| &entry.clients)
+    }
+
+    /// The client map of the plan at `index`, with a guard of it held, and the plan's limits
+    /// readable under that guard.
     #[inline]
-    pub(crate) fn read(&self, index: usize) -> (Version, ClientParams, usize) {
+    pub(crate) fn pin(&self, index: usize) -> PinnedPlan<'_, K, S> {
         let entry = &self.plans[index];
-        loop {
-            let (version, words) = entry.first.read();
-            let mut limit = [0; PARAM_WORDS];
-            limit.copy_from_slice(&words[..PARAM_WORDS]);
-            // Always decodes: every version was written from valid constants of this method.
-            if let Some(params) = ClientParams::from_words(self.algorithm, limit) {
-                // Never truncates: `set_limits` stops at `Version::MAX`.
-                return (version as Version, params, words[PARAM_WORDS] as usize);
-            }
+        PinnedPlan {
+            clients: &entry.clients,
+            guard: entry.clients.guard(),
+            current: &entry.current,
         }
     }
 
-    /// Every limit of the plan at `index`, and their version.
-    pub(crate) fn read_all(&self, index: usize) -> (Version, PlanLimits) {
-        let entry = &self.plans[index];
-        loop {
-            let (version, first, count) = self.read(index);
-            let mut limits = [first; MAX_LIMITS];
-            let count = count.clamp(1, MAX_LIMITS);
-            if count > 1 {
-                let (others_version, words) = entry.others.read();
-                if others_version != u64::from(version) {
-                    // A change is under way (it writes `others` first): read both again.
-                    continue;
-                }
-                let decoded = words
-                    .chunks_exact(PARAM_WORDS)
-                    .zip(&mut limits[1..count])
-                    .all(|(chunk, limit)| {
-                        let mut words = [0; PARAM_WORDS];
-                        words.copy_from_slice(chunk);
-                        ClientParams::from_words(self.algorithm, words)
-                            .map(|params| *limit = params)
-                            .is_some()
-                    });
-                if !decoded {
-                    continue;
-                }
-            }
-            return (version, PlanLimits { count, limits });
-        }
+    /// The current limits of the plan at `index`, copied out.
+    pub(crate) fn read(&self, index: usize) -> PlanVersion {
+        *self.pin(index).limits()
     }
 
     /// The constants `rule` would have in this table, or why the method cannot honour it.
@@ -200,23 +246,28 @@ impl<P: Eq> PlanTable<P> {
         index: usize,
         limits: &[ClientParams],
     ) -> Result<bool, TooManyChanges> {
-        let (first, others) = to_words(limits);
-        let entry = &self.plans[index];
         let _writer = self
             .change
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        // No writer can run meanwhile, so these reads return the current version at once.
-        let (version, current_first) = entry.first.read();
-        if current_first == first && entry.others.read().1 == others {
+        let entry = &self.plans[index];
+        let pinned = self.pin(index);
+        let current = pinned.limits();
+        if current.as_slice() == limits {
             return Ok(false);
         }
-        if version >= u64::from(Version::MAX) {
+        let Some(version) = current.version().checked_add(1) else {
             return Err(TooManyChanges);
-        }
-        // `others` first: a reader that sees the new first version then finds `others` at it.
-        entry.others.write(others);
-        entry.first.write(first);
+        };
+        let next = Box::into_raw(Box::new(PlanVersion::new(version, limits)));
+        // Release: publishes the new version's contents to readers' Acquire loads. (Acquire: the
+        // replaced version is read no further here, but seize's swap takes one ordering.)
+        let replaced = pinned.guard().swap(&entry.current, next, Ordering::AcqRel);
+        // SAFETY: `replaced` came from `Box::into_raw`, and is no longer reachable by any thread
+        // that loads the pointer from now on; it is retired through a guard of the plan's map's
+        // collector, the one every reader protects it with (`PinnedPlan::limits`), exactly once
+        // (the mutex serializes changes, so no other change swapped it out).
+        unsafe { pinned.guard().defer_retire(replaced, seize::reclaim::boxed) };
         Ok(true)
     }
 
@@ -235,6 +286,15 @@ impl<P: Eq> PlanTable<P> {
     }
 }
 
+impl<K, P: Eq, S> PlanTable<K, P, S> {
+    /// The index of `plan`, if the table has it. A linear search: services have few plans, and
+    /// comparing a handful of small values beats hashing one.
+    #[inline]
+    pub(crate) fn index_of(&self, plan: &P) -> Option<usize> {
+        self.plans.iter().position(|entry| entry.plan == *plan)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -244,27 +304,29 @@ mod tests {
     fn a_plan_changes_at_most_version_max_times_and_an_unchanged_setting_is_no_change() {
         let rule = |limit| Rule::per_second(limit).unwrap();
         let params = |limit| ClientParams::new(Algorithm::TokenBucket, rule(limit), 0).unwrap();
-        let mut table = PlanTable::new(
+        let table: PlanTable<u64, &str, std::hash::RandomState> = PlanTable::new(
             Algorithm::TokenBucket,
             0,
             vec![("free", vec![params(5)])],
             false,
+            papaya::HashMap::default,
         );
         // As if the plan had been changed `Version::MAX - 1` times.
-        let (first, others) = to_words(&[params(5)]);
-        let last_but_one = u64::from(Version::MAX) - 1;
-        table.plans[0].first = VersionedWords::at_version(last_but_one, first);
-        table.plans[0].others = VersionedWords::at_version(last_but_one, others);
-        assert_eq!(table.read(0).0, Version::MAX - 1);
+        let last_but_one =
+            Box::into_raw(Box::new(PlanVersion::new(Version::MAX - 1, &[params(5)])));
+        let first = table.plans[0].current.swap(last_but_one, Ordering::AcqRel);
+        // SAFETY: the table's own box, swapped out before any reader could load it.
+        drop(unsafe { Box::from_raw(first) });
+        assert_eq!(table.read(0).version(), Version::MAX - 1);
 
         assert!(matches!(table.set_limits(0, &[params(5)]), Ok(false)));
         assert!(matches!(table.set_limits(0, &[params(6)]), Ok(true)));
-        assert_eq!(table.read(0).0, Version::MAX);
-        assert_eq!(table.read(0).1.rule(), rule(6));
+        assert_eq!(table.read(0).version(), Version::MAX);
+        assert_eq!(table.read(0).first().rule(), rule(6));
         // One more would wrap, and an old client's state would pass for a current one.
         assert!(table.set_limits(0, &[params(7)]).is_err());
         assert_eq!(
-            table.read(0).1.rule(),
+            table.read(0).first().rule(),
             rule(6),
             "the refused change left no trace"
         );
@@ -277,5 +339,46 @@ mod tests {
         };
         assert!(error.to_string().contains("plan \"free\""), "{error}");
         assert!(error.to_string().contains("4294967295"), "{error}");
+    }
+
+    #[test]
+    fn readers_racing_changes_read_each_version_whole_and_old_versions_are_freed() {
+        // Every version's limits are rules of `version + 1` per second, so a reader can tell a
+        // mixed read; the changes retire thousands of versions while readers hold guards.
+        let params = |limit| {
+            ClientParams::new(Algorithm::TokenBucket, Rule::per_second(limit).unwrap(), 0).unwrap()
+        };
+        let table: PlanTable<u64, &str, std::hash::RandomState> = PlanTable::new(
+            Algorithm::TokenBucket,
+            0,
+            vec![("plan", vec![params(1), params(1)])],
+            false,
+            papaya::HashMap::default,
+        );
+        let changes = 5_000_u32;
+        std::thread::scope(|scope| {
+            for _ in 0..2 {
+                scope.spawn(|| {
+                    let mut last = 0;
+                    while last < changes {
+                        let pinned = table.pin(0);
+                        let read = pinned.limits();
+                        let limit = u64::from(read.version()) + 1;
+                        for params in read.as_slice() {
+                            assert_eq!(params.rule().limit(), limit);
+                        }
+                        assert!(read.version() >= last, "versions only move on");
+                        last = read.version();
+                    }
+                });
+            }
+            for version in 1..=changes {
+                let limit = u64::from(version) + 1;
+                assert!(matches!(
+                    table.set_limits(0, &[params(limit), params(limit)]),
+                    Ok(true)
+                ));
+            }
+        });
     }
 }

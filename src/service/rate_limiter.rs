@@ -6,7 +6,7 @@ use std::hash::{BuildHasher, Hash, RandomState};
 
 use super::builder::{ServiceBuilder, limits_of};
 use super::client_state::{ClientParams, ClientState, Version};
-use super::plan_table::{MAX_LIMITS, PlanTable};
+use super::plan_table::{MAX_LIMITS, PinnedPlan, PlanTable};
 use super::several_limits::SeveralLimits;
 use crate::clock::Clock;
 use crate::decision::Admit;
@@ -69,7 +69,7 @@ impl Answer for Admit {
 /// One client's limiter under one plan: the state, marked with the version of the plan's limits
 /// it was made under.
 #[derive(Debug)]
-pub(super) struct ClientEntry {
+pub(crate) struct ClientEntry {
     state: ClientState,
 }
 
@@ -121,11 +121,10 @@ impl ClientEntry {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct RateLimiterService<K, P, C = MonotonicClock, S = RandomState> {
-    pub(super) plans: PlanTable<P>,
-    pub(super) clock: C,
-    /// One map per plan, indexed as the plan table is: a lookup hashes only the client's key,
+    /// Each plan's limits and its own map of clients: a lookup hashes only the client's key,
     /// and each entry stores the key once.
-    pub(super) clients: Box<[papaya::HashMap<K, ClientEntry, S>]>,
+    pub(super) plans: PlanTable<K, P, S>,
+    pub(super) clock: C,
     /// The latest clock reading any sweep retired limiters at. New limiters are made as of it,
     /// so that one replacing a retired limiter is at least as strict for every reading, even one
     /// older than the sweep's (a clock stepped back, or another core's counter slightly behind).
@@ -145,7 +144,11 @@ where
             .field("clock", &self.clock)
             .field(
                 "clients",
-                &self.clients.iter().map(papaya::HashMap::len).sum::<usize>(),
+                &self
+                    .plans
+                    .client_maps()
+                    .map(papaya::HashMap::len)
+                    .sum::<usize>(),
             )
             .finish()
     }
@@ -191,7 +194,7 @@ where
     /// The current rule of `plan`, if the service has it.
     pub fn rule(&self, plan: &P) -> Option<Rule> {
         let index = self.plans.index_of(plan)?;
-        Some(self.plans.read(index).1.rule())
+        Some(self.plans.read(index).first().rule())
     }
 
     /// The service's plans, in the order they were given.
@@ -206,12 +209,12 @@ where
 
     /// How many clients the service holds a limiter for.
     pub fn len(&self) -> usize {
-        self.clients.iter().map(papaya::HashMap::len).sum()
+        self.plans.client_maps().map(papaya::HashMap::len).sum()
     }
 
     /// Whether the service holds no client.
     pub fn is_empty(&self) -> bool {
-        self.clients.iter().all(papaya::HashMap::is_empty)
+        self.plans.client_maps().all(papaya::HashMap::is_empty)
     }
 
     /// Counts of allowed and denied decisions under `plan` since the service was made; `None`
@@ -274,13 +277,13 @@ where
     pub(crate) fn has_several_limits(&self, plan: &P) -> bool {
         self.plans
             .index_of(plan)
-            .is_some_and(|index| self.plans.read(index).2 > 1)
+            .is_some_and(|index| self.plans.read(index).has_several())
     }
 
     /// The current limits of `plan`, in order, if the service has it.
     pub fn limits(&self, plan: &P) -> Option<Vec<Rule>> {
         let index = self.plans.index_of(plan)?;
-        let (_, limits) = self.plans.read_all(index);
+        let limits = self.plans.read(index);
         Some(limits.as_slice().iter().map(ClientParams::rule).collect())
     }
 
@@ -335,41 +338,44 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let index = self.plan_index(plan)?;
-        let clients = self.clients[index].pin();
+        let pinned = self.plans.pin(index);
+        let (clients, guard) = (pinned.clients(), pinned.guard());
         loop {
-            let entry = match clients.get(client) {
+            let entry = match clients.get(client, guard) {
                 Some(entry) => entry,
                 None => {
-                    let (version, state) = match self.plans.read(index) {
-                        (version, params, 1) => {
-                            if n == 0 {
-                                self.plans.record(index, true);
-                                return Ok(T::from_decision(params.fresh_report(
-                                    true,
-                                    self.made_as_of(),
-                                    &self.clock,
-                                )));
-                            }
-                            (version, params.fresh_state(self.made_as_of()))
+                    let limits = pinned.limits();
+                    let version = limits.version();
+                    let state = if limits.has_several() {
+                        let fresh = SeveralLimits::fresh(limits.as_slice(), self.made_as_of());
+                        if n == 0
+                            && let Some(decision) = fresh.acquire(limits.as_slice(), 0, &self.clock)
+                        {
+                            self.plans.record(index, true);
+                            return Ok(T::from_decision(decision));
                         }
-                        _ => {
-                            let (version, limits) = self.plans.read_all(index);
-                            let fresh = SeveralLimits::fresh(limits.as_slice(), self.made_as_of());
-                            if n == 0
-                                && let Some(decision) =
-                                    fresh.acquire(limits.as_slice(), 0, &self.clock)
-                            {
-                                self.plans.record(index, true);
-                                return Ok(T::from_decision(decision));
-                            }
-                            (version, ClientState::Several(version, Box::new(fresh)))
+                        ClientState::Several(version, Box::new(fresh))
+                    } else {
+                        let params = limits.first();
+                        if n == 0 {
+                            self.plans.record(index, true);
+                            return Ok(T::from_decision(params.fresh_report(
+                                true,
+                                self.made_as_of(),
+                                &self.clock,
+                            )));
                         }
+                        params.fresh_state(self.made_as_of())
                     };
                     // Two first requests may both get here; the map keeps exactly one entry,
                     // and both use it.
-                    clients.get_or_insert_with(client.to_owned(), || ClientEntry {
-                        state: state.made_under(version),
-                    })
+                    clients.get_or_insert_with(
+                        client.to_owned(),
+                        || ClientEntry {
+                            state: state.made_under(version),
+                        },
+                        guard,
+                    )
                 }
             };
             // The plan is read *after* the entry is found (or put) in the map, and the entry is
@@ -378,30 +384,25 @@ where
             // entry put after that retirement by a request that read the plan before the change
             // is always seen here as made under an earlier version: it never grants, and the
             // client cannot start afresh twice across one change.
-            let (version, params, count) = self.plans.read(index);
-            if entry.version() != version {
-                if entry.version() < version {
+            let limits = pinned.limits();
+            let params = limits.first();
+            if entry.version() != limits.version() {
+                if entry.version() < limits.version() {
                     // Made under an earlier rule of the plan: retire it, so that no request
                     // still holding it can be granted on it, and start afresh under the current
                     // rule.
                     params.retire_now(&entry.state);
-                    Self::remove_entry(&clients, client, entry);
+                    Self::remove_entry(&pinned, client, entry);
                 }
                 // (A later version than this read cannot be: whoever made the entry read its
                 // version before putting it where this lookup found it. Read again regardless.)
                 continue;
             }
-            let answer = match (&entry.state, count) {
-                (ClientState::Several(_, several), 2..) => {
-                    let (all_version, limits) = self.plans.read_all(index);
-                    if all_version != version {
-                        continue;
-                    }
-                    several
-                        .acquire(limits.as_slice(), n, &self.clock)
-                        .map(T::from_decision)
-                }
-                (state, _) => Some(T::acquire(&params, state, n, &self.clock))
+            let answer = match &entry.state {
+                ClientState::Several(_, several) if limits.has_several() => several
+                    .acquire(limits.as_slice(), n, &self.clock)
+                    .map(T::from_decision),
+                state => Some(T::acquire(params, state, n, &self.clock))
                     .filter(|answer| !answer.is_retired()),
             };
             let Some(answer) = answer else {
@@ -410,7 +411,7 @@ where
                 <Word as AtomicWord>::fence(Ordering::Acquire);
                 // Evicted under our feet: drop the retired entry (if no one has yet) and use a
                 // fresh one. The retired state granted nothing, so nothing is counted twice.
-                Self::remove_entry(&clients, client, entry);
+                Self::remove_entry(&pinned, client, entry);
                 continue;
             };
             self.plans.record(index, answer.is_allowed());
@@ -431,14 +432,14 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let index = self.plan_index(plan)?;
-        let clients = self.clients[index].pin();
-        let entry = clients.get(client);
-        // Read after the lookup, as `acquire` does (see there).
-        let (version, params, count) = self.plans.read(index);
-        if count > 1 {
-            let (version, limits) = self.plans.read_all(index);
+        let pinned = self.plans.pin(index);
+        let entry = pinned.clients().get(client, pinned.guard());
+        // Read once, after the lookup, as `acquire` does (see there): every figure below comes
+        // from this one version.
+        let limits = pinned.limits();
+        let entry = entry.filter(|entry| entry.version() == limits.version());
+        if limits.has_several() {
             if let Some(entry) = entry
-                && entry.version() == version
                 && let ClientState::Several(_, several) = &entry.state
                 && let Some(decision) = several.peek(limits.as_slice(), &self.clock)
             {
@@ -449,9 +450,8 @@ where
                 return Ok(decision);
             }
         }
-        if let Some(entry) = entry
-            && entry.version() == version
-        {
+        let params = limits.first();
+        if let Some(entry) = entry {
             let decision = params.peek(&entry.state, &self.clock);
             if !decision.is_retired() {
                 return Ok(decision);
@@ -494,20 +494,19 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let index = self.plan_index(plan)?;
-        let clients = self.clients[index].pin();
-        let entry = clients.get(client);
-        let (version, limits) = self.plans.read_all(index);
-        let limits = limits.as_slice();
-        let several =
-            entry
-                .filter(|entry| entry.version() == version)
-                .and_then(|entry| match &entry.state {
-                    ClientState::Several(_, several) => several.peek_each(limits, &self.clock),
-                    state => {
-                        let decision = limits[0].peek(state, &self.clock);
-                        (!decision.is_retired()).then(|| vec![decision])
-                    }
-                });
+        let pinned = self.plans.pin(index);
+        let entry = pinned.clients().get(client, pinned.guard());
+        let current = pinned.limits();
+        let limits = current.as_slice();
+        let several = entry
+            .filter(|entry| entry.version() == current.version())
+            .and_then(|entry| match &entry.state {
+                ClientState::Several(_, several) => several.peek_each(limits, &self.clock),
+                state => {
+                    let decision = limits[0].peek(state, &self.clock);
+                    (!decision.is_retired()).then(|| vec![decision])
+                }
+            });
         let decisions = match several {
             Some(decisions) => decisions,
             None => {
@@ -546,11 +545,12 @@ where
         // Relaxed: published to acquirers by the Release of each retiring exchange below.
         self.evicted_up_to.fetch_max(now, Ordering::Relaxed);
         let mut removed = 0;
-        for (index, clients) in self.clients.iter().enumerate() {
-            let clients = clients.pin();
-            for (client, entry) in clients.iter() {
-                let (version, params, _) = self.plans.read(index);
-                let retired = if version == entry.version() {
+        for index in 0..self.plans.len() {
+            let pinned = self.plans.pin(index);
+            for (client, entry) in pinned.clients().iter(pinned.guard()) {
+                let limits = pinned.limits();
+                let params = limits.first();
+                let retired = if entry.version() == limits.version() {
                     match &entry.state {
                         ClientState::Several(_, several) => several.retire_if_idle(now),
                         state => params.retire_if_idle(state, now),
@@ -560,7 +560,7 @@ where
                     params.retire_now(&entry.state);
                     true
                 };
-                if retired && Self::remove_entry(&clients, client.borrow(), entry) {
+                if retired && Self::remove_entry(&pinned, client.borrow(), entry) {
                     removed += 1;
                 }
             }
@@ -569,18 +569,18 @@ where
     }
 
     /// Removes `entry`, if it is still the one in the map under `client`; returns whether it was.
-    fn remove_entry<Q, G: papaya::Guard>(
-        clients: &papaya::HashMapRef<'_, K, ClientEntry, S, G>,
-        client: &Q,
-        entry: &ClientEntry,
-    ) -> bool
+    fn remove_entry<Q>(pinned: &PinnedPlan<'_, K, S>, client: &Q, entry: &ClientEntry) -> bool
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
         // Pointer identity: another thread may already have put a fresh entry in its place.
         matches!(
-            clients.remove_if(client, |_, current| std::ptr::eq(current, entry)),
+            pinned.clients().remove_if(
+                client,
+                |_, current| std::ptr::eq(current, entry),
+                pinned.guard()
+            ),
             Ok(Some(_))
         )
     }
