@@ -29,6 +29,8 @@ use std::process::{Command, ExitCode};
 mod cases;
 #[path = "instructions/report.rs"]
 mod report;
+#[path = "instructions/section.rs"]
+mod section;
 
 use cases::{CASES, Case, EMPTY_LOOP};
 
@@ -171,7 +173,7 @@ impl Options {
             measured.insert(case.name, net);
         }
 
-        let section = measured.section(&callgrind.version, &report::source_revision());
+        let section = measured.section(&callgrind.version, &section::source_revision());
         println!("{section}");
         if self.write {
             let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("BENCHMARKS.md");

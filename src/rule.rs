@@ -103,9 +103,10 @@ impl Rule {
         self.window_nanos
     }
 
-    /// A rule from its two numbers, if they make a valid one. Cheap enough for every decision
-    /// (no `Duration` conversion): the plan table rebuilds its rules from plain words.
+    /// A rule from its two numbers, if they make a valid one (no `Duration` conversion): the Redis
+    /// deny cache rebuilds a decision's rule from its figures.
     #[inline]
+    #[cfg(feature = "redis")]
     pub(crate) fn from_parts(limit: u64, window_nanos: u64) -> Option<Rule> {
         (limit > 0 && window_nanos > 0 && window_nanos <= MAX_WINDOW_NANOS).then_some(Rule {
             limit,

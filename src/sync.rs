@@ -40,8 +40,6 @@ pub trait AtomicWord: Send + Sync {
     ) -> Result<u64, u64>;
     /// Atomic wrapping add, returning the previous value.
     fn fetch_add(&self, value: u64, order: Ordering) -> u64;
-    /// Atomic store.
-    fn store(&self, value: u64, order: Ordering);
     /// A memory fence of the same model as this word (loom's under loom, the hardware's
     /// otherwise), so that protocols built on fences can be model-checked too.
     fn fence(order: Ordering);
@@ -84,10 +82,6 @@ macro_rules! impl_atomic_word {
             #[inline]
             fn fetch_add(&self, value: u64, order: Ordering) -> u64 {
                 <$ty>::fetch_add(self, value, order)
-            }
-            #[inline]
-            fn store(&self, value: u64, order: Ordering) {
-                <$ty>::store(self, value, order)
             }
             #[inline]
             fn fence(order: Ordering) {

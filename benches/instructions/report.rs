@@ -3,9 +3,9 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::path::Path;
-use std::process::Command;
 
 use crate::cases::{FIRST_REQUEST_BATCH, LOOKUP_CLIENTS, PER_DECISION_ROUNDS};
+use crate::section::{self, command_output};
 
 /// The section's bounds in BENCHMARKS.md; everything between them is this generator's.
 const BEGIN: &str = "<!-- instructions:begin -->";
@@ -195,35 +195,7 @@ fn thousands(number: u64) -> String {
 /// Replaces the marked section of the file at `path` with `section`, or appends it when the file
 /// has no such section yet (as after the criterion report rewrote the file).
 pub(crate) fn write_section(path: &Path, section: &str) -> Result<(), String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|error| format!("cannot read {}: {error}", path.display()))?;
-    let updated = match (text.find(BEGIN), text.find(END)) {
-        (Some(begin), Some(end)) if begin < end => {
-            format!("{}{section}{}", &text[..begin], &text[end + END.len()..])
-        }
-        (None, None) => format!("{}\n\n{section}\n", text.trim_end()),
-        _ => {
-            return Err(format!(
-                "{} has one of {BEGIN} and {END} without the other, or in the wrong order: \
-                 mend it by hand",
-                path.display()
-            ));
-        }
-    };
-    std::fs::write(path, updated)
-        .map_err(|error| format!("cannot write {}: {error}", path.display()))
-}
-
-/// The commit the source is at, and whether `src/` differs from it, by asking git (best effort:
-/// "unknown" without it).
-pub(crate) fn source_revision() -> String {
-    let Some(commit) = command_output("git", &["rev-parse", "--short", "HEAD"]) else {
-        return "unknown".to_owned();
-    };
-    match command_output("git", &["status", "--porcelain", "--", "src"]) {
-        Some(changes) if changes.is_empty() => format!("commit {commit}"),
-        _ => format!("commit {commit} with uncommitted changes in src/"),
-    }
+    section::write_marked_section(path, BEGIN, END, section)
 }
 
 /// The compiler's version, which the counts depend on (best effort: the `rustc` that cargo
@@ -236,13 +208,4 @@ fn rustc_version() -> String {
             Some(format!("{} {}", words.next()?, words.next()?))
         })
         .unwrap_or_else(|| "an unknown rustc".to_owned())
-}
-
-fn command_output(program: &str, args: &[&str]) -> Option<String> {
-    Command::new(program)
-        .args(args)
-        .output()
-        .ok()
-        .filter(|output| output.status.success())
-        .map(|output| String::from_utf8_lossy(&output.stdout).trim().to_owned())
 }

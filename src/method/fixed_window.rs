@@ -99,7 +99,7 @@ impl WindowParams {
     }
 
     /// The rule these parameters enforce.
-    #[cfg(any(test, feature = "loom"))]
+    #[cfg(feature = "loom")]
     pub fn rule(&self) -> Rule {
         self.rule
     }

@@ -115,7 +115,7 @@ impl CounterParams {
     }
 
     /// The rule these parameters enforce.
-    #[cfg(any(test, feature = "loom"))]
+    #[cfg(feature = "loom")]
     pub fn rule(&self) -> Rule {
         self.rule
     }

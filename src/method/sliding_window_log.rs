@@ -326,7 +326,7 @@ impl LogParams {
     }
 
     /// The rule these parameters enforce.
-    #[cfg(any(test, feature = "loom"))]
+    #[cfg(feature = "loom")]
     pub fn rule(&self) -> Rule {
         self.rule
     }

@@ -147,7 +147,7 @@ impl GcraParams {
     }
 
     /// The rule these parameters enforce.
-    #[cfg(any(test, feature = "loom"))]
+    #[cfg(feature = "loom")]
     pub fn rule(&self) -> Rule {
         self.rule
     }
