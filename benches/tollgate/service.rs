@@ -5,6 +5,10 @@
 //! - `service_lookup/token_bucket/{implementation}/{clients}`: a request from a known client,
 //!   picked at random among 10 000 or 1 000 000 pre-populated ones, so the larger map is mostly
 //!   cache misses.
+//! - `service_lookup_shared/token_bucket/{implementation}/{threads}`: the same lookups among
+//!   10 000 clients, made by 1, 2 and 4 threads at once on one map, each thread with its own
+//!   sequence of clients; aggregate requests per second (each sample spawns its threads once,
+//!   releases them together and counts the slowest).
 //! - `service_first_request/token_bucket/{implementation}`: a request from a client the map has
 //!   never seen, which makes its limiter. Each batch of 10 000 goes into a fresh, default-sized
 //!   map, so the cost includes the map's growth, and does not depend on how many iterations
@@ -13,7 +17,7 @@
 use std::cell::OnceCell;
 use std::collections::HashMap;
 use std::hint::black_box;
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::{Barrier, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use criterion::measurement::WallTime;
@@ -42,6 +46,20 @@ pub(crate) fn bench(c: &mut Criterion) {
             GovernorKeyed::keyed(peers::quota(rule))
         });
         bench_lookup(&mut group, "mutex", clients, || MutexMap::new(rule));
+    }
+    group.finish();
+
+    let mut group = c.benchmark_group("service_lookup_shared/token_bucket");
+    for threads in SHARED_THREAD_COUNTS {
+        // One iteration is one request on each thread.
+        group.throughput(Throughput::Elements(threads as u64));
+        bench_shared_lookup(&mut group, "tollgate", threads, || {
+            TollgateService::new(Algorithm::TokenBucket, rule)
+        });
+        bench_shared_lookup(&mut group, "governor", threads, || {
+            GovernorKeyed::keyed(peers::quota(rule))
+        });
+        bench_shared_lookup(&mut group, "mutex", threads, || MutexMap::new(rule));
     }
     group.finish();
 
@@ -75,6 +93,56 @@ fn bench_lookup<M: KeyedLimiter>(
         });
         let mut picker = ClientPicker::new(clients);
         b.iter(|| map.allow(picker.next_client()));
+    });
+}
+
+/// Threads sharing one map in `service_lookup_shared`, among this many clients.
+const SHARED_THREAD_COUNTS: [usize; 3] = [1, 2, 4];
+const SHARED_CLIENTS: u64 = 10_000;
+
+fn bench_shared_lookup<M: KeyedLimiter>(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    implementation: &str,
+    threads: usize,
+    make: impl Fn() -> M,
+) {
+    let populated = OnceCell::new();
+    group.bench_function(BenchmarkId::new(implementation, threads), move |b| {
+        let map = populated.get_or_init(|| {
+            let map = make();
+            let admitted = (0..SHARED_CLIENTS)
+                .filter(|&client| map.allow(client))
+                .count();
+            assert_eq!(
+                admitted as u64, SHARED_CLIENTS,
+                "every first request is admitted"
+            );
+            map
+        });
+        b.iter_custom(|iterations| {
+            let start_line = Barrier::new(threads);
+            std::thread::scope(|scope| {
+                let workers: Vec<_> = (0..threads)
+                    .map(|thread| {
+                        let start_line = &start_line;
+                        scope.spawn(move || {
+                            let mut picker = ClientPicker::seeded(SHARED_CLIENTS, thread as u64);
+                            start_line.wait();
+                            let start = Instant::now();
+                            for _ in 0..iterations {
+                                black_box(map.allow(picker.next_client()));
+                            }
+                            start.elapsed()
+                        })
+                    })
+                    .collect();
+                workers
+                    .into_iter()
+                    .map(|worker| worker.join().expect("a benchmark thread panicked"))
+                    .max()
+                    .unwrap_or_default()
+            })
+        });
     });
 }
 
@@ -180,9 +248,14 @@ struct ClientPicker {
 
 impl ClientPicker {
     fn new(clients: u64) -> Self {
-        // Any non-zero seed; fixed so that every implementation sees the same sequence.
+        Self::seeded(clients, 0)
+    }
+
+    /// The `stream`-th of several independent sequences (one per thread).
+    fn seeded(clients: u64, stream: u64) -> Self {
+        // Any non-zero seed; fixed so that every implementation sees the same sequences.
         ClientPicker {
-            state: 0x9E37_79B9_7F4A_7C15,
+            state: 0x9E37_79B9_7F4A_7C15 ^ stream.wrapping_mul(0xD1B5_4A32_D192_ED03),
             clients,
         }
     }
