@@ -515,3 +515,77 @@ fn a_sliding_log_refusal_from_a_ring_being_swept_reports_the_fresh_quota() {
         assert_eq!(observed.rejection(), expected.rejection(), "n = {n}");
     }
 }
+
+/// A clock that changes the plan's rule from inside a decision, on the deciding thread: the
+/// version the decision read is retired under its feet, by its own thread. Every figure must
+/// still come from one whole version (a read of a freed version would show the allocator's
+/// junk, which this clock writes over freed memory).
+#[test]
+fn a_clock_that_changes_the_rule_during_a_decision_reads_only_whole_versions() {
+    use std::sync::Mutex;
+
+    type Service = RateLimiterService<u64, &'static str, ReentrantClock>;
+    static SERVICE: Mutex<Option<&'static Service>> = Mutex::new(None);
+    static ARMED: AtomicBool = AtomicBool::new(false);
+
+    #[derive(Debug)]
+    struct ReentrantClock;
+
+    impl Clock for ReentrantClock {
+        fn now_nanos(&self) -> u64 {
+            if ARMED.swap(false, Ordering::SeqCst) {
+                let service = SERVICE.lock().unwrap().expect("the service is set");
+                for change in 0..300 {
+                    let limit = if change % 2 == 0 { 5 } else { 7 };
+                    service
+                        .set_rule(&"p", Rule::per_second(limit).unwrap())
+                        .unwrap();
+                }
+                // Reuse freed memory, so that a read of a freed version shows.
+                let junk: Vec<Box<[u64; 32]>> =
+                    (0..2000).map(|_| Box::new([u64::MAX; 32])).collect();
+                drop(junk);
+            }
+            1_000_000_000
+        }
+    }
+
+    for algorithm in Algorithm::ALL {
+        let service: &'static Service = Box::leak(Box::new(
+            RateLimiterService::new(
+                algorithm,
+                [("p", Rule::per_second(3).unwrap())],
+                ReentrantClock,
+            )
+            .unwrap(),
+        ));
+        *SERVICE.lock().unwrap() = Some(service);
+        let whole = |decision: &tollgate::Decision, target: u64| {
+            [target, 5, 7].contains(&decision.limit())
+                && decision.window() == Duration::from_secs(1)
+                && decision.remaining() <= decision.limit()
+        };
+        for round in 0..10 {
+            let target = if round % 2 == 0 { 3 } else { 9 };
+            service
+                .set_rule(&"p", Rule::per_second(target).unwrap())
+                .unwrap();
+            // The client's entry, made under `target`.
+            let _made = service.acquire(&1, &"p", 1).unwrap();
+            ARMED.store(true, Ordering::SeqCst);
+            let decision = service.acquire(&1, &"p", 1).unwrap();
+            assert!(!ARMED.load(Ordering::SeqCst), "the clock ran its changes");
+            assert!(whole(&decision, target), "{algorithm}: {decision:?}");
+            ARMED.store(true, Ordering::SeqCst);
+            let peek = service.peek(&1, &"p").unwrap();
+            assert!(whole(&peek, target), "{algorithm}: {peek:?}");
+            ARMED.store(true, Ordering::SeqCst);
+            service.allow(&2, &"p").unwrap();
+            ARMED.store(true, Ordering::SeqCst);
+            service.ratelimit_headers(&1, &"p", "p").unwrap();
+            ARMED.store(true, Ordering::SeqCst);
+            service.sweep();
+            ARMED.store(false, Ordering::SeqCst);
+        }
+    }
+}

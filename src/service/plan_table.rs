@@ -7,8 +7,10 @@
 //! lookup in the plan's client map ([`PinnedPlan`]). A change publishes a new version, then
 //! retires the old one through that map's collector (seize, papaya's own memory reclamation),
 //! which frees it only once no guard that could have read it remains. A read therefore returns
-//! one version whole, with its number, for as long as its guard lives. Changes are rare and
-//! serialized by a mutex that readers never touch.
+//! one version whole, with its number, copied out under its guard. Changes are rare and
+//! serialized by a mutex that readers never touch. (A request stalled inside its lookup, in a
+//! key's `Hash` say, holds back the freeing of every version replaced meanwhile, as it holds
+//! back papaya's own garbage: bounded by the changes made in that time, and freed after.)
 
 // The one module with unsafe code: the reads and the reclamation of published versions, each
 // block with why it is sound.
@@ -38,6 +40,12 @@ pub(crate) struct PlanVersion {
     count: usize,
     limits: [ClientParams; MAX_LIMITS],
 }
+
+// seize may free a replaced version on whichever thread reclaims it.
+const _: fn() = || {
+    fn is_send<T: Send>() {}
+    is_send::<PlanVersion>();
+};
 
 impl PlanVersion {
     /// `limits` (1 to [`MAX_LIMITS`] of them) as version `version`.
@@ -74,6 +82,17 @@ impl PlanVersion {
     pub(crate) fn as_slice(&self) -> &[ClientParams] {
         &self.limits[..self.count]
     }
+}
+
+/// The part of a [`PlanVersion`] a decision reads first (see [`PinnedPlan::head`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PlanHead {
+    /// The version's number.
+    pub(crate) version: Version,
+    /// Whether the plan has several limits.
+    pub(crate) several: bool,
+    /// The first limit: the whole of a plan with one.
+    pub(crate) first: ClientParams,
 }
 
 /// One plan: its name, its clients, its current limits, its counts.
@@ -119,9 +138,29 @@ impl<'t, K, S> PinnedPlan<'t, K, S> {
         &self.guard
     }
 
-    /// The plan's current limits, whole, with their version.
+    /// What a decision under the plan's current limits needs first, copied out as
+    /// [`PinnedPlan::limits`] copies the whole: the version, whether the plan has several
+    /// limits (then read them all with [`PinnedPlan::limits`]), and the first limit.
     #[inline]
-    pub(crate) fn limits(&self) -> &PlanVersion {
+    pub(crate) fn head(&self) -> PlanHead {
+        // Acquire (seize strengthens it to SeqCst): as in `limits`.
+        let current = self.guard.protect(self.current, Ordering::Acquire);
+        // SAFETY: as in `limits`: valid while `guard` lives, and read whole before any other
+        // code runs.
+        let version = unsafe { &*current };
+        PlanHead {
+            version: version.version,
+            several: version.count > 1,
+            first: version.limits[0],
+        }
+    }
+
+    /// The plan's current limits, whole, with their version: a copy, so that nothing of a
+    /// published version is used after this call returns (the caller goes on to run user code,
+    /// a clock or a key's `Hash`, which may itself change the plan's limits and retire the
+    /// version; the copy needs nothing of seize beyond what it promises for the guard's life).
+    #[inline]
+    pub(crate) fn limits(&self) -> PlanVersion {
         // Acquire (seize strengthens it to SeqCst): pairs with the Release of the swap that
         // published the version, so its contents are seen whole.
         let current = self.guard.protect(self.current, Ordering::Acquire);
@@ -130,9 +169,9 @@ impl<'t, K, S> PinnedPlan<'t, K, S> {
         // outlives), or one replaced since it was loaded: a replaced version is retired only
         // through a guard of this very map's collector (`set_limits`), after it was swapped out,
         // and seize frees nothing retired while a guard of that collector that could have loaded
-        // it (this `guard`, held for the borrow's life) is alive. Published versions are never
-        // written again, so a shared reference is sound.
-        unsafe { &*current }
+        // it (this `guard`, held for the borrow's life) is alive. No other code runs between the
+        // load and the copy, and published versions are never written again.
+        unsafe { *current }
     }
 }
 
@@ -223,9 +262,9 @@ impl<K, P, S> PlanTable<K, P, S> {
         }
     }
 
-    /// The current limits of the plan at `index`, copied out.
+    /// The current limits of the plan at `index`.
     pub(crate) fn read(&self, index: usize) -> PlanVersion {
-        *self.pin(index).limits()
+        self.pin(index).limits()
     }
 
     /// The constants `rule` would have in this table, or why the method cannot honour it.
@@ -253,6 +292,8 @@ impl<K, P, S> PlanTable<K, P, S> {
         let entry = &self.plans[index];
         let pinned = self.pin(index);
         let current = pinned.limits();
+        // The same limits in another order are a change: the order is the plan's own (the
+        // headers list the limits in it, and each client's states follow it).
         if current.as_slice() == limits {
             return Ok(false);
         }

@@ -248,6 +248,8 @@ where
     }
 
     /// Replaces `plan`'s limits (one or several, enforced together), as [`set_rule`] does.
+    /// The same limits in another order are a change (the order is the plan's: the headers list
+    /// its limits in it), and start each client afresh.
     ///
     /// # Errors
     ///
@@ -344,9 +346,9 @@ where
             let entry = match clients.get(client, guard) {
                 Some(entry) => entry,
                 None => {
-                    let limits = pinned.limits();
-                    let version = limits.version();
-                    let state = if limits.has_several() {
+                    let head = pinned.head();
+                    let (version, state) = if head.several {
+                        let limits = pinned.limits();
                         let fresh = SeveralLimits::fresh(limits.as_slice(), self.made_as_of());
                         if n == 0
                             && let Some(decision) = fresh.acquire(limits.as_slice(), 0, &self.clock)
@@ -354,9 +356,9 @@ where
                             self.plans.record(index, true);
                             return Ok(T::from_decision(decision));
                         }
-                        ClientState::Several(version, Box::new(fresh))
+                        (limits.version(), ClientState::Several(0, Box::new(fresh)))
                     } else {
-                        let params = limits.first();
+                        let params = head.first;
                         if n == 0 {
                             self.plans.record(index, true);
                             return Ok(T::from_decision(params.fresh_report(
@@ -365,7 +367,7 @@ where
                                 &self.clock,
                             )));
                         }
-                        params.fresh_state(self.made_as_of())
+                        (head.version, params.fresh_state(self.made_as_of()))
                     };
                     // Two first requests may both get here; the map keeps exactly one entry,
                     // and both use it.
@@ -384,10 +386,10 @@ where
             // entry put after that retirement by a request that read the plan before the change
             // is always seen here as made under an earlier version: it never grants, and the
             // client cannot start afresh twice across one change.
-            let limits = pinned.limits();
-            let params = limits.first();
-            if entry.version() != limits.version() {
-                if entry.version() < limits.version() {
+            let head = pinned.head();
+            let params = &head.first;
+            if entry.version() != head.version {
+                if entry.version() < head.version {
                     // Made under an earlier rule of the plan: retire it, so that no request
                     // still holding it can be granted on it, and start afresh under the current
                     // rule.
@@ -399,9 +401,16 @@ where
                 continue;
             }
             let answer = match &entry.state {
-                ClientState::Several(_, several) if limits.has_several() => several
-                    .acquire(limits.as_slice(), n, &self.clock)
-                    .map(T::from_decision),
+                ClientState::Several(_, several) if head.several => {
+                    let limits = pinned.limits();
+                    if limits.version() != head.version {
+                        // Changed since the read above: start over from the lookup.
+                        continue;
+                    }
+                    several
+                        .acquire(limits.as_slice(), n, &self.clock)
+                        .map(T::from_decision)
+                }
                 state => Some(T::acquire(params, state, n, &self.clock))
                     .filter(|answer| !answer.is_retired()),
             };
@@ -548,9 +557,9 @@ where
         for index in 0..self.plans.len() {
             let pinned = self.plans.pin(index);
             for (client, entry) in pinned.clients().iter(pinned.guard()) {
-                let limits = pinned.limits();
-                let params = limits.first();
-                let retired = if entry.version() == limits.version() {
+                let head = pinned.head();
+                let params = &head.first;
+                let retired = if entry.version() == head.version {
                     match &entry.state {
                         ClientState::Several(_, several) => several.retire_if_idle(now),
                         state => params.retire_if_idle(state, now),
