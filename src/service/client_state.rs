@@ -193,7 +193,7 @@ macro_rules! client_params {
             }
 
             /// Takes one permit from `state`, answering only whether.
-            #[inline]
+            #[inline(always)]
             pub(crate) fn acquire_one(&self, state: &ClientState, clock: &impl Clock) -> Admit {
                 match self {
                     $(ClientParams::$method(params) => {

@@ -44,7 +44,7 @@ impl Answer for Decision {
 
 impl Answer for Admit {
     /// One permit (`n` is always 1 here).
-    #[inline]
+    #[inline(always)]
     fn acquire(params: &ClientParams, state: &ClientState, _n: u64, clock: &impl Clock) -> Self {
         params.acquire_one(state, clock)
     }
