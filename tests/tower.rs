@@ -750,3 +750,53 @@ async fn a_plan_of_several_limits_reports_each_in_the_fields() {
     );
     assert_eq!(reply.header("retry-after"), Some("1"));
 }
+
+/// A sliding log's single permits, taken for a response that sends no remaining count: the
+/// limit holds, allowed decisions skip the count (0), and refusals keep their exact figures.
+#[test]
+fn a_sliding_log_taken_without_its_remaining_count_keeps_the_limit_and_the_refusal_figures() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    use tollgate::tower::RateLimitBackend;
+    use tollgate::{Algorithm, Rule};
+
+    fn now<F: Future>(future: F) -> F::Output {
+        let mut future = std::pin::pin!(future);
+        match future
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+        {
+            Poll::Ready(output) => output,
+            Poll::Pending => panic!("the in-process backend answers at once"),
+        }
+    }
+
+    let clock = FakeClock::new();
+    let service = RateLimiterService::<u64, &str, FakeClock>::new(
+        Algorithm::SlidingWindowLog,
+        [("free", Rule::per_second(3).unwrap())],
+        clock.clone(),
+    )
+    .unwrap();
+    for step in 0..3u64 {
+        let decision = now(service.check_without_remaining(&7, &"free", 1)).unwrap();
+        assert!(decision.is_allowed(), "permit {step}");
+        assert_eq!(decision.remaining(), 0, "not counted");
+        clock.advance(Duration::from_millis(100));
+    }
+    let refusal = now(service.check_without_remaining(&7, &"free", 1)).unwrap();
+    assert!(refusal.is_denied());
+    // The first admission, at 0, leaves the window at 1 s; the clock reads 300 ms.
+    assert_eq!(refusal.retry_after(), Duration::from_millis(700));
+    assert_eq!(refusal.limit(), 3);
+    clock.advance(Duration::from_millis(700));
+    assert!(
+        now(service.check_without_remaining(&7, &"free", 1))
+            .unwrap()
+            .is_allowed()
+    );
+    // The counted path agrees on what is left: the 2nd and 3rd admissions are still in.
+    assert_eq!(service.peek(&7, &"free").unwrap().remaining(), 0);
+    clock.advance(Duration::from_millis(100));
+    assert_eq!(service.peek(&7, &"free").unwrap().remaining(), 1);
+}

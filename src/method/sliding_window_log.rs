@@ -352,6 +352,19 @@ impl LogParams {
             }
             _ => return self.reject(ring, n, now),
         }
+        self.decide_one(ring, now, true)
+    }
+
+    /// One permit at `now` (elapsed time), as [`LogParams::acquire`] takes it, with every figure
+    /// of its decision but, unless `count_remaining`, the permits left after an admission (a
+    /// search of the ring, which an allowed decision then reports as 0).
+    #[inline]
+    fn decide_one<A: AtomicWord>(
+        &self,
+        ring: &LogRing<A>,
+        now: u64,
+        count_remaining: bool,
+    ) -> Decision {
         match self.claim_one(ring, now) {
             OneClaim::Retired => Decision::retired(self.rule),
             OneClaim::Denied { expiry, latest } => {
@@ -360,8 +373,12 @@ impl LogParams {
                 Decision::denied(self.rule, 0, retry_after, reset_after)
             }
             OneClaim::Claimed { head, time } => {
-                let oldest = ring.index_after(index_of(head), 1);
-                let remaining = self.expired_after(ring, oldest, ring.capacity() - 1, time);
+                let remaining = if count_remaining {
+                    let oldest = ring.index_after(index_of(head), 1);
+                    self.expired_after(ring, oldest, ring.capacity() - 1, time)
+                } else {
+                    0
+                };
                 let reset_after = (time + self.rule.window_nanos()).saturating_sub(now);
                 Decision::allowed(self.rule, remaining, reset_after)
             }
@@ -820,6 +837,15 @@ impl ServiceMethod for LogParams {
         match state {
             ClientState::Ring(_, ring) => self.admit_one(ring, clock),
             _ => Admit::Retired,
+        }
+    }
+
+    fn acquire_one_uncounted(&self, state: &ClientState, clock: &impl Clock) -> Decision {
+        match state {
+            ClientState::Ring(_, ring) => {
+                self.decide_one(ring, self.elapsed(clock.now_nanos()), false)
+            }
+            _ => Decision::retired(self.rule),
         }
     }
 

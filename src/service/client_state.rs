@@ -99,6 +99,13 @@ pub(crate) trait ServiceMethod: Copy + Sized {
     /// Takes one permit from `state`, answering only whether.
     fn acquire_one(&self, state: &ClientState, clock: &impl Clock) -> Admit;
 
+    /// One permit, as `acquire` takes it, except that an allowed decision may report 0
+    /// permits left where counting them costs more than the decision (the sliding log's search
+    /// of its ring): for callers that send no remaining count.
+    fn acquire_one_uncounted(&self, state: &ClientState, clock: &impl Clock) -> Decision {
+        self.acquire(state, 1, clock)
+    }
+
     /// What one permit would get now, taking nothing.
     fn peek(&self, state: &ClientState, clock: &impl Clock) -> Decision;
 
@@ -198,6 +205,20 @@ macro_rules! client_params {
                 match self {
                     $(ClientParams::$method(params) => {
                         ServiceMethod::acquire_one(params, state, clock)
+                    })*
+                }
+            }
+
+            /// See [`ServiceMethod::acquire_one_uncounted`].
+            #[cfg(feature = "tower")]
+            pub(crate) fn acquire_one_uncounted(
+                &self,
+                state: &ClientState,
+                clock: &impl Clock,
+            ) -> Decision {
+                match self {
+                    $(ClientParams::$method(params) => {
+                        ServiceMethod::acquire_one_uncounted(params, state, clock)
                     })*
                 }
             }

@@ -66,6 +66,32 @@ impl Answer for Admit {
     }
 }
 
+/// One permit's whole [`Decision`], except that an allowed one may report 0 permits left where
+/// counting them costs more than the decision (see `ServiceMethod::acquire_one_uncounted`).
+#[cfg(feature = "tower")]
+pub(crate) struct Uncounted(pub(crate) Decision);
+
+#[cfg(feature = "tower")]
+impl Answer for Uncounted {
+    /// One permit (`n` is always 1 here).
+    #[inline]
+    fn acquire(params: &ClientParams, state: &ClientState, _n: u64, clock: &impl Clock) -> Self {
+        Uncounted(params.acquire_one_uncounted(state, clock))
+    }
+    #[inline]
+    fn from_decision(decision: Decision) -> Self {
+        Uncounted(decision)
+    }
+    #[inline]
+    fn is_retired(&self) -> bool {
+        self.0.is_retired()
+    }
+    #[inline]
+    fn is_allowed(&self) -> bool {
+        self.0.is_allowed()
+    }
+}
+
 /// One client's limiter under one plan: the state, marked with the version of the plan's limits
 /// it was made under.
 #[derive(Debug)]
@@ -330,6 +356,23 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         self.decide::<Q, Decision>(client, plan, n)
+    }
+
+    /// One permit for `client` under `plan`, as [`RateLimiterService::acquire`] takes it,
+    /// except that an allowed decision may report 0 permits left where counting them costs
+    /// more than the decision (the sliding log): for callers that send no remaining count.
+    #[cfg(feature = "tower")]
+    pub(crate) fn acquire_one_uncounted<Q>(
+        &self,
+        client: &Q,
+        plan: &P,
+    ) -> Result<Decision, ServiceError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.decide::<Q, Uncounted>(client, plan, 1)
+            .map(|Uncounted(decision)| decision)
     }
 
     /// [`RateLimiterService::acquire`], answering as `T` does (see [`Answer`]).

@@ -55,9 +55,8 @@ where
         ready(self.acquire(key, plan, cost))
     }
 
-    /// The sliding log counts the permits left by reading its whole ring, as long as the limit;
-    /// one permit is therefore taken with `allow`, which does not count, and a refusal's figures
-    /// come from `peek`. The one-word methods report them for free, and take the plain path.
+    /// Plans of several limits send one list item per limit, from `ratelimit_headers`; one
+    /// limit's fields come from its decision.
     fn limit_fields(&self, key: &K, plan: &P, policy: &str) -> Option<(String, String)> {
         if !self.has_several_limits(plan) {
             return None;
@@ -65,35 +64,14 @@ where
         self.ratelimit_headers(key, plan, policy).ok()
     }
 
+    /// The sliding log counts the permits left by searching its ring, which a caller that sends
+    /// no remaining count need not pay for; the one-word methods report them for free.
     #[inline]
     fn check_without_remaining(&self, key: &K, plan: &P, cost: u64) -> Self::Future {
         if cost != 1 || self.algorithm() != Algorithm::SlidingWindowLog {
             return self.check(key, plan, cost);
         }
-        ready(self.allow(key, plan).and_then(|allowed| {
-            let unknown = || ServiceError::UnknownPlan {
-                plan: format!("{plan:?}"),
-            };
-            if allowed {
-                return Ok(Decision::allowed(
-                    self.rule(plan).ok_or_else(unknown)?,
-                    0,
-                    0,
-                ));
-            }
-            let report = self.peek(key, plan)?;
-            if report.is_denied() {
-                return Ok(report);
-            }
-            // A permit came free between the two calls: still a refusal (nothing was taken),
-            // with the shortest wait.
-            Ok(Decision::denied(
-                self.rule(plan).ok_or_else(unknown)?,
-                0,
-                1,
-                0,
-            ))
-        }))
+        ready(self.acquire_one_uncounted(key, plan))
     }
 }
 
