@@ -392,6 +392,10 @@ where
                     let head = pinned.head();
                     let (version, state) = if head.several {
                         let limits = pinned.limits();
+                        if !limits.has_several() {
+                            // Changed to one limit since the read above: start over.
+                            continue;
+                        }
                         let fresh = SeveralLimits::fresh(limits.as_slice(), self.made_as_of());
                         if n == 0
                             && let Some(decision) = fresh.acquire(limits.as_slice(), 0, &self.clock)
