@@ -416,7 +416,9 @@ impl Report<'_> {
             on_cpu_share: None,
         });
         targets.push(Target {
-            goal: "memory per idle client (token bucket): vs governor keyed".to_owned(),
+            goal: "heap requested per idle client, 100 000 clients (token bucket): vs governor \
+                   keyed (resident memory at 1 000 000: see \"A million clients\")"
+                .to_owned(),
             measured: ratio(
                 self.memory_per_client("token_bucket", "tollgate", "requested_bytes_per_client"),
                 self.memory_per_client("token_bucket", "governor", "requested_bytes_per_client"),
