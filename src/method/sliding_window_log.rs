@@ -840,6 +840,7 @@ impl ServiceMethod for LogParams {
         }
     }
 
+    #[cfg(feature = "tower")]
     fn acquire_one_uncounted(&self, state: &ClientState, clock: &impl Clock) -> Decision {
         match state {
             ClientState::Ring(_, ring) => {

@@ -102,6 +102,7 @@ pub(crate) trait ServiceMethod: Copy + Sized {
     /// One permit, as `acquire` takes it, except that an allowed decision may report 0
     /// permits left where counting them costs more than the decision (the sliding log's search
     /// of its ring): for callers that send no remaining count.
+    #[cfg(feature = "tower")]
     fn acquire_one_uncounted(&self, state: &ClientState, clock: &impl Clock) -> Decision {
         self.acquire(state, 1, clock)
     }
