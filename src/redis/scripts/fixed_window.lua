@@ -11,21 +11,10 @@
 -- reset_after (us)}; code 1 = allowed (and committed), 0 = denied, -1 = KEYS[index] holds another
 -- type (nothing written). Every figure is an integer below 2^53.
 
--- `int`, `n`, `peek`, `now` and `key_of_another_type` come from prelude.lua, run first.
+-- `int`, `div`, `n`, `peek`, `now` and `key_of_another_type` come from prelude.lua, run first.
 local other = key_of_another_type('hash')
 if other then
   return {-1, other, now}
-end
-
--- floor(a / b) for integers below 2^53, corrected for the division's rounding.
-local function div(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
 end
 
 local reply = {1, 0, now}

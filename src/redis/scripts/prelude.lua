@@ -1,4 +1,4 @@
--- What every script starts with (prepended to each by `src/redis/script.rs`): the arguments
+-- What every script starts with (prepended to each by `src/redis/script.rs`): integer helpers, the arguments
 -- they share, the clock, and the check that their keys are theirs.
 --
 -- ARGV[1]   n, the permits asked for
@@ -9,6 +9,17 @@
 -- 14 significant digits, and times in microseconds have 16.
 local function int(x)
   return string.format('%.0f', x)
+end
+
+-- floor(a / b) for integers below 2^53, corrected for the division's rounding.
+local function div(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
 end
 
 local n = tonumber(ARGV[1])

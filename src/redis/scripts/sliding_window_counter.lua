@@ -20,21 +20,10 @@
 -- -1 = KEYS[index] holds another type (nothing written). Every number is an integer below 2^53:
 -- products of a count and a time, which can exceed it, are never formed (see mul_div).
 
--- `int`, `n`, `peek`, `now` and `key_of_another_type` come from prelude.lua, run first.
+-- `int`, `div`, `n`, `peek`, `now` and `key_of_another_type` come from prelude.lua, run first.
 local other = key_of_another_type('hash')
 if other then
   return {-1, other, now}
-end
-
--- floor(a / b) for integers below 2^53, corrected for the division's rounding.
-local function div(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
 end
 
 -- floor(a * b / d) and (a * b) mod d, for a below 2^32 and b, d below 2^51, whose quotient is
