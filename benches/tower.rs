@@ -22,12 +22,14 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use criterion::Criterion;
+use governor::clock::QuantaInstant;
+use governor::middleware::NoOpMiddleware;
 use http::{Request, Response};
 use tollgate::tower::{ClientIp, ClientKey, PeerSource, RateLimitBackend, RateLimitLayer};
 use tollgate::{Algorithm, MonotonicClock, RateLimiterService, Rule};
 use tower::{Layer, Service};
 use tower_governor::GovernorLayer;
-use tower_governor::governor::GovernorConfigBuilder;
+use tower_governor::governor::{GovernorConfig, GovernorConfigBuilder};
 use tower_governor::key_extractor::PeerIpKeyExtractor;
 
 /// Distinct clients in the many-clients case: more than fit in a core's L1, fewer than make the
@@ -108,6 +110,33 @@ fn tollgate_layer(rule: Rule) -> TollgateLayer {
     RateLimitLayer::builder(Arc::new(service), key, "bench").build()
 }
 
+/// tollgate's rule for a case: always limited after the first request (1 per hour), or never
+/// within a run (2^40 per hour).
+fn rule(limited: bool) -> Rule {
+    if limited {
+        Rule::per_hour(1).expect("a valid rule")
+    } else {
+        Rule::new(1 << 40, Duration::from_secs(3600)).expect("a valid rule")
+    }
+}
+
+/// tower_governor's configuration for the same job: limited after the first request (a period of
+/// one permit per 3600 s with a burst of 1), or never (1 per ns with a full burst).
+fn governor_config(
+    limited: bool,
+) -> GovernorConfig<PeerIpKeyExtractor, NoOpMiddleware<QuantaInstant>> {
+    let mut builder = GovernorConfigBuilder::default();
+    if limited {
+        builder.per_second(3600).burst_size(1);
+    } else {
+        builder.per_nanosecond(1).burst_size(u32::MAX);
+    }
+    builder
+        .key_extractor(PeerIpKeyExtractor)
+        .finish()
+        .expect("a valid governor configuration")
+}
+
 fn addresses() -> Vec<IpAddr> {
     (0..CLIENTS as u32)
         .map(|n| IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + n)))
@@ -117,11 +146,6 @@ fn addresses() -> Vec<IpAddr> {
 fn benches(c: &mut Criterion) {
     let one = IpAddr::V4(Ipv4Addr::new(203, 0, 113, 9));
     let many = addresses();
-    // Never limited within a run: 2^40 per hour, and governor's 1 per ns with a full burst.
-    let roomy = Rule::new(1 << 40, Duration::from_secs(3600)).expect("a valid rule");
-    // Always limited after the first request.
-    let tight = Rule::per_hour(1).expect("a valid rule");
-
     for (case, limited) in [
         ("allow_one_client", false),
         ("allow_1024_clients", false),
@@ -143,7 +167,7 @@ fn benches(c: &mut Criterion) {
             })
         });
 
-        let mut tollgate = tollgate_layer(if limited { tight } else { roomy }).layer(inner());
+        let mut tollgate = tollgate_layer(rule(limited)).layer(inner());
         once(&mut tollgate, request(one));
         group.bench_function("tollgate", |b| {
             b.iter(|| {
@@ -152,21 +176,7 @@ fn benches(c: &mut Criterion) {
             })
         });
 
-        let config = if limited {
-            GovernorConfigBuilder::default()
-                .per_second(3600)
-                .burst_size(1)
-                .key_extractor(PeerIpKeyExtractor)
-                .finish()
-        } else {
-            GovernorConfigBuilder::default()
-                .per_nanosecond(1)
-                .burst_size(u32::MAX)
-                .key_extractor(PeerIpKeyExtractor)
-                .finish()
-        }
-        .expect("a valid governor configuration");
-        let mut governor = GovernorLayer::new(Arc::new(config)).layer(inner());
+        let mut governor = GovernorLayer::new(Arc::new(governor_config(limited))).layer(inner());
         once(&mut governor, request(one));
         group.bench_function("tower_governor", |b| {
             b.iter(|| {
@@ -233,28 +243,12 @@ const BATCH: usize = 2_000;
 /// The variants of one case, timed in turn in short batches; prints each one's median ns per
 /// request and the layers' added time over the bare service.
 fn paired(case: &str, clients: &[IpAddr], limited: bool) {
-    let roomy = Rule::new(1 << 40, Duration::from_secs(3600)).expect("a valid rule");
-    let tight = Rule::per_hour(1).expect("a valid rule");
     let mut bare = inner();
-    let mut tollgate = tollgate_layer(if limited { tight } else { roomy }).layer(inner());
-    let config = if limited {
-        GovernorConfigBuilder::default()
-            .per_second(3600)
-            .burst_size(1)
-            .key_extractor(PeerIpKeyExtractor)
-            .finish()
-    } else {
-        GovernorConfigBuilder::default()
-            .per_nanosecond(1)
-            .burst_size(u32::MAX)
-            .key_extractor(PeerIpKeyExtractor)
-            .finish()
-    }
-    .expect("a valid governor configuration");
-    let mut governor = GovernorLayer::new(Arc::new(config)).layer(inner());
+    let mut tollgate = tollgate_layer(rule(limited)).layer(inner());
+    let mut governor = GovernorLayer::new(Arc::new(governor_config(limited))).layer(inner());
     let decision = RateLimiterService::<ClientKey, _>::new(
         Algorithm::TokenBucket,
-        [("bench", if limited { tight } else { roomy })],
+        [("bench", rule(limited))],
         MonotonicClock::new(),
     )
     .expect("a valid rule")

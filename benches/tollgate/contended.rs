@@ -92,7 +92,7 @@ impl VisitLimiter for TimeSharedByThreads<'_, '_> {
 /// thread on a core all the time (a little less in practice: a thread that finishes before the
 /// slowest one leaves the core early).
 #[derive(Debug, Default)]
-struct OnCpuShare {
+pub(crate) struct OnCpuShare {
     /// CPU time of the benchmark threads while timed.
     cpu_nanos: u128,
     /// The timed spans times the thread count.
@@ -137,16 +137,34 @@ fn time_on_threads<L: TryAcquireOne>(
     iterations: u64,
     share: &mut OnCpuShare,
 ) -> Duration {
+    time_work_on_threads(threads, iterations, share, |_| {
+        || {
+            black_box(limiter.try_acquire_one());
+        }
+    })
+}
+
+/// Runs `iterations` rounds of the work `make_work(thread)` returns on each of `threads`
+/// threads, made in the thread and started together; the slowest thread's time, with the
+/// threads' time on a core added to `share`.
+pub(crate) fn time_work_on_threads<W: FnMut()>(
+    threads: usize,
+    iterations: u64,
+    share: &mut OnCpuShare,
+    make_work: impl Fn(usize) -> W + Sync,
+) -> Duration {
     let start_line = Barrier::new(threads);
     let timed: Vec<(Duration, Option<u64>)> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads)
-            .map(|_| {
-                scope.spawn(|| {
+            .map(|thread| {
+                let (start_line, make_work) = (&start_line, &make_work);
+                scope.spawn(move || {
+                    let mut work = make_work(thread);
                     start_line.wait();
                     let cpu_before = thread_cpu_nanos();
                     let start = Instant::now();
                     for _ in 0..iterations {
-                        black_box(limiter.try_acquire_one());
+                        work();
                     }
                     let elapsed = start.elapsed();
                     let cpu = thread_cpu_nanos()

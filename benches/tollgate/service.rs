@@ -17,13 +17,14 @@
 use std::cell::OnceCell;
 use std::collections::HashMap;
 use std::hint::black_box;
-use std::sync::{Barrier, Mutex, OnceLock, PoisonError};
+use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, BenchmarkId, Criterion, Throughput};
 use tollgate::{Algorithm, MonotonicClock, RateLimiterService, Rule};
 
+use crate::contended::{OnCpuShare, time_work_on_threads};
 use crate::peers::{self, GovernorKeyed};
 use crate::reference::RefTokenBucket;
 use crate::workload::{self, Workload};
@@ -85,15 +86,17 @@ fn bench_lookup<M: KeyedLimiter>(
     // inserts. Dropped with the closure when this benchmark is done.
     let populated = OnceCell::new();
     group.bench_function(BenchmarkId::new(implementation, clients), move |b| {
-        let map = populated.get_or_init(|| {
-            let map = make();
-            let admitted = (0..clients).filter(|&client| map.allow(client)).count();
-            assert_eq!(admitted as u64, clients, "every first request is admitted");
-            map
-        });
+        let map = populated.get_or_init(|| populated_with(make(), clients));
         let mut picker = ClientPicker::new(clients);
         b.iter(|| map.allow(picker.next_client()));
     });
+}
+
+/// `map` after one first request from each of `clients` clients, every one admitted.
+fn populated_with<M: KeyedLimiter>(map: M, clients: u64) -> M {
+    let admitted = (0..clients).filter(|&client| map.allow(client)).count();
+    assert_eq!(admitted as u64, clients, "every first request is admitted");
+    map
 }
 
 /// Threads sharing one map in `service_lookup_shared`, among this many clients.
@@ -106,41 +109,18 @@ fn bench_shared_lookup<M: KeyedLimiter>(
     threads: usize,
     make: impl Fn() -> M,
 ) {
+    // Made on the first sample, as in `bench_lookup`.
     let populated = OnceCell::new();
     group.bench_function(BenchmarkId::new(implementation, threads), move |b| {
-        let map = populated.get_or_init(|| {
-            let map = make();
-            let admitted = (0..SHARED_CLIENTS)
-                .filter(|&client| map.allow(client))
-                .count();
-            assert_eq!(
-                admitted as u64, SHARED_CLIENTS,
-                "every first request is admitted"
-            );
-            map
-        });
+        let map = populated.get_or_init(|| populated_with(make(), SHARED_CLIENTS));
         b.iter_custom(|iterations| {
-            let start_line = Barrier::new(threads);
-            std::thread::scope(|scope| {
-                let workers: Vec<_> = (0..threads)
-                    .map(|thread| {
-                        let start_line = &start_line;
-                        scope.spawn(move || {
-                            let mut picker = ClientPicker::seeded(SHARED_CLIENTS, thread as u64);
-                            start_line.wait();
-                            let start = Instant::now();
-                            for _ in 0..iterations {
-                                black_box(map.allow(picker.next_client()));
-                            }
-                            start.elapsed()
-                        })
-                    })
-                    .collect();
-                workers
-                    .into_iter()
-                    .map(|worker| worker.join().expect("a benchmark thread panicked"))
-                    .max()
-                    .unwrap_or_default()
+            // The share of time on a core is not reported for these.
+            let mut share = OnCpuShare::default();
+            time_work_on_threads(threads, iterations, &mut share, |thread| {
+                let mut picker = ClientPicker::seeded(SHARED_CLIENTS, thread as u64);
+                move || {
+                    black_box(map.allow(picker.next_client()));
+                }
             })
         });
     });
