@@ -6,7 +6,7 @@ use std::hash::{BuildHasher, Hash, RandomState};
 
 use super::builder::{ServiceBuilder, limits_of};
 use super::client_state::{ClientParams, ClientState, Version};
-use super::plan_table::{MAX_LIMITS, PinnedPlan, PlanTable};
+use super::plan_table::{MAX_LIMITS, PinnedPlan, PlanTable, PlanVersion};
 use super::several_limits::SeveralLimits;
 use crate::clock::Clock;
 use crate::decision::Admit;
@@ -487,13 +487,8 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let index = self.plan_index(plan)?;
-        let pinned = self.plans.pin(index);
-        let entry = pinned.clients().get(client, pinned.guard());
-        // Read once, after the lookup, as `acquire` does (see there): every figure below comes
-        // from this one version.
-        let limits = pinned.limits();
-        let entry = entry.filter(|entry| entry.version() == limits.version());
+        let pinned = self.plans.pin(self.plan_index(plan)?);
+        let (limits, entry) = Self::current_entry(&pinned, client);
         if limits.has_several() {
             if let Some(entry) = entry
                 && let ClientState::Several(_, several) = &entry.state
@@ -549,20 +544,16 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let index = self.plan_index(plan)?;
-        let pinned = self.plans.pin(index);
-        let entry = pinned.clients().get(client, pinned.guard());
-        let current = pinned.limits();
+        let pinned = self.plans.pin(self.plan_index(plan)?);
+        let (current, entry) = Self::current_entry(&pinned, client);
         let limits = current.as_slice();
-        let several = entry
-            .filter(|entry| entry.version() == current.version())
-            .and_then(|entry| match &entry.state {
-                ClientState::Several(_, several) => several.peek_each(limits, &self.clock),
-                state => {
-                    let decision = limits[0].peek(state, &self.clock);
-                    (!decision.is_retired()).then(|| vec![decision])
-                }
-            });
+        let several = entry.and_then(|entry| match &entry.state {
+            ClientState::Several(_, several) => several.peek_each(limits, &self.clock),
+            state => {
+                let decision = limits[0].peek(state, &self.clock);
+                (!decision.is_retired()).then(|| vec![decision])
+            }
+        });
         let decisions = match several {
             Some(decisions) => decisions,
             None => {
@@ -575,6 +566,23 @@ where
         };
         crate::headers::policy_list(policy, &decisions)
             .map_err(|source| ServiceError::InvalidPolicyName { source })
+    }
+
+    /// The plan's current limits, and `client`'s entry if it was made under them: read once,
+    /// after the lookup, as `decide` does (see there), so that every figure taken from them
+    /// comes from one version.
+    fn current_entry<'p, Q>(
+        pinned: &'p PinnedPlan<'_, K, S>,
+        client: &Q,
+    ) -> (PlanVersion, Option<&'p ClientEntry>)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let entry = pinned.clients().get(client, pinned.guard());
+        let limits = pinned.limits();
+        let entry = entry.filter(|entry| entry.version() == limits.version());
+        (limits, entry)
     }
 
     /// The instant new limiters are made as of (see `evicted_up_to`).
