@@ -164,12 +164,10 @@ macro_rules! one_word_service_method {
                 n: u64,
                 clock: &impl $crate::Clock,
             ) -> $crate::Decision {
-                match state {
-                    $crate::service::client_state::ClientState::Word(_, word) => {
-                        <$params>::acquire(self, word, n, clock)
-                    }
-                    _ => $crate::Decision::retired(self.rule),
-                }
+                state.word().map_or_else(
+                    || $crate::Decision::retired(self.rule),
+                    |word| <$params>::acquire(self, word, n, clock),
+                )
             }
 
             #[inline]
@@ -178,11 +176,9 @@ macro_rules! one_word_service_method {
                 state: &$crate::service::client_state::ClientState,
                 clock: &impl $crate::Clock,
             ) -> $crate::decision::Admit {
-                match state {
-                    $crate::service::client_state::ClientState::Word(_, word) => {
-                        <$params>::acquire_one(self, word, clock)
-                    }
-                    _ => $crate::decision::Admit::Retired,
+                match state.word() {
+                    Some(word) => <$params>::acquire_one(self, word, clock),
+                    None => $crate::decision::Admit::Retired,
                 }
             }
 
@@ -192,16 +188,14 @@ macro_rules! one_word_service_method {
                 state: &$crate::service::client_state::ClientState,
                 clock: &impl $crate::Clock,
             ) -> $crate::Decision {
-                match state {
-                    $crate::service::client_state::ClientState::Word(_, word) => {
-                        <$params>::peek(self, word, clock)
-                    }
-                    _ => $crate::Decision::retired(self.rule),
-                }
+                state.word().map_or_else(
+                    || $crate::Decision::retired(self.rule),
+                    |word| <$params>::peek(self, word, clock),
+                )
             }
 
             fn retire_now(&self, state: &$crate::service::client_state::ClientState) {
-                if let $crate::service::client_state::ClientState::Word(_, word) = state {
+                if let Some(word) = state.word() {
                     <$params>::retire_now(word);
                 }
             }
@@ -211,12 +205,9 @@ macro_rules! one_word_service_method {
                 state: &$crate::service::client_state::ClientState,
                 now_nanos: u64,
             ) -> bool {
-                match state {
-                    $crate::service::client_state::ClientState::Word(_, word) => {
-                        <$params>::$idle(self, word, now_nanos)
-                    }
-                    _ => false,
-                }
+                state
+                    .word()
+                    .is_some_and(|word| <$params>::$idle(self, word, now_nanos))
             }
 
             fn undo(
@@ -226,13 +217,9 @@ macro_rules! one_word_service_method {
                 granted: &$crate::Decision,
                 now_nanos: u64,
             ) -> Option<()> {
-                match state {
-                    $crate::service::client_state::ClientState::Word(_, word) => {
-                        <$params>::undo(self, word, n, granted, now_nanos);
-                        Some(())
-                    }
-                    _ => None,
-                }
+                state
+                    .word()
+                    .map(|word| <$params>::undo(self, word, n, granted, now_nanos))
             }
 
             fn dry_run(
@@ -241,12 +228,10 @@ macro_rules! one_word_service_method {
                 n: u64,
                 clock: &impl $crate::Clock,
             ) -> $crate::Decision {
-                match state {
-                    $crate::service::client_state::ClientState::Word(_, word) => {
-                        <$params>::dry_run(self, word, n, clock)
-                    }
-                    _ => $crate::Decision::retired(self.rule),
-                }
+                state.word().map_or_else(
+                    || $crate::Decision::retired(self.rule),
+                    |word| <$params>::dry_run(self, word, n, clock),
+                )
             }
         }
     };

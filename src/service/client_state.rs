@@ -49,6 +49,16 @@ impl ClientState {
         }
     }
 
+    /// The state's word, for the one-word methods (`None` for a state of another shape, which
+    /// such a method answers as retired).
+    #[inline]
+    pub(crate) fn word(&self) -> Option<&Word> {
+        match self {
+            ClientState::Word(_, word) => Some(word),
+            _ => None,
+        }
+    }
+
     /// This state, marked as made under `version`.
     pub(crate) fn made_under(mut self, version: Version) -> ClientState {
         match &mut self {
