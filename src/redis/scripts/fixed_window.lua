@@ -11,7 +11,8 @@
 -- reset_after (us)}; code 1 = allowed (and committed), 0 = denied, -1 = KEYS[index] holds another
 -- type (nothing written). Every figure is an integer below 2^53.
 
--- `int`, `div`, `n`, `peek`, `now` and `key_of_another_type` come from prelude.lua, run first.
+-- `int`, `div`, `expire_after`, `n`, `peek`, `now` and `key_of_another_type` come from
+-- prelude.lua, run first.
 local other = key_of_another_type('hash')
 if other then
   return {-1, other, now}
@@ -62,13 +63,7 @@ end
 for i = 1, #KEYS do
   local index, window = windows[i][1], windows[i][2]
   redis.call('HSET', KEYS[i], 'w', int(index), 'c', int(used[i] + n))
-  -- Once the window is over the counter is indistinguishable from a missing key: expire it then
-  -- (rounded up to whole milliseconds). An injected time runs apart from the server's clock, so
-  -- such keys are kept a minute longer.
-  local ttl = math.floor(((index + 1) * window - now) / 1000) + 1
-  if ARGV[3] ~= '' then
-    ttl = ttl + 60000
-  end
-  redis.call('PEXPIRE', KEYS[i], int(ttl))
+  -- Once the window is over the counter is indistinguishable from a missing key: expire it then.
+  expire_after(KEYS[i], (index + 1) * window - now)
 end
 return reply

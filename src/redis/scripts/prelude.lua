@@ -1,5 +1,5 @@
--- What every script starts with (prepended to each by `src/redis/script.rs`): integer helpers, the arguments
--- they share, the clock, and the check that their keys are theirs.
+-- What every script starts with (prepended to each by `src/redis/script.rs`): the arguments they
+-- share, the clock, integer helpers, the keys' expiry, and the check that their keys are theirs.
 --
 -- ARGV[1]   n, the permits asked for
 -- ARGV[2]   "acquire" or "peek"
@@ -30,6 +30,17 @@ if ARGV[3] ~= '' then
 else
   local time = redis.call('TIME')
   now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+end
+
+-- Sets `key` to expire `us` microseconds from now, rounded up to whole milliseconds: when it has
+-- become indistinguishable from a missing key. An injected time runs apart from the server's
+-- clock, so such keys are kept a minute longer.
+local function expire_after(key, us)
+  local ttl = math.floor(us / 1000) + 1
+  if ARGV[3] ~= '' then
+    ttl = ttl + 60000
+  end
+  redis.call('PEXPIRE', key, int(ttl))
 end
 
 -- The position of the first key that holds something other than `kind` (another program's

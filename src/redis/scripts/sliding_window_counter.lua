@@ -20,7 +20,8 @@
 -- -1 = KEYS[index] holds another type (nothing written). Every number is an integer below 2^53:
 -- products of a count and a time, which can exceed it, are never formed (see mul_div).
 
--- `int`, `div`, `n`, `peek`, `now` and `key_of_another_type` come from prelude.lua, run first.
+-- `int`, `div`, `expire_after`, `n`, `peek`, `now` and `key_of_another_type` come from
+-- prelude.lua, run first.
 local other = key_of_another_type('hash')
 if other then
   return {-1, other, now}
@@ -166,12 +167,7 @@ for i = 1, #KEYS do
   local s = states[i]
   redis.call('HSET', KEYS[i], 'w', int(s.index), 'c', int(s.cur + n), 'p', int(s.prev))
   -- The estimate is 0 once the window after this one ends; the counter is then
-  -- indistinguishable from a missing key: expire it then (rounded up to whole milliseconds). An
-  -- injected time runs apart from the server's clock, so such keys are kept a minute longer.
-  local ttl = math.floor(((s.index + 2) * s.window - now) / 1000) + 1
-  if ARGV[3] ~= '' then
-    ttl = ttl + 60000
-  end
-  redis.call('PEXPIRE', KEYS[i], int(ttl))
+  -- indistinguishable from a missing key: expire it then.
+  expire_after(KEYS[i], (s.index + 2) * s.window - now)
 end
 return reply

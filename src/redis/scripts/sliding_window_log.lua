@@ -13,7 +13,8 @@
 -- retry_after (us), reset_after (us)}; code 1 = allowed (and committed), 0 = denied, -1 =
 -- KEYS[index] holds another type (nothing written). Every figure is an integer below 2^53.
 
--- `int`, `n`, `peek`, `now` and `key_of_another_type` come from prelude.lua, run first.
+-- `int`, `expire_after`, `n`, `peek`, `now` and `key_of_another_type` come from
+-- prelude.lua, run first.
 local other = key_of_another_type('zset')
 if other then
   return {-1, other, now}
@@ -74,13 +75,7 @@ for i = 1, #KEYS do
   for j = 0, n - 1 do
     redis.call('ZADD', KEYS[i], int(time + window), int(time + window) .. ':' .. int(lives[i] + j))
   end
-  -- When the newest admission leaves the window the log is empty: expire it then (rounded up to
-  -- whole milliseconds). An injected time runs apart from the server's clock, so such keys are
-  -- kept a minute longer.
-  local ttl = math.floor((time + window - now) / 1000) + 1
-  if ARGV[3] ~= '' then
-    ttl = ttl + 60000
-  end
-  redis.call('PEXPIRE', KEYS[i], int(ttl))
+  -- When the newest admission leaves the window the log is empty: expire it then.
+  expire_after(KEYS[i], time + window - now)
 end
 return reply

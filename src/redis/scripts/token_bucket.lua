@@ -13,7 +13,8 @@
 -- retry_after (ticks), reset_after (ticks)}; code 1 = allowed (and committed), 0 = denied,
 -- -1 = KEYS[index] holds another type (nothing written).
 
--- `int`, `n`, `peek`, `now` and `key_of_another_type` come from prelude.lua, run first.
+-- `int`, `expire_after`, `n`, `peek`, `now` and `key_of_another_type` come from
+-- prelude.lua, run first.
 local other = key_of_another_type('hash')
 if other then
   return {-1, other, now}
@@ -94,12 +95,7 @@ for i = 1, #KEYS do
   end
   redis.call('HSET', KEYS[i], 't', int(now + q), 'f', int(r))
   -- The bucket is full again, indistinguishable from a missing key, q (+1 if r > 0)
-  -- microseconds from now: expire it then (rounded up to whole milliseconds). An injected time
-  -- runs apart from the server's clock, so such keys are kept a minute longer.
-  local ttl = math.floor(q / 1000) + 1
-  if ARGV[3] ~= '' then
-    ttl = ttl + 60000
-  end
-  redis.call('PEXPIRE', KEYS[i], int(ttl))
+  -- microseconds from now: expire it then.
+  expire_after(KEYS[i], q)
 end
 return reply
