@@ -23,7 +23,8 @@ type LimitedFn = dyn Fn(&Limited<'_>) -> Response<Bytes> + Send + Sync;
 type SettingsBuilder<K, P, C, X> = RateLimitLayerBuilder<Arc<RateLimiterService<K, P, C>>, X, P>;
 
 /// The request header that marks a request let through by shadow mode although over its limit;
-/// its value is the `RateLimit` field the client would have been sent.
+/// its value is the `RateLimit` field the client would have been sent. Removed from every request
+/// the layer sees before it adds its own, so that the upstream can trust it.
 pub const SHADOWED_HEADER: HeaderName = HeaderName::from_static("x-ratelimit-shadowed");
 
 /// How often [`RateLimitLayer::from_settings`] sweeps idle clients out: often enough that memory
@@ -225,7 +226,9 @@ impl<Bk, X, P> RateLimitLayerBuilder<Bk, X, P> {
     }
 
     /// Also sends `RateLimit-Policy` and `RateLimit` on responses within the limit (default: only
-    /// on refusals). Costs two small allocations per request.
+    /// on refusals). Costs two small allocations per request. A request let through by shadow
+    /// mode although over its limit gets neither, nor `Retry-After`: its response says what the
+    /// client may do, and it was not refused.
     pub fn headers_on_allowed(mut self, on: bool) -> Self {
         self.config.headers_on_allowed = on;
         self
@@ -264,14 +267,17 @@ impl<Bk, X, P> RateLimitLayerBuilder<Bk, X, P> {
     }
 
     /// Runs in shadow mode: checks and refuses only the fractions `shadow` says (default: every
-    /// request checked, every limited one refused).
+    /// request checked, every limited one refused). A limited request let through is marked for
+    /// the upstream with the [shadow header](RateLimitLayerBuilder::shadow_header); its client is
+    /// sent no rate-limit field at all.
     pub fn shadow(mut self, shadow: Shadow) -> Self {
         self.config.sampler = Sampler::new(shadow);
         self
     }
 
     /// The request header marking requests let through by shadow mode (default
-    /// [`SHADOWED_HEADER`]).
+    /// [`SHADOWED_HEADER`]). The layer removes it from every request it sees before adding its
+    /// own, so a mark the upstream receives was written by the layer, never by a client.
     pub fn shadow_header(mut self, name: HeaderName) -> Self {
         self.config.shadow_header = name;
         self

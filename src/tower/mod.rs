@@ -31,7 +31,10 @@
 //!
 //! [`Shadow`] checks a fraction of requests and refuses a fraction of those over their limit;
 //! the rest go through with an [`x-ratelimit-shadowed`](SHADOWED_HEADER) request header, and
-//! [`RateLimitLayer::stats`] counts what would have happened.
+//! [`RateLimitLayer::stats`] counts what would have happened. Shadow mode is invisible to
+//! clients: a request let through gets no `Retry-After` and no `RateLimit` fields (even with
+//! [`headers_on_allowed`](RateLimitLayerBuilder::headers_on_allowed)), and the layer removes a
+//! client's own `x-ratelimit-shadowed` from every request, so the upstream can trust the mark.
 //!
 //! [tower]: https://docs.rs/tower
 //! [`RateLimiterService`]: crate::RateLimiterService

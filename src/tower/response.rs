@@ -81,12 +81,71 @@ pub enum Fallback {
     Reject(StatusCode),
 }
 
+/// How a request expects to be refused, read from its `Content-Type`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Protocol {
+    /// Anything but gRPC: a plain HTTP status.
+    Http,
+    /// gRPC over HTTP/2: a trailers-only response, `content-type: application/grpc`.
+    Grpc,
+    /// gRPC-Web: a trailers-only response in the request's own grpc-web media type (this value),
+    /// which a grpc-web client reads its status from; never `application/grpc`, which it rejects.
+    GrpcWeb(HeaderValue),
+}
+
+impl Protocol {
+    /// The protocol of a request with these headers. Media types are compared without regard to
+    /// case, on their type and subtype only: `application/grpc` alone or followed by `+` (a
+    /// message format) or by parameters is gRPC; `application/grpcfoo` is not.
+    pub(crate) fn of(headers: &HeaderMap) -> Protocol {
+        let Some(value) = headers.get(CONTENT_TYPE) else {
+            return Protocol::Http;
+        };
+        let essence = media_type_essence(value.as_bytes());
+        let Some(rest) = strip_prefix_ignore_case(essence, b"application/grpc") else {
+            return Protocol::Http;
+        };
+        if rest.is_empty() || rest[0] == b'+' {
+            return Protocol::Grpc;
+        }
+        let web = strip_prefix_ignore_case(rest, b"-web-text")
+            .or_else(|| strip_prefix_ignore_case(rest, b"-web"));
+        match web {
+            Some(format) if format.is_empty() || format[0] == b'+' => {
+                // Echoed in lower case: media types are case-insensitive, and some clients compare
+                // the response's with a lower-case constant.
+                HeaderValue::from_bytes(&essence.to_ascii_lowercase())
+                    .map_or(Protocol::Http, Protocol::GrpcWeb)
+            }
+            _ => Protocol::Http,
+        }
+    }
+
+    fn is_grpc(&self) -> bool {
+        !matches!(self, Protocol::Http)
+    }
+}
+
+/// A media type's `type/subtype`, without its parameters and the whitespace around it.
+fn media_type_essence(value: &[u8]) -> &[u8] {
+    let end = value
+        .iter()
+        .position(|&byte| byte == b';')
+        .unwrap_or(value.len());
+    value[..end].trim_ascii()
+}
+
+fn strip_prefix_ignore_case<'v>(value: &'v [u8], prefix: &[u8]) -> Option<&'v [u8]> {
+    (value.len() >= prefix.len() && value[..prefix.len()].eq_ignore_ascii_case(prefix))
+        .then(|| &value[prefix.len()..])
+}
+
 /// A request over its limit, as the response hook sees it.
 #[derive(Debug)]
 pub struct Limited<'a> {
     decision: &'a Decision,
     policy: &'a str,
-    grpc: bool,
+    protocol: Protocol,
     headers: HeaderMap,
 }
 
@@ -94,13 +153,13 @@ impl<'a> Limited<'a> {
     pub(crate) fn new(
         decision: &'a Decision,
         policy: &'a str,
-        grpc: bool,
+        protocol: Protocol,
         fields: Option<(String, String)>,
     ) -> Self {
         Limited {
             decision,
             policy,
-            grpc,
+            protocol,
             headers: limit_headers(decision, policy, fields),
         }
     }
@@ -115,9 +174,18 @@ impl<'a> Limited<'a> {
         self.policy
     }
 
-    /// Whether the request is a gRPC call (`content-type: application/grpc...`).
+    /// Whether the request is a gRPC call: its `Content-Type` is `application/grpc`, alone or
+    /// followed by `+` or parameters, in any case (gRPC-Web's `application/grpc-web...` included;
+    /// see [`Limited::is_grpc_web`]).
     pub fn is_grpc(&self) -> bool {
-        self.grpc
+        self.protocol.is_grpc()
+    }
+
+    /// Whether the request is a gRPC-Web call (`application/grpc-web`, `application/grpc-web-text`,
+    /// alone or followed by `+` or parameters): its answer must come in the request's own media
+    /// type, which the layer's does.
+    pub fn is_grpc_web(&self) -> bool {
+        matches!(self.protocol, Protocol::GrpcWeb(_))
     }
 
     /// The header fields the layer sends on its own answer: `Retry-After` (when waiting helps),
@@ -126,8 +194,9 @@ impl<'a> Limited<'a> {
         &self.headers
     }
 
-    /// The layer's own answer: gRPC `RESOURCE_EXHAUSTED` for a gRPC call, else 429 with a body in
-    /// `format`, each with [`Limited::headers`].
+    /// The layer's own answer: gRPC `RESOURCE_EXHAUSTED` for a gRPC call (HTTP 200, the status in
+    /// the headers, in the request's grpc-web media type for a gRPC-Web call), else 429 with a
+    /// body in `format`, each with [`Limited::headers`].
     pub fn default_response(&self, format: BodyFormat) -> Response<Bytes> {
         let mut response = self.bare_response(format);
         response.headers_mut().extend(self.headers.clone());
@@ -142,8 +211,8 @@ impl<'a> Limited<'a> {
     }
 
     fn bare_response(&self, format: BodyFormat) -> Response<Bytes> {
-        if self.grpc {
-            return grpc_response(8, "rate limit exceeded");
+        if self.protocol.is_grpc() {
+            return grpc_response(&self.protocol, 8, "rate limit exceeded");
         }
         let (content_type, body) = match format {
             BodyFormat::Text => ("text/plain; charset=utf-8", self.text_body()),
@@ -222,9 +291,9 @@ pub(crate) fn append_ratelimit_fields(headers: &mut HeaderMap, decision: &Decisi
 }
 
 /// The answer for a request the layer refuses without a decision (no key; a failed backend).
-pub(crate) fn refusal(status: StatusCode, grpc: bool, message: &str) -> Response<Bytes> {
-    if grpc {
-        return grpc_response(grpc_code(status), message);
+pub(crate) fn refusal(status: StatusCode, protocol: &Protocol, message: &str) -> Response<Bytes> {
+    if protocol.is_grpc() {
+        return grpc_response(protocol, grpc_code(status), message);
     }
     let mut response = Response::new(Bytes::from(format!("{message}\n")));
     *response.status_mut() = status;
@@ -235,11 +304,16 @@ pub(crate) fn refusal(status: StatusCode, grpc: bool, message: &str) -> Response
     response
 }
 
-/// A trailers-only gRPC response: HTTP 200, the status in the headers, no body.
-fn grpc_response(code: u8, message: &str) -> Response<Bytes> {
+/// A trailers-only gRPC response: HTTP 200, the status in the headers, no body; in gRPC-Web's
+/// media type for a gRPC-Web call.
+fn grpc_response(protocol: &Protocol, code: u8, message: &str) -> Response<Bytes> {
     let mut response = Response::new(Bytes::new());
     let headers = response.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    let content_type = match protocol {
+        Protocol::GrpcWeb(media_type) => media_type.clone(),
+        Protocol::Grpc | Protocol::Http => HeaderValue::from_static("application/grpc"),
+    };
+    headers.insert(CONTENT_TYPE, content_type);
     headers.insert(GRPC_STATUS, HeaderValue::from(u16::from(code)));
     // The messages here are fixed ASCII without `%`, so they need no percent-encoding.
     if let Ok(message) = HeaderValue::from_str(message) {
@@ -259,13 +333,6 @@ fn grpc_code(status: StatusCode) -> u8 {
         503 => 14, // UNAVAILABLE
         _ => 2,    // UNKNOWN
     }
-}
-
-/// Whether the request is a gRPC call.
-pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
-    headers
-        .get(CONTENT_TYPE)
-        .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"))
 }
 
 /// Appends `text` as a JSON string.
@@ -296,25 +363,80 @@ mod tests {
         assert_eq!(out, r#""a\"b\\c\u000ad""#);
     }
 
-    #[test]
-    fn grpc_is_recognised_by_content_type_prefix() {
+    fn protocol_of(content_type: &[u8]) -> Protocol {
         let mut headers = HeaderMap::new();
-        assert!(!is_grpc(&headers));
-        headers.insert(
-            CONTENT_TYPE,
-            HeaderValue::from_static("application/grpc+proto"),
-        );
-        assert!(is_grpc(&headers));
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        assert!(!is_grpc(&headers));
+        headers.insert(CONTENT_TYPE, HeaderValue::from_bytes(content_type).unwrap());
+        Protocol::of(&headers)
+    }
+
+    #[test]
+    fn grpc_is_recognised_by_its_media_type_in_any_case() {
+        assert_eq!(Protocol::of(&HeaderMap::new()), Protocol::Http);
+        for grpc in [
+            &b"application/grpc"[..],
+            b"application/grpc+proto",
+            b"Application/gRPC",
+            b"APPLICATION/GRPC+JSON",
+            b"application/grpc; charset=utf-8",
+            b"application/grpc ;x=1",
+            b"application/grpc ",
+        ] {
+            assert_eq!(
+                protocol_of(grpc),
+                Protocol::Grpc,
+                "{}",
+                String::from_utf8_lossy(grpc)
+            );
+        }
+        for not_grpc in [
+            &b"application/grpcfoo"[..],
+            b"application/grpc-webfoo",
+            b"application/grpc-web-textual",
+            b"application/grpc foo",
+            b"application/json",
+            b"text/application/grpc",
+            b"application/grp",
+            b"\xffapplication/grpc",
+        ] {
+            assert_eq!(
+                protocol_of(not_grpc),
+                Protocol::Http,
+                "{}",
+                String::from_utf8_lossy(not_grpc)
+            );
+        }
+    }
+
+    #[test]
+    fn grpc_web_is_answered_in_its_own_media_type() {
+        for (request, answer) in [
+            ("application/grpc-web", "application/grpc-web"),
+            ("application/grpc-web+proto", "application/grpc-web+proto"),
+            ("Application/gRPC-Web-Text", "application/grpc-web-text"),
+            (
+                "application/grpc-web-text+proto; charset=utf-8",
+                "application/grpc-web-text+proto",
+            ),
+        ] {
+            let protocol = protocol_of(request.as_bytes());
+            assert_eq!(
+                protocol,
+                Protocol::GrpcWeb(HeaderValue::from_static(answer))
+            );
+            let response = refusal(StatusCode::TOO_MANY_REQUESTS, &protocol, "slow down");
+            assert_eq!(response.status(), StatusCode::OK);
+            assert_eq!(response.headers()[CONTENT_TYPE], answer);
+            assert_eq!(response.headers()[GRPC_STATUS], "8");
+        }
     }
 
     #[test]
     fn refusals_of_grpc_calls_carry_the_matching_grpc_status() {
-        let response = refusal(StatusCode::BAD_REQUEST, true, "no client key");
+        let response = refusal(StatusCode::BAD_REQUEST, &Protocol::Grpc, "no client key");
         assert_eq!(response.status(), StatusCode::OK);
         assert_eq!(response.headers()[GRPC_STATUS], "3");
-        let response = refusal(StatusCode::SERVICE_UNAVAILABLE, false, "down");
+        assert_eq!(response.headers()[CONTENT_TYPE], "application/grpc");
+        let response = refusal(StatusCode::SERVICE_UNAVAILABLE, &Protocol::Http, "down");
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(response.body().as_ref(), b"down\n");
     }

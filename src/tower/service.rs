@@ -15,7 +15,7 @@ use super::body::ResponseBody;
 use super::future::{ResponseFuture, answer, pass};
 use super::key::{KeyExtractor, RequestHead};
 use super::layer::Config;
-use super::response::{Fallback, Limited, PolicyName, is_grpc, limit_headers, refusal};
+use super::response::{Fallback, Limited, PolicyName, Protocol, limit_headers, refusal};
 use super::stats::{Count, RateLimitStats};
 use crate::Decision;
 
@@ -110,7 +110,7 @@ impl<Bk, X, P> Config<Bk, X, P> {
         }
         if self.sampler.enforce_next() {
             self.counters.add(Count::Enforced);
-            let limited = Limited::new(&decision, policy, is_grpc(request.headers()), fields);
+            let limited = Limited::new(&decision, policy, Protocol::of(request.headers()), fields);
             let response = match &self.on_limited {
                 Some(on_limited) => on_limited(&limited),
                 None => limited.into_default_response(self.body_format),
@@ -118,7 +118,10 @@ impl<Bk, X, P> Config<Bk, X, P> {
             return Verdict::Answer(Box::new(response));
         }
         self.counters.add(Count::Shadowed);
-        // Shadow mode: through, but marked with what the client would have been told.
+        // Shadow mode: through, but marked for the upstream with what the client would have been
+        // told. The client is told nothing: its response carries no `Retry-After` and no
+        // `RateLimit` fields, which would announce a refusal it did not get (and make a
+        // well-behaved client back off from a limit that is not enforced).
         let mark = decision
             .ratelimit_header(policy)
             .ok()
@@ -127,10 +130,7 @@ impl<Bk, X, P> Config<Bk, X, P> {
         request
             .headers_mut()
             .insert(self.shadow_header.clone(), mark);
-        Verdict::Pass(
-            self.headers_on_allowed
-                .then(|| Box::new(limit_headers(&decision, policy, fields))),
-        )
+        Verdict::Pass(None)
     }
 
     fn fall_back<B>(&self, fallback: Fallback, request: &Request<B>, message: &str) -> Verdict {
@@ -138,7 +138,7 @@ impl<Bk, X, P> Config<Bk, X, P> {
             Fallback::Allow => Verdict::Pass(None),
             Fallback::Reject(status) => Verdict::Answer(Box::new(refusal(
                 status,
-                is_grpc(request.headers()),
+                &Protocol::of(request.headers()),
                 message,
             ))),
         }
@@ -168,6 +168,9 @@ where
 
     fn call(&mut self, mut request: Request<ReqB>) -> Self::Future {
         let config = &*self.config;
+        // The shadow mark is the layer's alone: one a client wrote never reaches the upstream,
+        // whatever becomes of the request, so that the upstream can trust it.
+        request.headers_mut().remove(&config.shadow_header);
         if !config.sampler.check_next() {
             config.counters.add(Count::Unchecked);
             return ResponseFuture::inner(self.inner.call(request), None);
