@@ -6,6 +6,14 @@
 //! String, with integer parameters `q` (quota) and `w` (window, seconds) for the policy, and `r`
 //! (remaining) and `t` (seconds until the quota resets) for the live state. All durations are
 //! whole seconds rounded *up*, so a client that waits as told is never early.
+//!
+//! Every integer written is a valid Structured Field Integer (RFC 9651, section 3.3.1: at most
+//! 15 digits), so a conforming parser never drops the field: a figure above
+//! [`Decision::MAX_FIELD_INTEGER`] (999,999,999,999,999) is written as that value, which then
+//! means *at least* that much: a quota `q` or remaining count `r` of at least that many permits
+//! (a limit of 2^60 is sent as `q=999999999999999`), a window `w` or reset `t` at least that many
+//! seconds away. Only the quota and the remaining count can reach it (a limit above 10^15 - 1);
+//! a window or reset, at most 2^64 nanoseconds, is at most 11 digits of seconds.
 
 use std::fmt;
 use std::time::Duration;
@@ -51,10 +59,21 @@ fn sf_string(name: &str) -> Result<String, InvalidPolicyName> {
 
 /// Whole seconds in `d`, rounded up.
 fn seconds_rounded_up(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
+}
+
+/// `value` as a Structured Field Integer: clamped to the largest one, so the field stays valid
+/// (see the module docs for what a clamped value means).
+fn sf_integer(value: u64) -> u64 {
+    value.min(Decision::MAX_FIELD_INTEGER)
 }
 
 impl Decision {
+    /// The largest integer a Structured Field can carry (RFC 9651, section 3.3.1: at most 15
+    /// digits). The `RateLimit` and `RateLimit-Policy` fields write a larger figure as this one,
+    /// meaning *at least* that many permits, or seconds.
+    pub const MAX_FIELD_INTEGER: u64 = 999_999_999_999_999;
+
     /// The `Retry-After` value for a denied request: seconds to wait, rounded up (at least 1).
     /// `None` when the request was allowed, or can never be granted as asked (see
     /// [`Decision::rejection`]).
@@ -81,6 +100,10 @@ impl Decision {
     /// `"policy";q=LIMIT;w=WINDOW_SECONDS`. A window shorter than a second, or not a whole number
     /// of seconds, is rounded up.
     ///
+    /// Always a valid field: a limit above [`Decision::MAX_FIELD_INTEGER`] is written as that
+    /// value, a quota of *at least* that many (and likewise a window of at least that many
+    /// seconds, which no [`Rule`](crate::Rule) reaches).
+    ///
     /// # Examples
     ///
     /// ```
@@ -99,13 +122,17 @@ impl Decision {
         Ok(format!(
             "{};q={};w={}",
             sf_string(policy)?,
-            self.limit(),
-            seconds_rounded_up(self.window()).max(1)
+            sf_integer(self.limit()),
+            sf_integer(seconds_rounded_up(self.window()).max(1))
         ))
     }
 
     /// The `RateLimit` value after this decision, for the policy named `policy`:
     /// `"policy";r=REMAINING;t=RESET_SECONDS`, the reset rounded up.
+    ///
+    /// Always a valid field: a remaining count above [`Decision::MAX_FIELD_INTEGER`] is written as
+    /// that value, *at least* that many left (and likewise a reset at least that many seconds
+    /// away, which no decision reaches).
     ///
     /// # Examples
     ///
@@ -127,8 +154,8 @@ impl Decision {
         Ok(format!(
             "{};r={};t={}",
             sf_string(policy)?,
-            self.remaining(),
-            seconds_rounded_up(self.reset_after())
+            sf_integer(self.remaining()),
+            sf_integer(seconds_rounded_up(self.reset_after()))
         ))
     }
 }
@@ -168,6 +195,8 @@ fn policy_name(plan: &str, decisions: &[Decision], position: usize) -> String {
 
 /// The `RateLimit-Policy` and `RateLimit` field values for every limit of one plan, one list item
 /// per limit, from each limit's own decision (see `RateLimiterService::ratelimit_headers`).
+/// Every integer is within a Structured Field Integer's 15 digits: a larger figure is written as
+/// [`Decision::MAX_FIELD_INTEGER`], meaning at least that much (see the module docs).
 pub(crate) fn policy_list(
     plan: &str,
     decisions: &[Decision],
