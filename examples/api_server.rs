@@ -1,27 +1,46 @@
-//! An axum API behind the rate-limit layer, with the plans of a settings file.
+//! An axum API behind the rate-limit layer, with the plans of a settings file and a table of the
+//! API keys it knows.
 //!
 //! ```sh
 //! cargo run --release --features tower --example api_server -- --listen 127.0.0.1:3000
-//! curl -i http://127.0.0.1:3000/hello                         # free plan, keyed by address
-//! curl -i -H 'x-api-key: pro-alice' http://127.0.0.1:3000/hello  # pro plan, keyed by the key
-//! curl http://127.0.0.1:3000/stats                             # the layer's counts (not limited)
-//! curl http://127.0.0.1:3000/open                              # as /hello, but not limited
+//! curl -i http://127.0.0.1:3000/hello              # anonymous: free plan, keyed by address
+//! curl -i -H 'x-api-key: pro-4e8a2f61b0d93c57' http://127.0.0.1:3000/hello  # a known key
+//! curl -i -H 'x-api-key: pro-made-up' http://127.0.0.1:3000/hello # unknown: anonymous, free
+//! curl -i http://127.0.0.1:3000/shadow             # as /hello, limits observed, not enforced
+//! curl http://127.0.0.1:3000/stats                 # the layers' counts (not limited)
+//! curl http://127.0.0.1:3000/open                  # as /hello, but not limited
 //! ```
 //!
-//! Options: `--listen ADDR` (default 127.0.0.1:3000), `--settings FILE` (default
-//! `examples/settings/plans.toml`, which must have plans `free` and `pro`), and `--trust CIDR`,
+//! Options: `--listen ADDR` (default 127.0.0.1:3000); `--settings FILE`, the plans (default
+//! `examples/settings/plans.toml`, which must have plans `free` and `pro`); `--keys FILE`, the
+//! API keys and their plans (default `examples/settings/api_keys.toml`); and `--trust CIDR`,
 //! repeatable, to read the client's address from `X-Forwarded-For` when the peer is one of your
 //! proxies. Without `--trust` forwarding headers are ignored.
+//!
+//! A key is trusted only if the table lists it: a client can write any `x-api-key`, so a key it
+//! invented is no key at all, and its request is limited as an anonymous one, by address. (A real
+//! API checks the key, by such a table or a signature, before it is trusted as a limit's key.)
+//!
+//! `/hello` and `/shadow` answer `hello`, followed by the `x-ratelimit-shadowed` marks they
+//! received, if any: `/shadow`'s layer runs in shadow mode, letting limited requests through
+//! marked for the upstream and telling the client nothing; a mark a client writes never arrives.
 
+use std::collections::HashMap;
+use std::error::Error;
 use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::ConnectInfo;
 use axum::routing::get;
-use http::HeaderName;
-use tollgate::MonotonicClock;
-use tollgate::Settings;
-use tollgate::tower::{Cidr, ClientIp, HeaderKey, KeyExtractor, PolicyName, RateLimitLayer};
+use http::{HeaderMap, HeaderName};
+use serde::Deserialize;
+use tollgate::tower::{
+    Cidr, ClientIp, ClientKey, HeaderKey, KeyExtractor, PolicyName, RateLimitLayer, RequestHead,
+    SHADOWED_HEADER, SetupError, Shadow, key_fn,
+};
+use tollgate::{Clock, MonotonicClock, Settings};
 
 const API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 
@@ -30,6 +49,17 @@ const API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 enum Plan {
     Free,
     Pro,
+}
+
+impl Plan {
+    const ALL: [(&'static str, Plan); 2] = [("free", Plan::Free), ("pro", Plan::Pro)];
+
+    fn named(name: &str) -> Option<Plan> {
+        Plan::ALL
+            .iter()
+            .find(|(plan_name, _)| *plan_name == name)
+            .map(|(_, plan)| *plan)
+    }
 }
 
 impl PolicyName for Plan {
@@ -41,9 +71,60 @@ impl PolicyName for Plan {
     }
 }
 
+/// The API keys file: `[keys]`, each key with its plan's name.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeysFile {
+    keys: HashMap<String, String>,
+}
+
+/// The keys the server knows, with their plans.
+#[derive(Debug)]
+pub(crate) struct ApiKeys {
+    plans: HashMap<Box<[u8]>, Plan>,
+}
+
+impl ApiKeys {
+    /// The keys of the file at `path`. Refuses a key no request could send as `x-api-key`, one
+    /// longer than a key the layer takes, and a plan the program does not have.
+    pub(crate) fn from_path(path: &str) -> Result<ApiKeys, String> {
+        let text = std::fs::read_to_string(path).map_err(|error| format!("{path}: {error}"))?;
+        let file: KeysFile = toml::from_str(&text).map_err(|error| format!("{path}: {error}"))?;
+        let mut plans = HashMap::with_capacity(file.keys.len());
+        for (number, (key, plan)) in file.keys.into_iter().enumerate() {
+            let plan = Plan::named(&plan).ok_or_else(|| {
+                format!("{path}: plan {plan:?} of a key is unknown: expected free or pro")
+            })?;
+            // Visible ASCII only, so that the key is one header value, compared byte for byte.
+            if key.is_empty()
+                || key.len() > HeaderKey::DEFAULT_MAX_LEN
+                || !key.bytes().all(|byte| byte.is_ascii_graphic())
+            {
+                return Err(format!(
+                    "{path}: key {} of {} bytes is invalid: a key is 1 to {} visible ASCII \
+                     characters",
+                    number + 1,
+                    key.len(),
+                    HeaderKey::DEFAULT_MAX_LEN
+                ));
+            }
+            plans.insert(key.into_bytes().into_boxed_slice(), plan);
+        }
+        Ok(ApiKeys { plans })
+    }
+
+    /// The request's key and its plan, if the request sends a key of the table.
+    fn of(&self, head: &RequestHead<'_>) -> Option<(ClientKey, Plan)> {
+        let key = head.headers().get(&API_KEY)?;
+        let plan = *self.plans.get(key.as_bytes())?;
+        Some((ClientKey::Header(key.clone()), plan))
+    }
+}
+
 struct Options {
     listen: SocketAddr,
     settings: String,
+    keys: String,
     trusted: Vec<Cidr>,
 }
 
@@ -51,6 +132,11 @@ fn options() -> Result<Options, String> {
     let mut options = Options {
         listen: SocketAddr::from(([127, 0, 0, 1], 3000)),
         settings: concat!(env!("CARGO_MANIFEST_DIR"), "/examples/settings/plans.toml").to_owned(),
+        keys: concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/examples/settings/api_keys.toml"
+        )
+        .to_owned(),
         trusted: Vec::new(),
     };
     let mut args = std::env::args().skip(1);
@@ -63,12 +149,13 @@ fn options() -> Result<Options, String> {
                 })?;
             }
             "--settings" => options.settings = value,
+            "--keys" => options.keys = value,
             "--trust" => options
                 .trusted
                 .push(value.parse().map_err(|error| format!("--trust: {error}"))?),
             other => {
                 return Err(format!(
-                    "unknown option {other:?}: expected --listen, --settings or --trust"
+                    "unknown option {other:?}: expected --listen, --settings, --keys or --trust"
                 ));
             }
         }
@@ -76,48 +163,47 @@ fn options() -> Result<Options, String> {
     Ok(options)
 }
 
+/// `hello`, and the shadow marks the request arrived with.
+fn greeting(headers: &HeaderMap) -> String {
+    let marks: Vec<String> = headers
+        .get_all(SHADOWED_HEADER)
+        .iter()
+        .map(|mark| String::from_utf8_lossy(mark.as_bytes()).into_owned())
+        .collect();
+    if marks.is_empty() {
+        "hello\n".to_owned()
+    } else {
+        format!("hello (shadowed: {})\n", marks.join(" | "))
+    }
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            // The messages people read (`Display`), each cause on its own line.
+            eprintln!("api_server: error: {error}");
+            let mut cause = error.source();
+            while let Some(source) = cause {
+                eprintln!("caused by: {source}");
+                cause = source.source();
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn run() -> Result<(), Box<dyn Error>> {
     let options = options()?;
     let settings = Settings::from_path(&options.settings)?;
-
-    // An API key if the request has one, else the peer's address (or the client's, behind
-    // trusted proxies).
-    let address =
-        ClientIp::behind_proxies(options.trusted.iter().copied()).peer_source(|extensions| {
-            extensions
-                .get::<ConnectInfo<SocketAddr>>()
-                .map(|info| info.0.ip())
-        });
-    let key = HeaderKey::new(API_KEY).or(address);
-    let layer = RateLimitLayer::from_settings(
-        &settings,
-        MonotonicClock::new(),
-        [("free", Plan::Free), ("pro", Plan::Pro)],
-        key,
-        Plan::Free,
-    )?
-    .plan_fn(|head| {
-        let key = head.headers().get(&API_KEY)?;
-        key.as_bytes().starts_with(b"pro-").then_some(Plan::Pro)
-    })
-    .headers_on_allowed(true)
-    .build();
-
-    let stats_layer = layer.clone();
-    let app = Router::new()
-        .route("/hello", get(|| async { "hello\n" }))
-        .layer(layer)
-        // Added after the layer, so not limited: `/open` is the baseline of `.ci/load-tower.sh`.
-        .route("/open", get(|| async { "hello\n" }))
-        .route(
-            "/stats",
-            get(move || async move { format!("{:?}\n", stats_layer.stats()) }),
-        );
+    let keys = Arc::new(ApiKeys::from_path(&options.keys)?);
+    let key_count = keys.plans.len();
+    let app = app(&settings, MonotonicClock::new(), keys, &options.trusted)?;
 
     let listener = tokio::net::TcpListener::bind(options.listen).await?;
     println!(
-        "api_server: {} from {} ({}), listening on http://{}",
+        "api_server: {} from {} ({}), {key_count} API keys from {}, listening on http://{}",
         settings.algorithm(),
         options.settings,
         settings
@@ -128,6 +214,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             })
             .collect::<Vec<_>>()
             .join(", "),
+        options.keys,
         listener.local_addr()?
     );
     axum::serve(
@@ -136,4 +223,59 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     )
     .await?;
     Ok(())
+}
+
+/// The API: `/hello` limited, `/shadow` observed by the same limits, `/open` and `/stats` not
+/// limited. Served with `into_make_service_with_connect_info::<SocketAddr>()`, which records the
+/// peer's address.
+pub(crate) fn app<C: Clock + Clone + 'static>(
+    settings: &Settings,
+    clock: C,
+    keys: Arc<ApiKeys>,
+    trusted: &[Cidr],
+) -> Result<Router, SetupError> {
+    // A key of the table if the request sends one, else the peer's address (or the client's,
+    // behind trusted proxies).
+    let address = ClientIp::behind_proxies(trusted.iter().copied()).peer_source(|extensions| {
+        extensions
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|info| info.0.ip())
+    });
+    let known_key = {
+        let keys = Arc::clone(&keys);
+        key_fn(move |head: &RequestHead<'_>| keys.of(head).map(|(key, _)| key))
+    };
+    let key = known_key.or(address);
+    let plan_of =
+        |keys: Arc<ApiKeys>| move |head: &RequestHead<'_>| keys.of(head).map(|(_, plan)| plan);
+
+    let layer =
+        RateLimitLayer::from_settings(settings, clock.clone(), Plan::ALL, key.clone(), Plan::Free)?
+            .plan_fn(plan_of(Arc::clone(&keys)))
+            .headers_on_allowed(true)
+            .build();
+    // The same limits observed only: every request checked, none refused.
+    let shadow_layer = RateLimitLayer::from_settings(settings, clock, Plan::ALL, key, Plan::Free)?
+        .plan_fn(plan_of(keys))
+        .headers_on_allowed(true)
+        .shadow(Shadow::new(1.0, 0.0))
+        .build();
+
+    let (stats_layer, stats_shadow) = (layer.clone(), shadow_layer.clone());
+    let hello = get(|headers: HeaderMap| async move { greeting(&headers) });
+    Ok(Router::new()
+        .route("/hello", hello.clone().layer(layer))
+        .route("/shadow", hello.layer(shadow_layer))
+        // Not limited: `/open` is the baseline of `.ci/load-tower.sh`.
+        .route("/open", get(|| async { "hello\n" }))
+        .route(
+            "/stats",
+            get(move || async move {
+                format!(
+                    "hello: {:?}\nshadow: {:?}\n",
+                    stats_layer.stats(),
+                    stats_shadow.stats()
+                )
+            }),
+        ))
 }
