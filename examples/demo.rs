@@ -4,11 +4,15 @@
 //!
 //! Run with `cargo run --release --example demo`.
 
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tollgate::{Algorithm, FakeClock, RateLimiterService, Rule, RuleError, ServiceError};
+
+#[path = "support/report.rs"]
+mod report;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Tier {
@@ -47,7 +51,11 @@ fn check(ok: bool, what: &str) {
     }
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> ExitCode {
+    report::exit_code(run())
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let clock = FakeClock::new();
     let tb = service(Algorithm::TokenBucket, &clock)?;
     check(

@@ -20,6 +20,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tollgate::redis::RedisRateLimiter;
 use tollgate::{Algorithm, Rule};
 
+#[path = "support/report.rs"]
+mod report;
+
 #[derive(Debug)]
 struct Options {
     redis: String,
@@ -94,23 +97,11 @@ fn parse() -> Result<Options, String> {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let options = match parse() {
-        Ok(options) => options,
-        Err(message) => {
-            eprintln!("fleet: {message}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match run(&options).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("fleet: {error}");
-            ExitCode::FAILURE
-        }
-    }
+    report::exit_code(run().await)
 }
 
-async fn run(options: &Options) -> Result<(), Box<dyn std::error::Error>> {
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let options = &parse()?;
     let rule = Rule::new(options.limit, options.window)?;
     let mut nodes = Vec::new();
     for _ in 0..options.nodes {

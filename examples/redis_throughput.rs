@@ -11,12 +11,16 @@
 //! Deny-heavy: every task the same client, over its limit for the whole run, with the deny cache
 //! on and off.
 
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tollgate::redis::RedisRateLimiter;
 use tollgate::{Algorithm, Rule};
+
+#[path = "support/report.rs"]
+mod report;
 
 /// Each configuration runs this long.
 const RUN_TIME: Duration = Duration::from_secs(1);
@@ -90,7 +94,11 @@ async fn measure(
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> ExitCode {
+    report::exit_code(run().await)
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let mut url = "redis://127.0.0.1:6379".to_owned();
     while let Some(flag) = args.next() {

@@ -14,6 +14,7 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::process::ExitCode;
 
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
@@ -29,6 +30,9 @@ use hyper_util::service::TowerToHyperService;
 use tollgate::tower::{Cidr, ClientIp, PolicyName, RateLimitLayer};
 use tollgate::{MonotonicClock, Settings};
 use tower::{Layer, ServiceExt};
+
+#[path = "support/report.rs"]
+mod report;
 
 type ProxyBody = BoxBody<Bytes, hyper::Error>;
 
@@ -158,7 +162,11 @@ fn plain(status: StatusCode, text: &'static str) -> Response<ProxyBody> {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> ExitCode {
+    report::exit_code(run().await)
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let options = options()?;
     let settings = Settings::from_path(&options.settings)?;
     // Keyed by the peer's address, recorded below as a `SocketAddr` extension (the default

@@ -4,9 +4,13 @@
 //! Run with `cargo run --release --features settings --example settings [path/to/settings.toml]`;
 //! without a path it reads `examples/settings/plans.toml`.
 
+use std::process::ExitCode;
 use std::time::Duration;
 
 use tollgate::{FakeClock, Settings};
+
+#[path = "support/report.rs"]
+mod report;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Tier {
@@ -23,7 +27,11 @@ impl Tier {
     }
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> ExitCode {
+    report::exit_code(run())
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let path = std::env::args().nth(1).unwrap_or_else(|| {
         concat!(env!("CARGO_MANIFEST_DIR"), "/examples/settings/plans.toml").to_owned()
     });
