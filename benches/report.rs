@@ -10,10 +10,16 @@
 //! noisy; the median shrugs off the samples a neighbour disturbed). Ratios compare figures from
 //! the same run. The targets at the end are the project's performance goals; each is checked
 //! against this run's figures.
+//!
+//! It refuses (a failing exit status, the file left as it was) when the directory lacks any
+//! result it reports, `memory.json` or `run.json`: after another bench alone (`--bench tower`),
+//! say, it would otherwise write a file of empty cells.
 
-use std::collections::HashMap;
+use std::cell::RefCell;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 
 use serde_json::Value;
 
@@ -28,7 +34,10 @@ const CLIENT_COUNTS: [u64; 2] = [10_000, 1_000_000];
 
 type Error = Box<dyn std::error::Error>;
 
-fn main() -> Result<(), Error> {
+/// The command that produces every result the report needs.
+const PRODUCING_COMMAND: &str = "cargo bench --bench tollgate";
+
+fn main() -> ExitCode {
     // `cargo bench` passes its own flags (`--bench`) to a harness-less target: skip them.
     let mut args = std::env::args()
         .skip(1)
@@ -39,37 +48,80 @@ fn main() -> Result<(), Error> {
     let output = args
         .next()
         .map_or_else(|| PathBuf::from("BENCHMARKS.md"), PathBuf::from);
-
-    let results = Results::load(&criterion_dir)?;
-    if results.by_id.is_empty() {
-        return Err(format!(
-            "no criterion results under {}: run `cargo bench --bench tollgate` first",
-            criterion_dir.display()
-        )
-        .into());
+    match write_report(&criterion_dir, &output) {
+        Ok(benchmarks) => {
+            println!("wrote {} from {benchmarks} benchmarks", output.display());
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::FAILURE
+        }
     }
-    let memory = std::fs::read_to_string(criterion_dir.join("memory.json"))
-        .ok()
-        .map(|text| serde_json::from_str::<Value>(&text))
-        .transpose()?;
+}
 
-    let conditions = std::fs::read_to_string(criterion_dir.join("run.json"))
-        .ok()
-        .map(|text| serde_json::from_str::<Value>(&text))
-        .transpose()?;
+/// The ids of every criterion result the report reads.
+pub(crate) fn needed_results() -> BTreeSet<String> {
+    let report = Report {
+        results: &Results {
+            by_id: HashMap::new(),
+        },
+        memory: None,
+        conditions: None,
+        missing: RefCell::default(),
+    };
+    report.render();
+    report.missing.into_inner()
+}
+
+/// Writes the report of the results under `criterion_dir` to `output` and returns how many
+/// benchmarks it read; refuses, writing nothing, when any result, `memory.json` or `run.json`
+/// the report needs is missing, naming them and [`PRODUCING_COMMAND`].
+pub(crate) fn write_report(criterion_dir: &Path, output: &Path) -> Result<usize, Error> {
+    let results = Results::load(criterion_dir)?;
+    let read_json = |name: &str| -> Result<Option<Value>, Error> {
+        std::fs::read_to_string(criterion_dir.join(name))
+            .ok()
+            .map(|text| serde_json::from_str::<Value>(&text))
+            .transpose()
+            .map_err(|error| format!("{}: {error}", criterion_dir.join(name).display()).into())
+    };
+    let memory = read_json("memory.json")?;
+    let conditions = read_json("run.json")?;
 
     let report = Report {
         results: &results,
         memory: memory.as_ref(),
         conditions: conditions.as_ref(),
+        missing: RefCell::default(),
     };
-    std::fs::write(&output, report.render())?;
-    println!(
-        "wrote {} from {} benchmarks",
-        output.display(),
-        results.by_id.len()
-    );
-    Ok(())
+    let text = report.render();
+    let mut missing: Vec<String> = report.missing.into_inner().into_iter().collect();
+    for (name, value) in [("memory.json", &memory), ("run.json", &conditions)] {
+        if value.is_none() {
+            missing.push(name.to_owned());
+        }
+    }
+    if !missing.is_empty() {
+        const SHOWN: usize = 5;
+        let more = missing.len().saturating_sub(SHOWN);
+        missing.truncate(SHOWN);
+        let more = if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        };
+        return Err(format!(
+            "{} lacks results the report needs ({}{more}): run `{PRODUCING_COMMAND}` (about 9 \
+             minutes), then this again; {} was left as it was",
+            criterion_dir.display(),
+            missing.join(", "),
+            output.display()
+        )
+        .into());
+    }
+    std::fs::write(output, text)?;
+    Ok(results.by_id.len())
 }
 
 /// One benchmark's result.
@@ -201,6 +253,8 @@ struct Report<'a> {
     memory: Option<&'a Value>,
     /// `run.json`: the machine's load at the start and end of the run.
     conditions: Option<&'a Value>,
+    /// The ids the report asked for that the results lack.
+    missing: RefCell<BTreeSet<String>>,
 }
 
 impl Report<'_> {
@@ -216,8 +270,17 @@ impl Report<'_> {
         out
     }
 
+    /// The result of `id`, recording it as missing when there is none.
+    fn measurement(&self, id: &str) -> Option<Measurement> {
+        let measurement = self.results.get(id);
+        if measurement.is_none() {
+            self.missing.borrow_mut().insert(id.to_owned());
+        }
+        measurement
+    }
+
     fn nanos(&self, id: &str) -> Option<f64> {
-        self.results.get(id).map(Measurement::nanos_per_decision)
+        self.measurement(id).map(Measurement::nanos_per_decision)
     }
 
     /// The share of its threads' time a contended benchmark spent on a core (`run.json`).
@@ -226,7 +289,7 @@ impl Report<'_> {
     }
 
     fn per_second(&self, id: &str) -> Option<f64> {
-        self.results.get(id).map(Measurement::decisions_per_second)
+        self.measurement(id).map(Measurement::decisions_per_second)
     }
 
     fn header(&self, out: &mut String) {
@@ -514,7 +577,9 @@ impl Report<'_> {
                         "single_thread_{workload}/{method}/{implementation}"
                     ))
                 };
-                let (tollgate, mutex, governor) = (id("tollgate"), id("mutex"), id("governor"));
+                // governor has only the token bucket's algorithm.
+                let governor = (method == "token_bucket").then(|| id("governor")).flatten();
+                let (tollgate, mutex) = (id("tollgate"), id("mutex"));
                 let _ = writeln!(
                     out,
                     "| {name} | {} | {} | {} | {} | {} |",
@@ -672,12 +737,21 @@ impl Report<'_> {
         out.push('\n');
     }
 
+    /// A figure of `memory.json`, recording it as missing when the file is there without it
+    /// (a missing file is reported on its own).
     fn memory_per_client(&self, method: &str, implementation: &str, field: &str) -> Option<f64> {
-        self.memory?["rows"].as_array()?.iter().find_map(|row| {
+        let memory = self.memory?;
+        let figure = memory["rows"].as_array()?.iter().find_map(|row| {
             (row["method"] == method && row["implementation"] == implementation)
                 .then(|| row[field].as_f64())
                 .flatten()
-        })
+        });
+        if figure.is_none() {
+            self.missing.borrow_mut().insert(format!(
+                "memory.json: {field} of {method}, {implementation}"
+            ));
+        }
+        figure
     }
 
     fn memory(&self, out: &mut String) {
