@@ -18,6 +18,9 @@ port=${PORT:-3197}
 
 command -v wrk >/dev/null || { echo "wrk is not installed: apt-get install wrk" >&2; exit 1; }
 cargo build --quiet --release --features tower --example api_server
+# Where cargo put it: CARGO_TARGET_DIR (or the target directory of a cargo configuration) when
+# set, else ./target.
+target_dir=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
 
 roomy=$(mktemp --suffix=.toml)
 cat >"$roomy" <<'TOML'
@@ -41,7 +44,7 @@ stop_server() {
 trap 'stop_server; rm -f "$roomy"' EXIT
 
 start_server() {
-    taskset -c 0 target/release/examples/api_server --listen "127.0.0.1:$port" --settings "$1" >/dev/null &
+    taskset -c 0 "$target_dir/release/examples/api_server" --listen "127.0.0.1:$port" --settings "$1" >/dev/null &
     server=$!
     for _ in $(seq 50); do
         if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then return 0; fi
