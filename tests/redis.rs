@@ -714,6 +714,87 @@ async fn rules_the_scripts_cannot_keep_exact_are_refused_by_name() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_window_limits_above_2_to_the_53_are_refused_and_2_to_the_53_is_exact() {
+    let window = Duration::from_secs(30 * 86_400);
+    // 2^53 + 3 reads as 2^53 + 4 in Lua: it used to report more remaining than the limit.
+    for limit in [(1 << 53) + 1, (1 << 53) + 3] {
+        let rule = Rule::new(limit, window).unwrap();
+        let error = RedisRateLimiter::builder("redis://127.0.0.1:1", Algorithm::FixedWindow)
+            .plan("free", rule)
+            .build_lazy()
+            .unwrap_err();
+        assert!(
+            matches!(
+                error,
+                RedisError::NotExact { value, max, .. }
+                    if value == u128::from(limit) && max == 1 << 53
+            ),
+            "{limit}: {error:?}"
+        );
+        assert!(error.to_string().contains("9007199254740992"), "{error}");
+        assert!(error.to_string().contains("pick a lower limit"), "{error}");
+    }
+
+    // The largest limit accepted, and exact: a count of 1 plus a request of 2^53 is 2^53 + 1,
+    // which a double rounds to 2^53, yet it is denied, as in process.
+    let server = RedisServer::start();
+    let limit: u64 = 1 << 53;
+    let rule = Rule::new(limit, window).unwrap();
+    let redis = limiter(&server, Algorithm::FixedWindow, rule).await;
+    let now_us: u64 = 1_700_000_000_000_000;
+    let clock = FakeClock::starting_at(Duration::from_micros(now_us));
+    let local = FixedWindow::new(rule, clock).unwrap();
+    let peek = redis
+        .peek_at("big", &"free", now_us)
+        .await
+        .unwrap()
+        .decision();
+    assert_eq!(peek, local.peek());
+    assert_eq!(peek.remaining(), limit);
+    for (n, allowed, remaining) in [
+        (1, true, limit - 1),
+        (limit, false, limit - 1),
+        (limit - 1, true, 0),
+        (1, false, 0),
+    ] {
+        let got = redis
+            .decide_at("big", &"free", n, now_us)
+            .await
+            .unwrap()
+            .decision();
+        assert_eq!(got, local.try_acquire_n(n), "{n}");
+        assert_eq!(
+            (got.is_allowed(), got.remaining()),
+            (allowed, remaining),
+            "{n}: {got:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sliding_log_grants_batches_as_in_process() {
+    let server = RedisServer::start();
+    let rule = Rule::per_second(5).unwrap();
+    let redis = limiter(&server, Algorithm::SlidingWindowLog, rule).await;
+    let now_us: u64 = 1_700_000_000_000_000;
+    let local =
+        SlidingWindowLog::new(rule, FakeClock::starting_at(Duration::from_micros(now_us))).unwrap();
+    for (n, allowed, remaining) in [(3, true, 2), (3, false, 2), (2, true, 0)] {
+        let got = redis
+            .decide_at("batch", &"free", n, now_us)
+            .await
+            .unwrap()
+            .decision();
+        assert_eq!(got, local.try_acquire_n(n), "{n}");
+        assert_eq!(
+            (got.is_allowed(), got.remaining()),
+            (allowed, remaining),
+            "{n}: {got:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_that_can_never_pass_report_the_quota_and_unknown_plans_need_no_round_trip() {
     let server = RedisServer::start();
     let redis = limiter(

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use super::script::{NOT_EXACT_BURST, NOT_EXACT_LIMIT, NOT_EXACT_WINDOW};
 use crate::{Rule, RuleError};
 
 /// An error from a [`RedisRateLimiter`](super::RedisRateLimiter): a setting it cannot honour
@@ -87,7 +88,10 @@ pub enum RedisError {
         source: RuleError,
     },
     /// A plan's rule cannot be kept exact in the scripts' integers: Lua numbers are doubles,
-    /// exact only below 2^53.
+    /// exact only up to 2^53. The bounds: a token bucket's full bucket of at most
+    /// [`MAX_BURST_TICKS`](super::MAX_BURST_TICKS) ticks, a window of at most
+    /// [`MAX_WINDOW_MICROS`](super::MAX_WINDOW_MICROS) microseconds, a fixed window's limit of at
+    /// most [`MAX_FIXED_WINDOW_LIMIT`](super::MAX_FIXED_WINDOW_LIMIT).
     NotExact {
         /// The plan, as `Debug` shows it.
         plan: String,
@@ -176,11 +180,19 @@ impl fmt::Display for RedisError {
                 what,
                 value,
                 max,
-            } => write!(
-                f,
-                "plan {plan}: rule {rule} needs {what} {value}, above the {max} that Redis's \
-                 Lua numbers keep exact: pick a limit that shares more factors with the window"
-            ),
+            } => {
+                let remedy = match *what {
+                    NOT_EXACT_BURST => "pick a limit that shares more factors with the window",
+                    NOT_EXACT_WINDOW => "pick a shorter window",
+                    NOT_EXACT_LIMIT => "pick a lower limit",
+                    _ => "pick a smaller rule",
+                };
+                write!(
+                    f,
+                    "plan {plan}: rule {rule} needs {what} {value}, above the {max} that Redis's \
+                     Lua numbers keep exact: {remedy}"
+                )
+            }
             RedisError::WindowNotMicroseconds { plan, window } => write!(
                 f,
                 "plan {plan}: window {window:?} is not a whole number of microseconds, the unit \

@@ -196,9 +196,10 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
     }
 
     /// Takes `n` permits for `client` under `plan`, all or nothing, in one round trip (or none:
-    /// see [`Source`]). `n = 0` reports what is available and takes nothing; `n` above the limit
-    /// (or above 1 for the sliding log) is rejected as in process, with the quota a round trip of
-    /// 0 permits reads.
+    /// see [`Source`]). Every method takes batches, the sliding log included (its `n`
+    /// admissions are logged at one instant). `n = 0` reports what is available and takes
+    /// nothing; `n` above the limit (above any one limit of a plan of several) can never be
+    /// granted and is rejected as in process, with the quota a round trip of 0 permits reads.
     ///
     /// # Errors
     ///

@@ -17,7 +17,10 @@
 //!   doubles hold exactly (a rule whose full bucket would reach 2^50 ticks is refused with
 //!   [`RedisError::NotExact`]); the fixed window, sliding log and sliding window counter follow
 //!   [`FixedWindow`](crate::FixedWindow), [`SlidingWindowLog`](crate::SlidingWindowLog) and
-//!   [`SlidingWindowCounter`](crate::SlidingWindowCounter). The counter's estimate
+//!   [`SlidingWindowCounter`](crate::SlidingWindowCounter), with their bounds on the limit
+//!   (the fixed window's limit also at most [`MAX_FIXED_WINDOW_LIMIT`], 2^53, which its count
+//!   in a double holds exactly; a larger one is refused with [`RedisError::NotExact`]), and
+//!   windows of at most [`MAX_WINDOW_MICROS`]. The counter's estimate
 //!   `ceil(P * (W - e) / W) + C` and its exact first instant to retry are computed without
 //!   forming a product of a count and a time (which can pass 2^53), and its waits come back to
 //!   the nanosecond. Windows must be whole microseconds; figures are reported in nanoseconds
@@ -71,5 +74,5 @@ pub use limiter::{
     RedisRateLimiter, RedisRateLimiterBuilder,
 };
 pub use policy::{CircuitBreaker, FailurePolicy, Source};
-pub use script::{MAX_BURST_TICKS, MAX_WINDOW_MICROS};
+pub use script::{MAX_BURST_TICKS, MAX_FIXED_WINDOW_LIMIT, MAX_WINDOW_MICROS};
 pub use stats::RedisStats;

@@ -66,6 +66,16 @@ pub const MAX_BURST_TICKS: u64 = 1 << 50;
 /// for any time before the year 2184.
 pub const MAX_WINDOW_MICROS: u64 = 1 << 50;
 
+/// The largest fixed-window limit the script accepts: every count, remaining count and request
+/// it handles is an integer from 0 to the limit, all exact in Lua's doubles up to 2^53 (the
+/// script compares a request with what is left, never with a sum that could pass 2^53).
+pub const MAX_FIXED_WINDOW_LIMIT: u64 = 1 << 53;
+
+/// What [`RedisError::NotExact`] names as out of bounds, each with its own remedy.
+pub(super) const NOT_EXACT_BURST: &str = "a full bucket of ticks";
+pub(super) const NOT_EXACT_WINDOW: &str = "a window in microseconds of";
+pub(super) const NOT_EXACT_LIMIT: &str = "a limit of";
+
 /// Reply codes (see the module docs).
 pub(super) const CODE_ALLOWED: i64 = 1;
 pub(super) const CODE_DENIED: i64 = 0;
@@ -126,7 +136,7 @@ impl LimitSpec {
                 let token_ticks = window_us / g;
                 let burst = u128::from(ticks_per_us) * u128::from(window_us);
                 if burst > u128::from(MAX_BURST_TICKS) {
-                    return Err(not_exact("a full bucket of ticks", burst, MAX_BURST_TICKS));
+                    return Err(not_exact(NOT_EXACT_BURST, burst, MAX_BURST_TICKS));
                 }
                 Ok(LimitSpec::TokenBucket {
                     rule,
@@ -141,7 +151,7 @@ impl LimitSpec {
             | Algorithm::SlidingWindowCounter => {
                 if window_us > MAX_WINDOW_MICROS {
                     return Err(not_exact(
-                        "a window in microseconds of",
+                        NOT_EXACT_WINDOW,
                         u128::from(window_us),
                         MAX_WINDOW_MICROS,
                     ));
@@ -149,8 +159,15 @@ impl LimitSpec {
                 let clock = crate::FakeClock::new();
                 match algorithm {
                     Algorithm::FixedWindow => {
-                        // The count is an integer in Lua; the in-process bound is far below 2^53.
                         FixedWindow::new(rule, clock).map_err(invalid)?;
+                        // The in-process bound is near 2^63; the script's count is a double.
+                        if rule.limit() > MAX_FIXED_WINDOW_LIMIT {
+                            return Err(not_exact(
+                                NOT_EXACT_LIMIT,
+                                u128::from(rule.limit()),
+                                MAX_FIXED_WINDOW_LIMIT,
+                            ));
+                        }
                         Ok(LimitSpec::FixedWindow { rule, window_us })
                     }
                     Algorithm::SlidingWindowLog => {

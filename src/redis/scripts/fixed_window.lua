@@ -9,7 +9,7 @@
 --
 -- Reply: {code, index, now_us, then per limit: allowed, remaining (permits), retry_after (us),
 -- reset_after (us)}; code 1 = allowed (and committed), 0 = denied, -1 = KEYS[index] holds another
--- type (nothing written). Every figure is an integer below 2^53.
+-- type (nothing written). Every figure is an integer of at most 2^53 (limits are at most 2^53).
 
 -- `int`, `div`, `expire_after`, `n`, `peek`, `now` and `key_of_another_type` come from
 -- prelude.lua, run first.
@@ -40,8 +40,10 @@ for i = 1, #KEYS do
   if peek then
     take = 1
   end
+  -- The request is compared with what is left, not added to the count: every figure stays
+  -- between 0 and the limit (at most 2^53), where doubles are exact.
   local allowed, remaining, retry = 1, limit - c - take, 0
-  if c + take > limit then
+  if take > limit - c then
     allowed, remaining, retry = 0, limit - c, until_end
     all_allowed = false
   elseif peek then

@@ -9,9 +9,12 @@
 --
 -- n admissions are allowed iff at most `limit - n` admissions are still in the window; they all
 -- happen at one time, the later of now and the latest admission's, so the log stays sorted even if
--- the server's clock steps back. A refusal waits for the admission whose leaving makes room for n. Reply: {code, index, now_us, then per limit: allowed, remaining (permits),
--- retry_after (us), reset_after (us)}; code 1 = allowed (and committed), 0 = denied, -1 =
--- KEYS[index] holds another type (nothing written). Every figure is an integer below 2^53.
+-- the server's clock steps back. A refusal waits for the admission whose leaving makes room for
+-- n.
+--
+-- Reply: {code, index, now_us, then per limit: allowed, remaining (permits), retry_after (us),
+-- reset_after (us)}; code 1 = allowed (and committed), 0 = denied, -1 = KEYS[index] holds another
+-- type (nothing written). Every figure is an integer below 2^53.
 
 -- `int`, `expire_after`, `n`, `peek`, `now` and `key_of_another_type` come from
 -- prelude.lua, run first.
