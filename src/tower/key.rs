@@ -21,7 +21,8 @@ use std::sync::Arc;
 use http::{Extensions, HeaderMap, HeaderName, HeaderValue, Method, Request, Uri};
 
 use super::addr::{Cidr, Grouping};
-use super::forwarded::{ForwardedHeader, client_address};
+use super::forwarded::{ForwardedHeader, Walk, client_address};
+use crate::sync::{Ordering, Word};
 
 /// What the layer's hooks see of a request: everything but its body, so that hooks are written
 /// once for every body type.
@@ -111,6 +112,11 @@ pub enum ClientKey {
     Ip(IpAddr),
     /// A header's value ([`HeaderKey`]).
     Header(HeaderValue),
+    /// Every request that came through the trusted proxy at this address with a forwarding
+    /// header unreadable where [`ClientIp::behind_proxies`] had to read it (or longer than it
+    /// reads): limited together, and never with the proxy's own requests, which are keyed
+    /// [`Ip`](ClientKey::Ip).
+    UnreadableForwarding(IpAddr),
 }
 
 impl Hash for ClientKey {
@@ -128,6 +134,13 @@ impl Hash for ClientKey {
                 state.write_u64(bits as u64);
             }
             ClientKey::Header(value) => state.write(value.as_bytes()),
+            ClientKey::UnreadableForwarding(proxy) => {
+                state.write_u8(3);
+                match proxy {
+                    IpAddr::V4(address) => state.write_u32(u32::from(*address)),
+                    IpAddr::V6(address) => state.write_u128(u128::from(*address)),
+                }
+            }
         }
     }
 }
@@ -140,6 +153,7 @@ impl Clone for ClientKey {
         match self {
             ClientKey::Global => ClientKey::Global,
             ClientKey::Ip(address) => ClientKey::Ip(*address),
+            ClientKey::UnreadableForwarding(proxy) => ClientKey::UnreadableForwarding(*proxy),
             ClientKey::Header(value) => ClientKey::Header(
                 HeaderValue::from_bytes(value.as_bytes()).unwrap_or_else(|_| value.clone()),
             ),
@@ -153,6 +167,9 @@ impl fmt::Display for ClientKey {
             ClientKey::Global => f.write_str("global"),
             ClientKey::Ip(address) => write!(f, "{address}"),
             ClientKey::Header(value) => write!(f, "{}", String::from_utf8_lossy(value.as_bytes())),
+            ClientKey::UnreadableForwarding(proxy) => {
+                write!(f, "unreadable forwarding header via {proxy}")
+            }
         }
     }
 }
@@ -213,6 +230,8 @@ pub struct ClientIp<S = SocketAddrPeer> {
     /// Empty for the peer itself.
     trusted: Arc<[Cidr]>,
     header: ForwardedHeader,
+    /// Requests keyed [`ClientKey::UnreadableForwarding`], shared by clones.
+    unreadable: Arc<Word>,
 }
 
 impl<S> fmt::Debug for ClientIp<S> {
@@ -221,6 +240,7 @@ impl<S> fmt::Debug for ClientIp<S> {
             .field("grouping", &self.grouping)
             .field("trusted", &self.trusted)
             .field("header", &self.header)
+            .field("unreadable", &self.unreadable_forwarding())
             .finish_non_exhaustive()
     }
 }
@@ -233,6 +253,7 @@ impl ClientIp {
             grouping: Grouping::DEFAULT,
             trusted: Arc::from([]),
             header: ForwardedHeader::XForwardedFor,
+            unreadable: Arc::new(Word::new(0)),
         }
     }
 
@@ -240,11 +261,31 @@ impl ClientIp {
     /// if it is not a trusted proxy; else the header walked from the right past every trusted
     /// address, to the first one that is not (see the [module docs](super) on why never the
     /// leftmost). A request from an untrusted peer is keyed by the peer, whatever it claims.
+    ///
+    /// The header is read element by element from the right, on its bytes: what a client wrote
+    /// left of the entries your proxies appended is never read, so a proxy that appends to the
+    /// client's own line (nginx's `$proxy_add_x_forwarded_for`) keys the client by the address it
+    /// appended, whatever the client wrote. Empty elements are skipped; several lines of the
+    /// header are one list. An entry the walk needs that is not an address (garbage, `unknown`,
+    /// an obfuscated `Forwarded` node), or a chain of more than 32 trusted hops, keys the request
+    /// [`ClientKey::UnreadableForwarding`] of the last trusted hop reached: such requests share
+    /// one limit, never the proxy's own, and are counted
+    /// ([`unreadable_forwarding`](ClientIp::unreadable_forwarding)).
     pub fn behind_proxies(trusted: impl IntoIterator<Item = Cidr>) -> Self {
         ClientIp {
             trusted: trusted.into_iter().collect(),
             ..ClientIp::peer()
         }
+    }
+}
+
+impl<S> ClientIp<S> {
+    /// How many requests this extractor (and its clones) keyed
+    /// [`ClientKey::UnreadableForwarding`]: a figure that grows means a proxy in the trusted
+    /// ranges writes what cannot be read, or clients reach the walk's path.
+    pub fn unreadable_forwarding(&self) -> u64 {
+        // Relaxed: a statistic; nothing is ordered by it.
+        self.unreadable.load(Ordering::Relaxed)
     }
 }
 
@@ -283,19 +324,29 @@ impl<S: PeerSource> ClientIp<S> {
             grouping: self.grouping,
             trusted: self.trusted,
             header: self.header,
+            unreadable: self.unreadable,
         }
     }
 
-    /// The client's address, grouped, or `None` when the peer's address is not recorded.
+    /// The client's address, grouped; `None` when the peer's address is not recorded, or when
+    /// the forwarding header could not be read where the walk needed it (which
+    /// [`extract`](KeyExtractor::extract) keys [`ClientKey::UnreadableForwarding`]).
     #[inline]
     pub fn address(&self, head: &RequestHead<'_>) -> Option<IpAddr> {
+        match self.walk(head)? {
+            Walk::Client(client) => Some(self.grouping.key(client)),
+            Walk::Unreadable(_) => None,
+        }
+    }
+
+    #[inline]
+    fn walk(&self, head: &RequestHead<'_>) -> Option<Walk> {
         let peer = self.peer.peer(head.extensions())?;
-        let client = if self.trusted.is_empty() {
-            peer
+        Some(if self.trusted.is_empty() {
+            Walk::Client(peer)
         } else {
             client_address(peer, head.headers(), self.header, &self.trusted)
-        };
-        Some(self.grouping.key(client))
+        })
     }
 }
 
@@ -304,7 +355,14 @@ impl<S: PeerSource> KeyExtractor for ClientIp<S> {
 
     #[inline]
     fn extract(&self, head: &RequestHead<'_>) -> Option<ClientKey> {
-        self.address(head).map(ClientKey::Ip)
+        Some(match self.walk(head)? {
+            Walk::Client(client) => ClientKey::Ip(self.grouping.key(client)),
+            Walk::Unreadable(proxy) => {
+                // Relaxed: a statistic; nothing is ordered by it.
+                self.unreadable.fetch_add(1, Ordering::Relaxed);
+                ClientKey::UnreadableForwarding(proxy)
+            }
+        })
     }
 }
 
