@@ -17,6 +17,7 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::sync::Once;
 
 use http::{Extensions, HeaderMap, HeaderName, HeaderValue, Method, Request, Uri};
 
@@ -86,6 +87,14 @@ pub trait KeyExtractor {
 
     /// The key of the request's client, or `None` when the request does not carry one.
     fn extract(&self, head: &RequestHead<'_>) -> Option<Self::Key>;
+
+    /// Why [`extract`](KeyExtractor::extract) can find no key when the cause is in the server's
+    /// setup rather than in the request (an address the server does not record), worded for the
+    /// layer's answer to such a request; `None` (the default) when a request without a key is the
+    /// client's doing.
+    fn why_no_key(&self) -> Option<&'static str> {
+        None
+    }
 
     /// This extractor's key, or `other`'s when this one finds none.
     fn or<E>(self, other: E) -> Or<Self, E>
@@ -176,11 +185,18 @@ impl fmt::Display for ClientKey {
 
 /// Where a server records the TCP peer's address among a request's extensions.
 ///
-/// Implemented by [`SocketAddrPeer`] (hyper-util servers and this crate's examples) and by every
-/// `Fn(&Extensions) -> Option<IpAddr>`.
+/// Implemented by [`ConnectionPeer`] (the default: where hyper-util, axum and tonic servers put
+/// it) and by every `Fn(&Extensions) -> Option<IpAddr>`.
 pub trait PeerSource {
     /// The peer's address, if the request carries it.
     fn peer(&self, extensions: &Extensions) -> Option<IpAddr>;
+
+    /// What [`peer`](PeerSource::peer) looks for and how a server provides it, for the answer to
+    /// a request without it.
+    fn missing_peer(&self) -> &'static str {
+        "the peer's address is not among the request's extensions where the peer source given to \
+         `ClientIp` looks for it"
+    }
 }
 
 impl<F: Fn(&Extensions) -> Option<IpAddr>> PeerSource for F {
@@ -190,17 +206,54 @@ impl<F: Fn(&Extensions) -> Option<IpAddr>> PeerSource for F {
     }
 }
 
-/// The peer address as a [`SocketAddr`] (or [`IpAddr`]) request extension.
+/// The TCP peer's address wherever the servers this crate knows record it, in this order:
+///
+/// - a [`SocketAddr`] (or [`IpAddr`]) extension: what a hyper or hyper-util server loop inserts
+///   itself (`request.extensions_mut().insert(peer)`, see `examples/reverse_proxy.rs`);
+/// - axum's `ConnectInfo<SocketAddr>`, with tollgate's feature `axum`: serve the router with
+///   `into_make_service_with_connect_info::<SocketAddr>()`;
+/// - tonic's `TcpConnectInfo`, with tollgate's feature `tonic`: tonic's server inserts it for
+///   every request on a TCP connection (`Server::builder().layer(...)` sees it).
+///
+/// Other servers (TLS connection info, Unix sockets) name theirs with
+/// [`ClientIp::peer_source`]. A request where none is found has no key, and the layer's answer
+/// to it says what was looked for ([`KeyExtractor::why_no_key`]).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct SocketAddrPeer;
+pub struct ConnectionPeer;
 
-impl PeerSource for SocketAddrPeer {
+/// What [`ConnectionPeer`] looks for, worded for the answer to a request without it.
+const CONNECTION_PEER_MISSING: &str = "the peer's address is not among the request's \
+     extensions: ClientIp looks for a `SocketAddr` or `IpAddr` extension, axum's \
+     `ConnectInfo<SocketAddr>` (with tollgate's feature `axum`; serve with \
+     `into_make_service_with_connect_info::<SocketAddr>()`) and tonic's `TcpConnectInfo` (with \
+     tollgate's feature `tonic`); elsewhere, insert the peer's `SocketAddr` into each request's \
+     extensions, or name where it is with `ClientIp::peer_source`";
+
+impl PeerSource for ConnectionPeer {
     #[inline]
     fn peer(&self, extensions: &Extensions) -> Option<IpAddr> {
-        extensions
-            .get::<SocketAddr>()
-            .map(SocketAddr::ip)
-            .or_else(|| extensions.get::<IpAddr>().copied())
+        if let Some(address) = extensions.get::<SocketAddr>() {
+            return Some(address.ip());
+        }
+        if let Some(address) = extensions.get::<IpAddr>() {
+            return Some(*address);
+        }
+        #[cfg(feature = "axum")]
+        if let Some(info) = extensions.get::<axum::extract::ConnectInfo<SocketAddr>>() {
+            return Some(info.0.ip());
+        }
+        #[cfg(feature = "tonic")]
+        if let Some(address) = extensions
+            .get::<tonic::transport::server::TcpConnectInfo>()
+            .and_then(|info| info.remote_addr())
+        {
+            return Some(address.ip());
+        }
+        None
+    }
+
+    fn missing_peer(&self) -> &'static str {
+        CONNECTION_PEER_MISSING
     }
 }
 
@@ -208,23 +261,28 @@ impl PeerSource for SocketAddrPeer {
 /// proxies. IPv6 addresses are grouped by a prefix (/64 by default) and IPv4-mapped IPv6 addresses
 /// are read as IPv4 first.
 ///
-/// The peer address is read from a [`SocketAddr`] (or [`IpAddr`]) request extension; a server
-/// that records it differently names its own [`PeerSource`]. With axum:
+/// The peer address is read by [`ConnectionPeer`]: a `SocketAddr` extension, axum's
+/// `ConnectInfo<SocketAddr>` (feature `axum`) or tonic's `TcpConnectInfo` (feature `tonic`). With
+/// axum:
 ///
 /// ```
+/// # #[cfg(feature = "axum")] {
 /// use std::net::SocketAddr;
-/// use axum::extract::ConnectInfo;
 /// use tollgate::tower::ClientIp;
 ///
-/// let key = ClientIp::peer().peer_source(|extensions| {
-///     extensions.get::<ConnectInfo<SocketAddr>>().map(|info| info.0.ip())
-/// });
+/// let key = ClientIp::peer();
+/// let app = axum::Router::new(); // .layer(RateLimitLayer::builder(backend, key, plan).build())
+/// let make_service = app.into_make_service_with_connect_info::<SocketAddr>();
+/// # let _ = (key, make_service);
+/// # }
 /// ```
 ///
-/// (and serve with `into_make_service_with_connect_info::<SocketAddr>()`). A request without the
-/// extension has no key.
+/// A server that records the peer elsewhere names its own [`PeerSource`]
+/// ([`peer_source`](ClientIp::peer_source)). A request where the peer is not found has no key;
+/// the layer's answer to it says what was looked for, and the first such request in a process
+/// writes the same to standard error.
 #[derive(Clone)]
-pub struct ClientIp<S = SocketAddrPeer> {
+pub struct ClientIp<S = ConnectionPeer> {
     peer: S,
     grouping: Grouping,
     /// Empty for the peer itself.
@@ -249,7 +307,7 @@ impl ClientIp {
     /// The TCP peer's address. Forwarding headers are ignored: anyone can write them.
     pub fn peer() -> Self {
         ClientIp {
-            peer: SocketAddrPeer,
+            peer: ConnectionPeer,
             grouping: Grouping::DEFAULT,
             trusted: Arc::from([]),
             header: ForwardedHeader::XForwardedFor,
@@ -308,7 +366,7 @@ impl<S: PeerSource> ClientIp<S> {
         self
     }
 
-    /// Reads the peer's address with `source` instead of from a `SocketAddr` extension.
+    /// Reads the peer's address with `source` instead of [`ConnectionPeer`].
     pub fn peer_source<F>(self, source: F) -> ClientIp<F>
     where
         F: Fn(&Extensions) -> Option<IpAddr>,
@@ -341,12 +399,28 @@ impl<S: PeerSource> ClientIp<S> {
 
     #[inline]
     fn walk(&self, head: &RequestHead<'_>) -> Option<Walk> {
-        let peer = self.peer.peer(head.extensions())?;
+        let Some(peer) = self.peer.peer(head.extensions()) else {
+            self.report_missing_peer();
+            return None;
+        };
         Some(if self.trusted.is_empty() {
             Walk::Client(peer)
         } else {
             client_address(peer, head.headers(), self.header, &self.trusted)
         })
+    }
+
+    /// Says once per process, on standard error, that the peer is not where it is looked for:
+    /// a server set up so answers every request 400, and the cause is in its setup.
+    #[cold]
+    fn report_missing_peer(&self) {
+        static REPORTED: Once = Once::new();
+        REPORTED.call_once(|| {
+            eprintln!(
+                "tollgate: a request has no client key: {}",
+                self.peer.missing_peer()
+            );
+        });
     }
 }
 
@@ -363,6 +437,10 @@ impl<S: PeerSource> KeyExtractor for ClientIp<S> {
                 ClientKey::UnreadableForwarding(proxy)
             }
         })
+    }
+
+    fn why_no_key(&self) -> Option<&'static str> {
+        Some(self.peer.missing_peer())
     }
 }
 
@@ -482,5 +560,11 @@ where
         self.first
             .extract(head)
             .or_else(|| self.second.extract(head))
+    }
+
+    /// The second's reason, else the first's: with an API key or else the address, a request
+    /// without the key is the client's doing; one without the address is not.
+    fn why_no_key(&self) -> Option<&'static str> {
+        self.second.why_no_key().or_else(|| self.first.why_no_key())
     }
 }

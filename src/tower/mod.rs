@@ -58,8 +58,8 @@ pub use error::SetupError;
 pub use forwarded::ForwardedHeader;
 pub use future::ResponseFuture;
 pub use key::{
-    ClientIp, ClientKey, GlobalKey, HeaderKey, KeyExtractor, KeyFn, Or, PeerSource, RequestHead,
-    SocketAddrPeer, key_fn,
+    ClientIp, ClientKey, ConnectionPeer, GlobalKey, HeaderKey, KeyExtractor, KeyFn, Or, PeerSource,
+    RequestHead, key_fn,
 };
 pub use layer::{DEFAULT_SWEEP_INTERVAL, RateLimitLayer, RateLimitLayerBuilder, SHADOWED_HEADER};
 pub use response::{BodyFormat, Fallback, Limited, PolicyName};
