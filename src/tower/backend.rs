@@ -5,8 +5,9 @@ use std::fmt;
 use std::future::{Future, Ready, ready};
 use std::hash::{BuildHasher, Hash};
 use std::sync::Arc;
+use std::time::Duration;
 
-use crate::{Algorithm, Clock, Decision, RateLimiterService, ServiceError};
+use crate::{Algorithm, Clock, Decision, RateLimiterService, ServiceError, Sweeper};
 
 /// A source of decisions: takes `cost` permits for `key` under `plan`.
 ///
@@ -38,14 +39,39 @@ pub trait RateLimitBackend<K, P> {
         let _ = (key, plan, policy);
         None
     }
+
+    /// Starts sweeping idle clients out of the backend every `interval`, for a backend that keeps
+    /// them in this process and can share itself with the sweeping thread; `None` for one with
+    /// nothing to sweep, or that forgets idle clients by itself (a store whose keys expire). A
+    /// layer over the backend starts this when it is built and stops it when it is dropped.
+    ///
+    /// The default is `None`; `Arc<B>` answers what [`start_shared_sweeper`] of `B` does, which
+    /// for the in-process [`RateLimiterService`] is a [`Sweeper`].
+    ///
+    /// [`start_shared_sweeper`]: RateLimitBackend::start_shared_sweeper
+    fn start_sweeper(&self, interval: Duration) -> Option<std::io::Result<Sweeper>> {
+        let _ = interval;
+        None
+    }
+
+    /// [`start_sweeper`](RateLimitBackend::start_sweeper) for the backend shared through this
+    /// `Arc`, which a sweeping thread can hold (weakly) alongside its other users. The default is
+    /// `None`.
+    fn start_shared_sweeper(
+        self: &Arc<Self>,
+        interval: Duration,
+    ) -> Option<std::io::Result<Sweeper>> {
+        let _ = interval;
+        None
+    }
 }
 
 impl<K, P, C, S> RateLimitBackend<K, P> for RateLimiterService<K, P, C, S>
 where
-    K: Hash + Eq + Clone,
-    P: Eq + fmt::Debug,
-    C: Clock,
-    S: BuildHasher,
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    P: Eq + fmt::Debug + Send + Sync + 'static,
+    C: Clock + 'static,
+    S: BuildHasher + Send + Sync + 'static,
 {
     type Error = ServiceError;
     type Future = Ready<Result<Decision, ServiceError>>;
@@ -73,6 +99,14 @@ where
         }
         ready(self.acquire_one_uncounted(key, plan))
     }
+
+    /// A [`Sweeper`]: the service keeps every client it has seen until swept.
+    fn start_shared_sweeper(
+        self: &Arc<Self>,
+        interval: Duration,
+    ) -> Option<std::io::Result<Sweeper>> {
+        Some(Sweeper::start(self, interval))
+    }
 }
 
 impl<K, P, B: RateLimitBackend<K, P> + ?Sized> RateLimitBackend<K, P> for Arc<B> {
@@ -91,5 +125,9 @@ impl<K, P, B: RateLimitBackend<K, P> + ?Sized> RateLimitBackend<K, P> for Arc<B>
 
     fn limit_fields(&self, key: &K, plan: &P, policy: &str) -> Option<(String, String)> {
         (**self).limit_fields(key, plan, policy)
+    }
+
+    fn start_sweeper(&self, interval: Duration) -> Option<std::io::Result<Sweeper>> {
+        B::start_shared_sweeper(self, interval)
     }
 }

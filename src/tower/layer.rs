@@ -9,9 +9,10 @@ use bytes::Bytes;
 use http::{HeaderName, Response};
 use tower_layer::Layer;
 
+use super::backend::RateLimitBackend;
 use super::error::SetupError;
 use super::key::{KeyExtractor, RequestHead};
-use super::response::{BodyFormat, Fallback, Limited};
+use super::response::{BodyFormat, Fallback, Limited, PolicyName, PolicyNames};
 use super::service::RateLimit;
 use super::stats::{Counters, RateLimitStats, Sampler, Shadow};
 use crate::{Clock, RateLimiterService, Settings, Sweeper};
@@ -27,9 +28,10 @@ type SettingsBuilder<K, P, C, X> = RateLimitLayerBuilder<Arc<RateLimiterService<
 /// the layer sees before it adds its own, so that the upstream can trust it.
 pub const SHADOWED_HEADER: HeaderName = HeaderName::from_static("x-ratelimit-shadowed");
 
-/// How often [`RateLimitLayer::from_settings`] sweeps idle clients out: often enough that memory
-/// follows the number of active clients within seconds, rarely enough that the sweep's walk over
-/// the map costs nothing measurable.
+/// How often a layer sweeps idle clients out of an in-process service it shares (see
+/// [`RateLimitLayerBuilder::build`]): often enough that memory follows the number of active
+/// clients within seconds, rarely enough that the sweep's walk over the map costs nothing
+/// measurable.
 pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Everything a layer's services share, behind one `Arc`.
@@ -37,6 +39,7 @@ pub(crate) struct Config<Bk, X, P> {
     pub(crate) backend: Bk,
     pub(crate) extractor: X,
     pub(crate) default_plan: P,
+    pub(crate) policy_names: PolicyNames<P>,
     pub(crate) plan_fn: Option<Box<PlanFn<P>>>,
     pub(crate) cost_fn: Option<Box<CostFn>>,
     pub(crate) on_limited: Option<Box<LimitedFn>>,
@@ -57,6 +60,7 @@ impl<Bk: fmt::Debug, X: fmt::Debug, P: fmt::Debug> fmt::Debug for Config<Bk, X, 
             .field("backend", &self.backend)
             .field("extractor", &self.extractor)
             .field("default_plan", &self.default_plan)
+            .field("policy_names", &self.policy_names)
             .field("plan_fn", &self.plan_fn.is_some())
             .field("cost_fn", &self.cost_fn.is_some())
             .field("on_limited", &self.on_limited.is_some())
@@ -75,8 +79,10 @@ impl<Bk: fmt::Debug, X: fmt::Debug, P: fmt::Debug> fmt::Debug for Config<Bk, X, 
 /// fields, and the inner service is not called.
 ///
 /// Cheap to clone (one `Arc`); every service it makes shares one backend, so a limit holds across
-/// connections and clones. Made with [`RateLimitLayer::builder`], or
-/// [`RateLimitLayer::from_settings`] which also starts the sweep of idle clients.
+/// connections and clones. Made with [`RateLimitLayer::from_settings`],
+/// [`RateLimitLayer::builder`] or [`RateLimitLayer::builder_display_names`]; whichever made it, a
+/// layer over an in-process service it shares (an `Arc<RateLimiterService>`) sweeps its idle
+/// clients out for as long as it lives.
 ///
 /// # Examples
 ///
@@ -120,13 +126,67 @@ impl<Bk: fmt::Debug, X: fmt::Debug, P: fmt::Debug> fmt::Debug for RateLimitLayer
 impl<Bk, X, P> RateLimitLayer<Bk, X, P> {
     /// A builder for a layer asking `backend` for decisions, keying requests with `extractor`,
     /// and limiting each by `default_plan` unless [`plan_fn`](RateLimitLayerBuilder::plan_fn)
-    /// picks another.
-    pub fn builder(backend: Bk, extractor: X, default_plan: P) -> RateLimitLayerBuilder<Bk, X, P> {
+    /// picks another. The `RateLimit` fields name each plan by its [`PolicyName`].
+    pub fn builder(backend: Bk, extractor: X, default_plan: P) -> RateLimitLayerBuilder<Bk, X, P>
+    where
+        P: PolicyName,
+    {
+        Self::builder_naming(backend, extractor, default_plan, PolicyNames::own())
+    }
+
+    /// As [`RateLimitLayer::builder`], for plans named in the `RateLimit` fields by their
+    /// `Display` form (written when a field is sent): a plan enum needs no [`PolicyName`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::fmt;
+    /// use std::sync::Arc;
+    /// use tollgate::tower::{ClientKey, GlobalKey, RateLimitLayer};
+    /// use tollgate::{Algorithm, MonotonicClock, RateLimiterService, Rule};
+    ///
+    /// #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    /// enum Plan { Free, Pro }
+    ///
+    /// impl fmt::Display for Plan {
+    ///     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    ///         f.write_str(match self { Plan::Free => "free", Plan::Pro => "pro" })
+    ///     }
+    /// }
+    ///
+    /// let service = Arc::new(RateLimiterService::<ClientKey, _>::new(
+    ///     Algorithm::TokenBucket,
+    ///     [(Plan::Free, Rule::per_second(5)?), (Plan::Pro, Rule::per_second(50)?)],
+    ///     MonotonicClock::new(),
+    /// )?);
+    /// let layer = RateLimitLayer::builder_display_names(service, GlobalKey, Plan::Free).build();
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn builder_display_names(
+        backend: Bk,
+        extractor: X,
+        default_plan: P,
+    ) -> RateLimitLayerBuilder<Bk, X, P>
+    where
+        P: fmt::Display,
+    {
+        Self::builder_naming(backend, extractor, default_plan, PolicyNames::display())
+    }
+
+    fn builder_naming(
+        backend: Bk,
+        extractor: X,
+        default_plan: P,
+        policy_names: PolicyNames<P>,
+    ) -> RateLimitLayerBuilder<Bk, X, P> {
         RateLimitLayerBuilder {
+            sweep_by_default: true,
             config: Config {
                 backend,
                 extractor,
                 default_plan,
+                policy_names,
                 plan_fn: None,
                 cost_fn: None,
                 on_limited: None,
@@ -156,13 +216,15 @@ impl<Bk, X, P> RateLimitLayer<Bk, X, P> {
 impl<K, P, C, X> RateLimitLayer<Arc<RateLimiterService<K, P, C>>, X, P>
 where
     K: Hash + Eq + Send + Sync + 'static,
-    P: Eq + fmt::Debug + Send + Sync + 'static,
+    P: Clone + Eq + fmt::Debug + Send + Sync + 'static,
     C: Clock + 'static,
     X: KeyExtractor<Key = K>,
 {
     /// A builder for a layer over a service made from `settings` (the plans and windows of a
     /// settings file, each file plan name paired with the program's plan value in `plans`), with
     /// idle clients swept out every [`DEFAULT_SWEEP_INTERVAL`] for as long as the layer lives.
+    /// The `RateLimit` fields name each plan as the settings file does: a plan enum needs no
+    /// [`PolicyName`].
     ///
     /// # Errors
     ///
@@ -175,8 +237,13 @@ where
         extractor: X,
         default_plan: P,
     ) -> Result<SettingsBuilder<K, P, C, X>, SetupError> {
+        let plans: Vec<(&str, P)> = plans.into_iter().collect();
+        let names = plans
+            .iter()
+            .map(|(name, plan)| (plan.clone(), Box::from(*name)))
+            .collect();
         let service = Arc::new(settings.build_service_with_plans(clock, plans)?);
-        RateLimitLayer::builder(service, extractor, default_plan)
+        RateLimitLayer::builder_naming(service, extractor, default_plan, PolicyNames::table(names))
             .sweep_every(DEFAULT_SWEEP_INTERVAL)
             .map_err(SetupError::Sweeper)
     }
@@ -193,12 +260,16 @@ impl<S, Bk, X, P> Layer<S> for RateLimitLayer<Bk, X, P> {
 /// Builds a [`RateLimitLayer`]; made by [`RateLimitLayer::builder`].
 pub struct RateLimitLayerBuilder<Bk, X, P> {
     config: Config<Bk, X, P>,
+    /// Whether [`build`](RateLimitLayerBuilder::build) starts the backend's sweep, if it has one
+    /// and none was started yet.
+    sweep_by_default: bool,
 }
 
 impl<Bk: fmt::Debug, X: fmt::Debug, P: fmt::Debug> fmt::Debug for RateLimitLayerBuilder<Bk, X, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayerBuilder")
             .field("config", &self.config)
+            .field("sweep_by_default", &self.sweep_by_default)
             .finish()
     }
 }
@@ -283,8 +354,37 @@ impl<Bk, X, P> RateLimitLayerBuilder<Bk, X, P> {
         self
     }
 
-    /// The layer.
-    pub fn build(self) -> RateLimitLayer<Bk, X, P> {
+    /// Leaves idle clients in the backend: for a service that is swept elsewhere (by a
+    /// [`Sweeper`] of its own, or another layer over it).
+    pub fn without_sweep(mut self) -> Self {
+        self.sweep_by_default = false;
+        self.config.sweeper = None;
+        self
+    }
+
+    /// The layer. Unless [`without_sweep`](RateLimitLayerBuilder::without_sweep) or
+    /// [`sweep_every`](RateLimitLayerBuilder::sweep_every) said otherwise, it sweeps idle clients
+    /// out of its backend every [`DEFAULT_SWEEP_INTERVAL`] for as long as it lives, if the
+    /// backend keeps them in this process and shares them (an `Arc<RateLimiterService>`; see
+    /// [`RateLimitBackend::start_sweeper`]). Should the OS refuse the sweeping thread, the layer
+    /// works without it and says so on stderr, once.
+    pub fn build(mut self) -> RateLimitLayer<Bk, X, P>
+    where
+        X: KeyExtractor,
+        Bk: RateLimitBackend<X::Key, P>,
+    {
+        if self.sweep_by_default && self.config.sweeper.is_none() {
+            match self.config.backend.start_sweeper(DEFAULT_SWEEP_INTERVAL) {
+                Some(Ok(sweeper)) => self.config.sweeper = Some(sweeper),
+                // Not worth failing the server for (idle clients then stay in memory until their
+                // limiter is used again), but not silently either.
+                Some(Err(error)) => eprintln!(
+                    "tollgate: the rate-limit layer cannot start its sweep of idle clients \
+                     ({error}): they stay in memory; build it with sweep_every to see this error"
+                ),
+                None => {}
+            }
+        }
         RateLimitLayer {
             config: Arc::new(self.config),
         }
@@ -298,8 +398,8 @@ where
     C: Clock + 'static,
     S: std::hash::BuildHasher + Send + Sync + 'static,
 {
-    /// Sweeps idle clients out of the service every `interval`, on a thread that lives as long as
-    /// the layer (see [`Sweeper`]).
+    /// Sweeps idle clients out of the service every `interval` (instead of
+    /// [`DEFAULT_SWEEP_INTERVAL`]), on a thread that lives as long as the layer (see [`Sweeper`]).
     ///
     /// # Errors
     ///

@@ -6,6 +6,7 @@
 //! Structured Field String, `"` and `\` escaped). `Retry-After` is whole seconds rounded *up* and
 //! never 0, so a client that waits as told is not refused again for being early.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use bytes::Bytes;
@@ -25,11 +26,15 @@ const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 /// The problem type of draft-ietf-httpapi-ratelimit-headers-11, section 7.1.
 const QUOTA_EXCEEDED_TYPE: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
 
-/// The name of a plan's policy in the `RateLimit` fields: the plan's name in the settings.
+/// The name of a plan's policy in the `RateLimit` fields, for a layer made with
+/// [`RateLimitLayer::builder`](super::RateLimitLayer::builder).
 ///
-/// Implemented for the string types a settings file's plans come as; implement it for your own
-/// plan enum. A name that is empty or not printable ASCII cannot be sent: the layer then leaves
-/// the `RateLimit` fields out (the 429 and `Retry-After` are still sent).
+/// Implemented for the string types; a plan enum need not implement it: a layer made with
+/// [`RateLimitLayer::from_settings`](super::RateLimitLayer::from_settings) names each plan as the
+/// settings file does, and one made with
+/// [`RateLimitLayer::builder_display_names`](super::RateLimitLayer::builder_display_names) by its
+/// `Display` form. A name that is empty or not printable ASCII cannot be sent: the layer then
+/// leaves the `RateLimit` fields out (the 429 and `Retry-After` are still sent).
 pub trait PolicyName {
     /// The policy's name.
     fn policy_name(&self) -> &str;
@@ -56,6 +61,74 @@ impl PolicyName for std::sync::Arc<str> {
 impl<T: PolicyName + ?Sized> PolicyName for &T {
     fn policy_name(&self) -> &str {
         (**self).policy_name()
+    }
+}
+
+/// Where a layer finds the policy name of a plan.
+pub(crate) enum PolicyNames<P> {
+    /// The plan's own [`PolicyName`].
+    Own(for<'p> fn(&'p P) -> &'p str),
+    /// The plan's `Display` form, written when a field is sent.
+    Display(fn(&P) -> String),
+    /// The settings file's name of each plan, found with the plans' `==`.
+    Table {
+        names: Box<[(P, Box<str>)]>,
+        eq: fn(&P, &P) -> bool,
+    },
+}
+
+impl<P> PolicyNames<P> {
+    /// Names each plan with its [`PolicyName`].
+    pub(crate) fn own() -> Self
+    where
+        P: PolicyName,
+    {
+        PolicyNames::Own(P::policy_name)
+    }
+
+    /// Names each plan with its `Display` form.
+    pub(crate) fn display() -> Self
+    where
+        P: fmt::Display,
+    {
+        PolicyNames::Display(P::to_string)
+    }
+
+    /// Names each of `names`' plans as it says; another plan has no name (and its answers no
+    /// `RateLimit` fields).
+    pub(crate) fn table(names: Vec<(P, Box<str>)>) -> Self
+    where
+        P: PartialEq,
+    {
+        PolicyNames::Table {
+            names: names.into_boxed_slice(),
+            eq: P::eq,
+        }
+    }
+
+    /// The policy name of `plan` (empty when it has none, which no field is sent for).
+    pub(crate) fn name<'p>(&'p self, plan: &'p P) -> Cow<'p, str> {
+        match self {
+            PolicyNames::Own(name) => Cow::Borrowed(name(plan)),
+            PolicyNames::Display(name) => Cow::Owned(name(plan)),
+            PolicyNames::Table { names, eq } => names
+                .iter()
+                .find(|(named, _)| eq(named, plan))
+                .map_or(Cow::Borrowed(""), |(_, name)| Cow::Borrowed(name)),
+        }
+    }
+}
+
+impl<P> fmt::Debug for PolicyNames<P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PolicyNames::Own(_) => f.write_str("PolicyName"),
+            PolicyNames::Display(_) => f.write_str("Display"),
+            PolicyNames::Table { names, .. } => f
+                .debug_list()
+                .entries(names.iter().map(|(_, name)| name))
+                .finish(),
+        }
     }
 }
 

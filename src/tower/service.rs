@@ -15,7 +15,7 @@ use super::body::ResponseBody;
 use super::future::{ResponseFuture, answer, pass};
 use super::key::{KeyExtractor, RequestHead};
 use super::layer::Config;
-use super::response::{Fallback, Limited, PolicyName, Protocol, limit_headers, refusal};
+use super::response::{Fallback, Limited, Protocol, limit_headers, refusal};
 use super::stats::{Count, RateLimitStats};
 use crate::Decision;
 
@@ -155,7 +155,7 @@ where
     Bk: RateLimitBackend<X::Key, P> + Send + Sync + 'static,
     Bk::Future: Send + 'static,
     X: KeyExtractor + Send + Sync + 'static,
-    P: PolicyName + Send + Sync + 'static,
+    P: Send + Sync + 'static,
 {
     type Response = Response<ResponseBody<ResB>>;
     type Error = S::Error;
@@ -207,14 +207,15 @@ where
                 config.counters.add(Count::Allowed);
                 return ResponseFuture::inner(self.inner.call(request), None);
             }
+            let policy = config.policy_names.name(plan);
             // A plan of several limits reports each of them, read right after the decision.
-            let fields = config.backend.limit_fields(&key, plan, plan.policy_name());
-            return match config.verdict(checked, &mut request, plan.policy_name(), fields) {
+            let fields = config.backend.limit_fields(&key, plan, &policy);
+            return match config.verdict(checked, &mut request, &policy, fields) {
                 Verdict::Pass(fields) => ResponseFuture::inner(self.inner.call(request), fields),
                 Verdict::Answer(response) => ResponseFuture::answer(response),
             };
         }
-        let policy = plan.policy_name().to_owned();
+        let policy = config.policy_names.name(plan).into_owned();
         self.call_later(check, request, policy)
     }
 }
