@@ -37,14 +37,15 @@ use axum::routing::get;
 use http::{HeaderMap, HeaderName};
 use serde::Deserialize;
 use tollgate::tower::{
-    Cidr, ClientIp, ClientKey, HeaderKey, KeyExtractor, PolicyName, RateLimitLayer, RequestHead,
+    Cidr, ClientIp, ClientKey, HeaderKey, KeyExtractor, RateLimitLayer, RequestHead,
     SHADOWED_HEADER, SetupError, Shadow, key_fn,
 };
 use tollgate::{Clock, MonotonicClock, Settings};
 
 const API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 
-/// The plans of the settings file.
+/// The plans of the settings file (the layer names them in the `RateLimit` fields as the file
+/// does).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Plan {
     Free,
@@ -59,15 +60,6 @@ impl Plan {
             .iter()
             .find(|(plan_name, _)| *plan_name == name)
             .map(|(_, plan)| *plan)
-    }
-}
-
-impl PolicyName for Plan {
-    fn policy_name(&self) -> &str {
-        match self {
-            Plan::Free => "free",
-            Plan::Pro => "pro",
-        }
     }
 }
 
@@ -201,7 +193,9 @@ async fn run() -> Result<(), Box<dyn Error>> {
     let key_count = keys.plans.len();
     let app = app(&settings, MonotonicClock::new(), keys, &options.trusted)?;
 
-    let listener = tokio::net::TcpListener::bind(options.listen).await?;
+    let listener = tokio::net::TcpListener::bind(options.listen)
+        .await
+        .map_err(|error| format!("--listen {}: {error}", options.listen))?;
     println!(
         "api_server: {} from {} ({}), {key_count} API keys from {}, listening on http://{}",
         settings.algorithm(),
