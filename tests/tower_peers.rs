@@ -60,7 +60,8 @@ fn a_missing_peer_is_explained_with_what_was_looked_for() {
         assert!(why.contains(named), "{why:?} does not name {named}");
     }
     // An API key else the address: a request without the address is what needs explaining.
-    let either = tollgate::tower::HeaderKey::new(http::HeaderName::from_static("x-api-key"))
+    let either = tollgate::tower::HeaderKey::new("x-api-key")
+        .unwrap()
         .or(ClientIp::peer());
     assert_eq!(either.why_no_key(), Some(why));
 }

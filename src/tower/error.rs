@@ -1,4 +1,5 @@
-//! [`SetupError`]: why a layer could not be made from a settings file.
+//! The layer's errors: [`SetupError`] (a layer from a settings file) and [`InvalidHeaderName`]
+//! (a [`HeaderKey`](super::HeaderKey) named by text).
 
 use std::fmt;
 
@@ -39,3 +40,31 @@ impl From<SettingsError> for SetupError {
         SetupError::Settings(error)
     }
 }
+
+/// A header name given as text that is not one: empty, or with a character a header name cannot
+/// have (RFC 9110 field names are tokens: letters, digits and ``!#$%&'*+-.^_`|~``).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidHeaderName {
+    name: String,
+}
+
+impl InvalidHeaderName {
+    pub(crate) fn new(name: &str) -> Self {
+        InvalidHeaderName {
+            name: name.to_owned(),
+        }
+    }
+}
+
+impl fmt::Display for InvalidHeaderName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "header name {:?} is invalid: a header name is one or more letters, digits and \
+             any of !#$%&'*+-.^_`|~ (like \"x-api-key\")",
+            self.name
+        )
+    }
+}
+
+impl std::error::Error for InvalidHeaderName {}

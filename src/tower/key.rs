@@ -22,6 +22,7 @@ use std::sync::Once;
 use http::{Extensions, HeaderMap, HeaderName, HeaderValue, Method, Request, Uri};
 
 use super::addr::{Cidr, Grouping};
+use super::error::InvalidHeaderName;
 use super::forwarded::{ForwardedHeader, Walk, client_address};
 use crate::sync::{Ordering, Word};
 
@@ -75,7 +76,7 @@ impl<'a> RequestHead<'a> {
 /// use http::Request;
 /// use tollgate::tower::{ClientKey, HeaderKey, KeyExtractor, RequestHead};
 ///
-/// let by_api_key = HeaderKey::new(http::HeaderName::from_static("x-api-key"));
+/// let by_api_key = HeaderKey::new("x-api-key")?;
 /// let request = Request::builder().header("x-api-key", "pro-123").body(())?;
 /// let key = by_api_key.extract(&RequestHead::of(&request));
 /// assert_eq!(key, Some(ClientKey::Header("pro-123".parse()?)));
@@ -446,6 +447,16 @@ impl<S: PeerSource> KeyExtractor for ClientIp<S> {
 
 /// Keys a request by the value of one header (an API key). A request without the header, with it
 /// empty or longer than the maximum, has no key.
+///
+/// # Examples
+///
+/// ```
+/// use tollgate::tower::HeaderKey;
+///
+/// let by_api_key = HeaderKey::new("x-api-key")?;
+/// assert!(HeaderKey::new("x api key").is_err());
+/// # Ok::<(), tollgate::tower::InvalidHeaderName>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct HeaderKey {
     name: HeaderName,
@@ -457,8 +468,15 @@ impl HeaderKey {
     /// client can make the limiter's map hold.
     pub const DEFAULT_MAX_LEN: usize = 256;
 
-    /// Keys by the value of `name`.
-    pub fn new(name: HeaderName) -> Self {
+    /// Keys by the value of the header `name`: given as text (`"x-api-key"`, any case), the
+    /// extractor or an [`InvalidHeaderName`] error; given as an `http::HeaderName`, the extractor.
+    // `Self` for a `HeaderName`, a `Result` for text: text may not be a header name.
+    #[allow(clippy::new_ret_no_self)]
+    pub fn new<N: HeaderKeyName>(name: N) -> N::Made {
+        name.make()
+    }
+
+    fn named(name: HeaderName) -> Self {
         HeaderKey {
             name,
             max_len: Self::DEFAULT_MAX_LEN,
@@ -470,6 +488,40 @@ impl HeaderKey {
         self.max_len = max_len;
         self
     }
+}
+
+/// What [`HeaderKey::new`] takes: a header name as text, which may be invalid, or an
+/// `http::HeaderName`, which cannot.
+pub trait HeaderKeyName: sealed::Sealed {
+    /// What [`HeaderKey::new`] returns for this name.
+    type Made;
+
+    /// The extractor keyed by this name.
+    fn make(self) -> Self::Made;
+}
+
+impl HeaderKeyName for HeaderName {
+    type Made = HeaderKey;
+
+    fn make(self) -> HeaderKey {
+        HeaderKey::named(self)
+    }
+}
+
+impl HeaderKeyName for &str {
+    type Made = Result<HeaderKey, InvalidHeaderName>;
+
+    fn make(self) -> Result<HeaderKey, InvalidHeaderName> {
+        HeaderName::from_bytes(self.as_bytes())
+            .map(HeaderKey::named)
+            .map_err(|_| InvalidHeaderName::new(self))
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for http::HeaderName {}
+    impl Sealed for &str {}
 }
 
 impl KeyExtractor for HeaderKey {
@@ -566,5 +618,42 @@ where
     /// without the key is the client's doing; one without the address is not.
     fn why_no_key(&self) -> Option<&'static str> {
         self.second.why_no_key().or_else(|| self.first.why_no_key())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key_of(extractor: &HeaderKey, name: &str, value: &str) -> Option<ClientKey> {
+        let request = Request::get("/").header(name, value).body(()).unwrap();
+        extractor.extract(&RequestHead::of(&request))
+    }
+
+    #[test]
+    fn a_header_key_is_named_by_text_in_any_case() {
+        let by_text = HeaderKey::new("X-Api-Key").unwrap();
+        assert_eq!(
+            key_of(&by_text, "x-api-key", "pro-123"),
+            Some(ClientKey::Header(HeaderValue::from_static("pro-123")))
+        );
+        let by_name = HeaderKey::new(HeaderName::from_static("x-api-key"));
+        assert_eq!(
+            key_of(&by_name, "x-api-key", "pro-123"),
+            key_of(&by_text, "x-api-key", "pro-123")
+        );
+    }
+
+    #[test]
+    fn text_that_is_no_header_name_is_a_typed_error() {
+        for bad in ["", "x api key", "x-api-key:", "é", "x\napi"] {
+            let error = HeaderKey::new(bad).unwrap_err();
+            assert_eq!(error, InvalidHeaderName::new(bad));
+            let message = error.to_string();
+            assert!(
+                message.contains(&format!("{bad:?}")) && message.contains("is invalid"),
+                "{message}"
+            );
+        }
     }
 }

@@ -54,12 +54,12 @@ mod stats;
 pub use addr::{Cidr, InvalidCidr};
 pub use backend::RateLimitBackend;
 pub use body::ResponseBody;
-pub use error::SetupError;
+pub use error::{InvalidHeaderName, SetupError};
 pub use forwarded::ForwardedHeader;
 pub use future::ResponseFuture;
 pub use key::{
-    ClientIp, ClientKey, ConnectionPeer, GlobalKey, HeaderKey, KeyExtractor, KeyFn, Or, PeerSource,
-    RequestHead, key_fn,
+    ClientIp, ClientKey, ConnectionPeer, GlobalKey, HeaderKey, HeaderKeyName, KeyExtractor, KeyFn,
+    Or, PeerSource, RequestHead, key_fn,
 };
 pub use layer::{DEFAULT_SWEEP_INTERVAL, RateLimitLayer, RateLimitLayerBuilder, SHADOWED_HEADER};
 pub use response::{BodyFormat, Fallback, Limited, PolicyName};
