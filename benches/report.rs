@@ -1,5 +1,6 @@
 //! Writes `BENCHMARKS.md` from the results of `cargo bench`: criterion's estimates under
-//! `target/criterion` and the memory table the suite writes beside them (`memory.json`).
+//! `target/criterion` (or `$CARGO_TARGET_DIR/criterion`, or `$CRITERION_HOME`) and the tables the
+//! suite writes beside them (`memory.json`, `run.json`).
 //!
 //! ```text
 //! cargo bench
@@ -44,7 +45,7 @@ fn main() -> ExitCode {
         .filter(|arg| !arg.starts_with("--"));
     let criterion_dir = args
         .next()
-        .map_or_else(|| PathBuf::from("target/criterion"), PathBuf::from);
+        .map_or_else(default_criterion_dir, PathBuf::from);
     let output = args
         .next()
         .map_or_else(|| PathBuf::from("BENCHMARKS.md"), PathBuf::from);
@@ -72,6 +73,17 @@ pub(crate) fn needed_results() -> BTreeSet<String> {
     };
     report.render();
     report.missing.into_inner()
+}
+
+/// Where criterion wrote its results, found as the benchmarks find it (`benches/tollgate`'s
+/// `output_directory`): `CRITERION_HOME`, else `criterion` in `CARGO_TARGET_DIR` or `target`.
+fn default_criterion_dir() -> PathBuf {
+    if let Some(home) = std::env::var_os("CRITERION_HOME") {
+        return PathBuf::from(home);
+    }
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| PathBuf::from("target"), PathBuf::from)
+        .join("criterion")
 }
 
 /// Writes the report of the results under `criterion_dir` to `output` and returns how many
