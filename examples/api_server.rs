@@ -42,6 +42,9 @@ use tollgate::tower::{
 };
 use tollgate::{Clock, MonotonicClock, Settings};
 
+#[path = "support/report.rs"]
+mod report;
+
 const API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 
 /// The plans of the settings file (the layer names them in the `RateLimit` fields as the file
@@ -170,19 +173,7 @@ fn greeting(headers: &HeaderMap) -> String {
 }
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            // The messages people read (`Display`), each cause on its own line.
-            eprintln!("api_server: error: {error}");
-            let mut cause = error.source();
-            while let Some(source) = cause {
-                eprintln!("caused by: {source}");
-                cause = source.source();
-            }
-            ExitCode::FAILURE
-        }
-    }
+    report::exit_code(run())
 }
 
 #[tokio::main]

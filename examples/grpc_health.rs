@@ -31,6 +31,9 @@ use tonic::transport::{Channel, Server};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 
+#[path = "support/report.rs"]
+mod report;
+
 /// The layer this server runs behind: every client keyed by its address.
 pub(crate) type Layer<C> =
     RateLimitLayer<Arc<RateLimiterService<ClientKey, &'static str, C>>, ClientIp, &'static str>;
@@ -73,19 +76,7 @@ fn options() -> Result<Options, String> {
 }
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            // The messages people read (`Display`), each cause on its own line.
-            eprintln!("grpc_health: error: {error}");
-            let mut cause = error.source();
-            while let Some(source) = cause {
-                eprintln!("caused by: {source}");
-                cause = source.source();
-            }
-            ExitCode::FAILURE
-        }
-    }
+    report::exit_code(run())
 }
 
 #[tokio::main]
