@@ -135,7 +135,9 @@ fn the_readme_quotes_the_settings_message_for_a_negative_limit() {
 }
 
 /// The `settings` example, built with the flags this test was built with (the same profile;
-/// every feature, as the CI's test command), so that under that command it is already built.
+/// every feature when loom's is on, as under the CI's test command, where the example is then
+/// already built; else the features this test has), so that the build matches the toolchain and
+/// the run that asked for it.
 fn settings_example() -> PathBuf {
     let test_binary = std::env::current_exe().unwrap();
     // <target>/<profile>/deps/<this test>
@@ -144,15 +146,23 @@ fn settings_example() -> PathBuf {
     let mut build = Command::new(env!("CARGO"));
     build
         .current_dir(ROOT)
-        .args([
-            "build",
-            "--quiet",
-            "--all-features",
-            "--example",
-            "settings",
-        ])
+        .args(["build", "--quiet", "--example", "settings"])
         .arg("--target-dir")
         .arg(target_dir);
+    if cfg!(feature = "loom") {
+        build.arg("--all-features");
+    } else {
+        let features: Vec<&str> = [
+            ("serde", cfg!(feature = "serde")),
+            ("settings", cfg!(feature = "settings")),
+            ("redis", cfg!(feature = "redis")),
+            ("tower", cfg!(feature = "tower")),
+        ]
+        .into_iter()
+        .filter_map(|(name, on)| on.then_some(name))
+        .collect();
+        build.arg("--features").arg(features.join(","));
+    }
     if profile_dir
         .file_name()
         .is_some_and(|name| name == "release")
