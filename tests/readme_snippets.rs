@@ -157,6 +157,8 @@ fn settings_example() -> PathBuf {
             ("settings", cfg!(feature = "settings")),
             ("redis", cfg!(feature = "redis")),
             ("tower", cfg!(feature = "tower")),
+            ("axum", cfg!(feature = "axum")),
+            ("tonic", cfg!(feature = "tonic")),
         ]
         .into_iter()
         .filter_map(|(name, on)| on.then_some(name))
