@@ -1,6 +1,7 @@
 //! A plan of several limits: the all-or-nothing reservation `SeveralLimits::acquire` makes
-//! (take from each limit in order; on a refusal, give back what the limits before it granted),
-//! on the token bucket's own CAS loop and `GcraParams::undo`, with loom's atomics.
+//! (look at every limit, taking nothing, and refuse if any refuses; then take from each limit in
+//! order, and on a refusal undo what the limits before it granted), on the token bucket's own
+//! CAS loop, `GcraParams::reserve` and `GcraParams::undo`, with loom's atomics.
 //!
 //! Checked under every interleaving: no limit grants more than its own limit, and no give-back
 //! returns more than its reservation took: once every thread is done, each limit's state holds
@@ -11,8 +12,9 @@
 //! committed permit has left its limit, and a request whose commit meets the retired gate gives
 //! its permits back.
 //!
-//! `negative_controls` runs the same models with an undo that is not exact, and with a sweep
-//! that retires the gate by a check and a blind store, and shows each caught.
+//! `negative_controls` runs the same models with an undo that restores the word it replaced by a
+//! blind store (losing a grant that landed since), and with a sweep that retires the gate by a
+//! check and a blind store, and shows each caught.
 
 use loom::sync::Arc;
 use loom::sync::atomic::{AtomicU64, Ordering};
@@ -24,10 +26,11 @@ use crate::support::{FixedClock, WINDOW, explore, rule};
 /// How a refused reservation gives back what it took.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Undo {
-    /// `GcraParams::undo`.
+    /// `GcraParams::undo`: restores the word the grant replaced only while it still holds what
+    /// the grant stored.
     Exact,
-    /// Gives back twice what was taken.
-    Twice,
+    /// Stores the word the grant replaced whatever the word holds now.
+    BlindRestore,
 }
 
 /// Two limits, 2 and 1 per window; each of `threads` requests one permit at the same instant.
@@ -43,19 +46,32 @@ pub(crate) fn check_two_limits(threads: usize, undo: Undo) {
                 let states = Arc::clone(&states);
                 thread::spawn(move || {
                     let clock = FixedClock(0);
-                    let mut decisions = Vec::new();
+                    // The look: a limit that refuses at this reading refuses with no write.
+                    let refused_at_look = limits.iter().zip(states.iter()).any(|(limit, state)| {
+                        limit
+                            .decide(state.load(Ordering::Relaxed), 0, 1)
+                            .0
+                            .is_denied()
+                    });
+                    if refused_at_look {
+                        return false;
+                    }
+                    let mut reservations = Vec::new();
                     for (taken, limit) in limits.iter().enumerate() {
-                        let decision = limit.acquire(&states[taken], 1, &clock);
-                        if decision.is_allowed() {
-                            decisions.push(decision);
+                        let (decision, reservation) = limit.reserve(&states[taken], 1, &clock);
+                        if let (true, Some(reservation)) = (decision.is_allowed(), reservation) {
+                            reservations.push((decision, reservation));
                             continue;
                         }
-                        for (given, (limit, decision)) in
-                            limits[..taken].iter().zip(&decisions).enumerate()
-                        {
+                        let given_back = limits[..taken].iter().zip(&reservations).enumerate();
+                        for (given, (limit, (decision, reservation))) in given_back.rev() {
                             match undo {
-                                Undo::Exact => limit.undo(&states[given], 1, decision, 0),
-                                Undo::Twice => limit.undo(&states[given], 2, decision, 0),
+                                Undo::Exact => {
+                                    limit.undo(&states[given], 1, decision, *reservation, 0)
+                                }
+                                Undo::BlindRestore => {
+                                    states[given].store(reservation.before(), Ordering::Relaxed)
+                                }
                             }
                         }
                         return false;

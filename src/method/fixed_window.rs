@@ -14,7 +14,7 @@ use crossbeam_utils::CachePadded;
 use crate::clock::Clock;
 use crate::decision::{Admit, Decision, Rejection};
 use crate::error::RuleError;
-use crate::method::word::{self, Step};
+use crate::method::word::{self, Reservation, Step};
 use crate::method::{one_word_method, one_word_service_method, standalone_limiter};
 use crate::sync::{AtomicWord, Ordering, Word};
 use crate::{Algorithm, Rule};
@@ -226,15 +226,39 @@ impl WindowParams {
             }
         }
         // One clock reading per attempt, kept on a retry (see `GcraParams::acquire`).
-        word::update(word, current, |current| {
-            if current & RETIRED != 0 {
-                return Step::Answer(Decision::retired(self.rule));
-            }
-            match self.decide_elapsed(current, now, n) {
-                (decision, Some(new)) => Step::Store(new, decision),
-                (decision, None) => Step::Answer(decision),
-            }
-        })
+        self.decide_on(word, current, now, n).0
+    }
+
+    /// [`WindowParams::acquire`], also returning what a grant changed, so that a plan of several
+    /// limits can undo it exactly (see [`WindowParams::undo`]).
+    #[inline]
+    pub fn reserve<A: AtomicWord>(
+        &self,
+        word: &A,
+        n: u64,
+        clock: &impl Clock,
+    ) -> (Decision, Option<Reservation>) {
+        let now = self.elapsed(clock.now_nanos());
+        // Relaxed: see `acquire`.
+        self.decide_on(word, word.load(Ordering::Relaxed), now, n)
+    }
+
+    /// The compare-and-swap loop of a decision at `now` (counted from window 0), from `current`.
+    #[inline]
+    fn decide_on<A: AtomicWord>(
+        &self,
+        word: &A,
+        current: u64,
+        now: u64,
+        n: u64,
+    ) -> (Decision, Option<Reservation>) {
+        word::decide(
+            word,
+            current,
+            |current| current & RETIRED != 0,
+            || Decision::retired(self.rule),
+            |current| self.decide_elapsed(current, now, n),
+        )
     }
 
     /// Takes one permit if one is available now: [`WindowParams::acquire`] for `n = 1`,
@@ -277,11 +301,26 @@ impl WindowParams {
         })
     }
 
-    /// Gives back `n` permits that `granted` (an allowed decision of this window's, made at
-    /// `now_nanos`) took, if its window is still the stored one; a window that has rolled over
-    /// has nothing to give back. The window a grant was counted in is where its `reset_after`
-    /// ends.
-    pub fn undo<A: AtomicWord>(&self, word: &A, n: u64, granted: &Decision, now_nanos: u64) {
+    /// Undoes the grant that made `reservation` (a reservation across several limits that
+    /// another limit refused, `granted` its decision, made at `now_nanos`).
+    ///
+    /// While the word is still the one the grant stored, the word it replaced is stored again:
+    /// exact for every reading, even where the grant had rolled the window forward (a reading of
+    /// the window before is then counted in that window again, as it was). Once another decision
+    /// has landed, the `n` permits are taken off the window the grant was counted in (the one
+    /// where its `reset_after` ends), if that is still the stored one; a window that has rolled
+    /// over since has nothing to give back.
+    pub fn undo<A: AtomicWord>(
+        &self,
+        word: &A,
+        n: u64,
+        granted: &Decision,
+        reservation: Reservation,
+        now_nanos: u64,
+    ) {
+        if word::restore(word, reservation) {
+            return;
+        }
         let end = self
             .elapsed(now_nanos)
             .saturating_add(granted.reset_after_units());

@@ -210,16 +210,30 @@ macro_rules! one_word_service_method {
                     .is_some_and(|word| <$params>::$idle(self, word, now_nanos))
             }
 
+            #[inline]
+            fn reserve(
+                &self,
+                state: &$crate::service::client_state::ClientState,
+                n: u64,
+                clock: &impl $crate::Clock,
+            ) -> ($crate::Decision, Option<$crate::method::word::Reservation>) {
+                match state.word() {
+                    Some(word) => <$params>::reserve(self, word, n, clock),
+                    None => ($crate::Decision::retired(self.rule), None),
+                }
+            }
+
             fn undo(
                 &self,
                 state: &$crate::service::client_state::ClientState,
                 n: u64,
                 granted: &$crate::Decision,
+                reservation: $crate::method::word::Reservation,
                 now_nanos: u64,
             ) -> Option<()> {
                 state
                     .word()
-                    .map(|word| <$params>::undo(self, word, n, granted, now_nanos))
+                    .map(|word| <$params>::undo(self, word, n, granted, reservation, now_nanos))
             }
 
             fn dry_run(

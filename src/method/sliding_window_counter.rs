@@ -16,7 +16,7 @@ use crossbeam_utils::CachePadded;
 use crate::clock::Clock;
 use crate::decision::{Admit, Decision, Rejection};
 use crate::error::RuleError;
-use crate::method::word::{self, Step};
+use crate::method::word::{self, Reservation, Step};
 use crate::method::{one_word_method, one_word_service_method, standalone_limiter};
 use crate::sync::{AtomicWord, Ordering, Word};
 use crate::{Algorithm, Rule};
@@ -329,18 +329,28 @@ impl CounterParams {
     /// Takes `n` permits from the counter word `word`, if all are available now.
     #[inline]
     pub fn acquire<A: AtomicWord>(&self, word: &A, n: u64, clock: &impl Clock) -> Decision {
+        self.reserve(word, n, clock).0
+    }
+
+    /// [`CounterParams::acquire`], also returning what a grant changed, so that a plan of
+    /// several limits can undo it exactly (see [`CounterParams::undo`]).
+    #[inline]
+    pub fn reserve<A: AtomicWord>(
+        &self,
+        word: &A,
+        n: u64,
+        clock: &impl Clock,
+    ) -> (Decision, Option<Reservation>) {
         // One clock reading per attempt, kept on a retry (see `GcraParams::acquire`).
         let now = self.elapsed(clock.now_nanos());
         // Relaxed: see `word::update`.
-        word::update(word, word.load(Ordering::Relaxed), |current| {
-            if current & RETIRED != 0 {
-                return Step::Answer(Decision::retired(self.rule));
-            }
-            match self.decide_elapsed(current, now, n) {
-                (decision, Some(new)) => Step::Store(new, decision),
-                (decision, None) => Step::Answer(decision),
-            }
-        })
+        word::decide(
+            word,
+            word.load(Ordering::Relaxed),
+            |current| current & RETIRED != 0,
+            || Decision::retired(self.rule),
+            |current| self.decide_elapsed(current, now, n),
+        )
     }
 
     /// Takes one permit if one is available now: [`CounterParams::acquire`] for `n = 1`,
@@ -367,13 +377,27 @@ impl CounterParams {
         })
     }
 
-    /// Gives back `n` permits that `granted` (an allowed decision of this counter's, made at
-    /// `now_nanos`) took (a reservation across several limits that another limit refused), if
-    /// the window they were counted in is still the current one. After a grant its window holds
-    /// a permit, so its `reset_after` ends at the start of the window after next: that names the
-    /// window. Once it has rolled, the permits weigh only as the previous window's and are left
-    /// (stricter, never more generous).
-    pub fn undo<A: AtomicWord>(&self, word: &A, n: u64, granted: &Decision, now_nanos: u64) {
+    /// Undoes the grant that made `reservation` (a reservation across several limits that
+    /// another limit refused, `granted` its decision, made at `now_nanos`).
+    ///
+    /// While the word is still the one the grant stored, the word it replaced is stored again:
+    /// exact for every reading, even where the grant had rolled the windows forward. Once
+    /// another decision has landed, the `n` permits are taken off the window they were counted
+    /// in, if that is still the current one. After a grant its window holds a permit, so its
+    /// `reset_after` ends at the start of the window after next: that names the window. Once it
+    /// has rolled, the permits weigh only as the previous window's and are left (stricter, never
+    /// more generous).
+    pub fn undo<A: AtomicWord>(
+        &self,
+        word: &A,
+        n: u64,
+        granted: &Decision,
+        reservation: Reservation,
+        now_nanos: u64,
+    ) {
+        if word::restore(word, reservation) {
+            return;
+        }
         let reset_at = self
             .elapsed(now_nanos)
             .saturating_add(granted.reset_after_units());

@@ -11,6 +11,7 @@ use crate::decision::Admit;
 use crate::error::RuleError;
 use crate::method::for_each_method;
 use crate::method::sliding_window_log::LogRing;
+use crate::method::word::Reservation;
 use crate::sync::Word;
 use crate::{Algorithm, Decision, Rule};
 
@@ -126,10 +127,28 @@ pub(crate) trait ServiceMethod: Copy + Sized {
     /// Retires `state` if it is indistinguishable from a fresh one at `now_nanos`.
     fn retire_if_idle(&self, state: &ClientState, now_nanos: u64) -> bool;
 
-    /// Gives back `n` permits that `granted` (an allowed decision from `state`, made at
-    /// `now_nanos`) took; `None` for a method that cannot.
-    fn undo(&self, state: &ClientState, n: u64, granted: &Decision, now_nanos: u64) -> Option<()> {
-        let _ = (state, n, granted, now_nanos);
+    /// Takes `n` permits from `state`, as `acquire` does, also returning what a grant changed
+    /// (for [`ServiceMethod::undo`]); `None` beside a grant for a method that cannot give back.
+    fn reserve(
+        &self,
+        state: &ClientState,
+        n: u64,
+        clock: &impl Clock,
+    ) -> (Decision, Option<Reservation>) {
+        (self.acquire(state, n, clock), None)
+    }
+
+    /// Undoes the grant of `n` permits that made `reservation` (`granted` its decision from
+    /// `state`, made at `now_nanos`); `None` for a method that cannot.
+    fn undo(
+        &self,
+        state: &ClientState,
+        n: u64,
+        granted: &Decision,
+        reservation: Reservation,
+        now_nanos: u64,
+    ) -> Option<()> {
+        let _ = (state, n, granted, reservation, now_nanos);
         None
     }
 
@@ -234,19 +253,35 @@ macro_rules! client_params {
                 }
             }
 
-            /// Gives back `n` permits that `granted` (an allowed decision from `state`, made at
-            /// `now_nanos`) took; `None` for a method that cannot give permits back (a plan
-            /// with several limits refuses it when it is made).
+            /// See [`ServiceMethod::reserve`].
+            #[inline]
+            pub(crate) fn reserve(
+                &self,
+                state: &ClientState,
+                n: u64,
+                clock: &impl Clock,
+            ) -> (Decision, Option<Reservation>) {
+                match self {
+                    $(ClientParams::$method(params) => {
+                        ServiceMethod::reserve(params, state, n, clock)
+                    })*
+                }
+            }
+
+            /// Undoes the grant that made `reservation` (see [`ServiceMethod::undo`]); `None`
+            /// for a method that cannot give permits back (a plan with several limits refuses
+            /// it when it is made).
             pub(crate) fn undo(
                 &self,
                 state: &ClientState,
                 n: u64,
                 granted: &Decision,
+                reservation: Reservation,
                 now_nanos: u64,
             ) -> Option<()> {
                 match self {
                     $(ClientParams::$method(params) => {
-                        ServiceMethod::undo(params, state, n, granted, now_nanos)
+                        ServiceMethod::undo(params, state, n, granted, reservation, now_nanos)
                     })*
                 }
             }

@@ -32,7 +32,7 @@
 use super::client_state::{ClientParams, ClientState};
 use crate::clock::Clock;
 use crate::decision::Decision;
-use crate::method::word::{self, Step};
+use crate::method::word::{self, Reservation, Step};
 use crate::sync::{AtomicWord, Ordering, Word};
 
 /// The gate of a retired entry.
@@ -172,15 +172,28 @@ impl SeveralLimits {
             let first = each.next()?;
             return Some(closest_to_exhaustion(first, each));
         }
+        // First a look at every limit, taking nothing: a request that some limit refuses at
+        // this reading is refused without a write, so a refusal leaves every limit exactly as
+        // it was (a grant followed by a give-back could leave a window rolled forward, where an
+        // older reading would then count afresh).
+        let refused_at_look = limits
+            .iter()
+            .zip(self.states.iter())
+            .map(|(limit, state)| limit.dry_run(state, n, &reading))
+            .find(Decision::is_denied);
+        if let Some(refused) = refused_at_look {
+            return Some(self.refusal(limits, n, refused, &reading));
+        }
         let mut granted = [None; super::plan_table::MAX_LIMITS];
         for (taken, (limit, state)) in limits.iter().zip(self.states.iter()).enumerate() {
-            let decision = limit.acquire(state, n, &reading);
-            if decision.is_allowed() {
-                granted[taken] = Some(decision);
+            let (decision, reservation) = limit.reserve(state, n, &reading);
+            if let (true, Some(reservation)) = (decision.is_allowed(), reservation) {
+                granted[taken] = Some((decision, reservation));
                 continue;
             }
-            // Refused (or, were a state retired, unusable): give back what the limits before it
-            // granted, then report the longest wait over every limit.
+            // Refused after all (another request took the permits since the look), or, were a
+            // state retired, unusable: give back what the limits before it granted, then
+            // report the longest wait over every limit.
             self.give_back(limits, n, &granted[..taken], now);
             if decision.is_retired() {
                 return None;
@@ -192,25 +205,33 @@ impl SeveralLimits {
         let busy_until = limits
             .iter()
             .zip(&granted)
-            .filter_map(|(limit, decision)| Some(limit.busy_until(decision.as_ref()?, now)))
+            .filter_map(|(limit, granted)| Some(limit.busy_until(&granted.as_ref()?.0, now)))
             .max()
             .unwrap_or(now);
         if !self.gate.commit(busy_until) {
             self.give_back(limits, n, &granted, now);
             return None;
         }
-        let mut each = granted.iter().flatten().copied();
+        let mut each = granted.iter().flatten().map(|(decision, _)| *decision);
         let first = each.next()?;
         Some(closest_to_exhaustion(first, each))
     }
 
-    /// Gives back the permits `granted` took, limit by limit.
-    fn give_back(&self, limits: &[ClientParams], n: u64, granted: &[Option<Decision>], now: u64) {
-        for ((limit, state), decision) in limits.iter().zip(self.states.iter()).zip(granted) {
-            if let Some(decision) = decision {
+    /// Undoes the grants in `granted`, limit by limit, last first: each limit's own word is
+    /// restored exactly while no other decision has landed on it (see `word::Reservation`).
+    fn give_back(
+        &self,
+        limits: &[ClientParams],
+        n: u64,
+        granted: &[Option<(Decision, Reservation)>],
+        now: u64,
+    ) {
+        let each = limits.iter().zip(self.states.iter()).zip(granted);
+        for ((limit, state), granted) in each.rev() {
+            if let Some((decision, reservation)) = granted {
                 // Every limit of a plan with several can give permits back (checked when the
                 // plan was made).
-                let _ = limit.undo(state, n, decision, now);
+                let _ = limit.undo(state, n, decision, *reservation, now);
             }
         }
     }
