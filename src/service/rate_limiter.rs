@@ -375,6 +375,13 @@ where
             .map(|Uncounted(decision)| decision)
     }
 
+    /// The most times one decision looks its client up. Each lookup after the first follows a
+    /// change that another thread made meanwhile (a rule change, a sweep), so a consistent key is
+    /// decided within a few; a key whose `Hash` changes between calls can find a stale entry that
+    /// its removal then misses, again and again, and is answered with
+    /// [`ServiceError::UnstableKey`] instead of a spin.
+    const MAX_LOOKUP_TRIES: u32 = 1_000;
+
     /// [`RateLimiterService::acquire`], answering as `T` does (see [`Answer`]).
     #[inline]
     fn decide<Q, T: Answer>(&self, client: &Q, plan: &P, n: u64) -> Result<T, ServiceError>
@@ -385,7 +392,7 @@ where
         let index = self.plan_index(plan)?;
         let pinned = self.plans.pin(index);
         let (clients, guard) = (pinned.clients(), pinned.guard());
-        loop {
+        for _ in 0..Self::MAX_LOOKUP_TRIES {
             let entry = match clients.get(client, guard) {
                 Some(entry) => entry,
                 None => {
@@ -473,6 +480,10 @@ where
             self.plans.record(index, answer.is_allowed());
             return Ok(answer);
         }
+        Err(ServiceError::UnstableKey {
+            plan: format!("{plan:?}"),
+            tries: Self::MAX_LOOKUP_TRIES,
+        })
     }
 
     /// Reports, taking nothing, what one permit for `client` under `plan` would get now. A client
