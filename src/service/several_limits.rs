@@ -3,17 +3,24 @@
 //!
 //! # Guarantee
 //!
-//! A request is granted only if every limit grants it, and then it has taken from every limit;
-//! if any limit refuses, the permits already taken from the limits before it are given back, so
-//! the request keeps nothing (where a give-back cannot be exact, because the window has rolled or
-//! another grant has landed on a token bucket since, the permits are kept and refill or expire as
-//! any permit does: stricter, never more generous). No limit ever grants more than its own method's guarantee allows:
-//! each limit's state is the method's own lock-free state, and a reservation that is given back
-//! only ever *delays* permits. The cost: while a reservation is held (from its grant on one limit
-//! until the refusal by a later one is known and it is given back, a few atomic operations),
-//! another request may see that limit short by the reserved permits and be refused where it would
-//! otherwise have passed: at most the permits of the reservations in flight at that moment, and
-//! never the other way.
+//! A request is granted only if every limit grants it, and then it has taken from every limit.
+//! A refused request leaves every limit as it was, for every reading: it first looks at every
+//! limit, taking nothing, and one that some limit refuses at its reading writes nothing at all.
+//! Only when another request takes the permits between that look and the taking can a later
+//! limit refuse after earlier ones granted; those grants are then undone, each by restoring the
+//! word it replaced while no other decision has landed on it (exact for every reading), or else
+//! by taking the permits off the window they were counted in, where they are kept if that
+//! window has rolled or another grant has landed on a token bucket since (they refill or expire
+//! as any permit does: stricter, never more generous).
+//!
+//! No limit ever grants more than its own method's guarantee allows: each limit's state is the
+//! method's own lock-free state, and a reservation that is given back only ever *delays*
+//! permits. The cost: while a reservation is held (from its grant on one limit until the refusal
+//! by a later one is known and it is undone, a few atomic operations), another request may see
+//! that limit short by the reserved permits and be refused where it would otherwise have passed
+//! (at most the permits of the reservations in flight at that moment), or, where the
+//! reservation rolled a window forward, have an older reading counted in that newer window, as
+//! it would be had the reservation been granted.
 //!
 //! # Eviction
 //!
