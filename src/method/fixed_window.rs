@@ -9,15 +9,14 @@
 // The parameter types and `AtomicWord` are public only for the `loom` feature's re-exports.
 #![cfg_attr(not(feature = "loom"), allow(unreachable_pub))]
 
-use crossbeam_utils::CachePadded;
-
 use crate::clock::Clock;
 use crate::decision::{Admit, Decision, Rejection};
 use crate::error::RuleError;
+use crate::method::Method;
+use crate::method::standalone::Standalone;
 use crate::method::word::{self, Reservation, Step};
-use crate::method::{one_word_method, one_word_service_method, standalone_limiter};
 use crate::sync::{AtomicWord, Ordering, Word};
-use crate::{Algorithm, Rule};
+use crate::{Algorithm, Limiter, Rule};
 
 /// Set on a word retired for eviction; no permit is granted from it.
 const RETIRED: u64 = 1 << 63;
@@ -443,9 +442,7 @@ impl WindowParams {
 /// ```
 #[derive(Debug)]
 pub struct FixedWindow<C = crate::MonotonicClock> {
-    state: CachePadded<Word>,
-    params: WindowParams,
-    clock: C,
+    limiter: Standalone<WindowParams, C>,
 }
 
 impl<C: Clock> FixedWindow<C> {
@@ -457,19 +454,101 @@ impl<C: Clock> FixedWindow<C> {
     /// [`RuleError::HorizonTooShort`] when the packed window index would wrap within
     /// [`RuleError::MIN_HORIZON`].
     pub fn new(rule: Rule, clock: C) -> Result<Self, RuleError> {
-        let params = WindowParams::new(rule)?.starting_at(clock.now_nanos());
         Ok(FixedWindow {
-            state: CachePadded::new(Word::new(0)),
-            params,
-            clock,
+            limiter: Standalone::new(rule, clock)?,
         })
+    }
+
+    /// The clock this limiter reads.
+    pub fn clock(&self) -> &C {
+        self.limiter.clock()
     }
 }
 
-standalone_limiter!(FixedWindow);
+impl<C: Clock> Limiter for FixedWindow<C> {
+    #[inline]
+    fn try_acquire(&self) -> bool {
+        self.limiter.try_acquire()
+    }
 
-one_word_method!(WindowParams);
-one_word_service_method!(WindowParams, fresh: empty_since, idle: retire_if_idle);
+    #[inline]
+    fn try_acquire_n(&self, n: u64) -> Decision {
+        self.limiter.try_acquire_n(n)
+    }
+
+    #[inline]
+    fn peek(&self) -> Decision {
+        self.limiter.peek()
+    }
+
+    fn rule(&self) -> Rule {
+        self.limiter.rule()
+    }
+}
+
+impl Method for WindowParams {
+    type State = Word;
+
+    const CAN_UNDO: bool = true;
+
+    fn new(rule: Rule, start_nanos: u64) -> Result<Self, RuleError> {
+        Ok(WindowParams::new(rule)?.starting_at(start_nanos))
+    }
+
+    fn rule(&self) -> Rule {
+        self.rule
+    }
+
+    fn origin_nanos(&self) -> u64 {
+        self.origin_nanos
+    }
+
+    fn fresh(&self, since_nanos: u64) -> Word {
+        Word::new(self.empty_since(since_nanos))
+    }
+
+    #[inline]
+    fn acquire(&self, state: &Word, n: u64, clock: &impl Clock) -> Decision {
+        WindowParams::acquire(self, state, n, clock)
+    }
+
+    #[inline]
+    fn acquire_one(&self, state: &Word, clock: &impl Clock) -> Admit {
+        WindowParams::acquire_one(self, state, clock)
+    }
+
+    #[inline]
+    fn peek(&self, state: &Word, clock: &impl Clock) -> Decision {
+        WindowParams::peek(self, state, clock)
+    }
+
+    fn dry_run(&self, state: &Word, n: u64, clock: &impl Clock) -> Decision {
+        WindowParams::dry_run(self, state, n, clock)
+    }
+
+    fn reserve(&self, state: &Word, n: u64, clock: &impl Clock) -> (Decision, Option<Reservation>) {
+        WindowParams::reserve(self, state, n, clock)
+    }
+
+    fn undo(
+        &self,
+        state: &Word,
+        n: u64,
+        granted: &Decision,
+        reservation: Reservation,
+        now_nanos: u64,
+    ) {
+        WindowParams::undo(self, state, n, granted, reservation, now_nanos);
+    }
+
+    fn retire_now(&self, state: &Word) {
+        WindowParams::retire_now(state);
+    }
+
+    fn retire_if_idle(&self, state: &Word, now_nanos: u64) -> bool {
+        self.retire_if_idle(state, now_nanos)
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -11,15 +11,14 @@
 
 use std::num::NonZeroU64;
 
-use crossbeam_utils::CachePadded;
-
 use crate::clock::Clock;
 use crate::decision::{Admit, Decision, Rejection, Scale};
 use crate::error::RuleError;
+use crate::method::Method;
+use crate::method::standalone::Standalone;
 use crate::method::word::{self, Reservation, Step};
-use crate::method::{one_word_method, one_word_service_method, standalone_limiter};
 use crate::sync::{AtomicWord, Ordering, Word};
-use crate::{Algorithm, Rule};
+use crate::{Algorithm, Limiter, Rule};
 
 /// The TAT of a retired bucket: no acquire can succeed from it (see `GcraParams::retire_if_full`).
 const RETIRED: u64 = u64::MAX;
@@ -371,9 +370,7 @@ impl GcraParams {
 /// ```
 #[derive(Debug)]
 pub struct TokenBucket<C = crate::MonotonicClock> {
-    state: CachePadded<Word>,
-    params: GcraParams,
-    clock: C,
+    limiter: Standalone<GcraParams, C>,
 }
 
 impl<C: Clock> TokenBucket<C> {
@@ -385,24 +382,106 @@ impl<C: Clock> TokenBucket<C> {
     /// refill within 1/1000 of the rule, [`RuleError::WindowTooLong`] when the full bucket cannot be
     /// counted.
     pub fn new(rule: Rule, clock: C) -> Result<Self, RuleError> {
-        let params = GcraParams::new(rule)?.starting_at(clock.now_nanos());
         Ok(TokenBucket {
-            state: CachePadded::new(Word::new(0)),
-            params,
-            clock,
+            limiter: Standalone::new(rule, clock)?,
         })
     }
 
     /// Whether the refill rate is the rule's exactly, or rounded down (see [`TokenBucket`]).
     pub fn is_exact(&self) -> bool {
-        self.params.is_exact()
+        self.limiter.params().is_exact()
+    }
+
+    /// The clock this limiter reads.
+    pub fn clock(&self) -> &C {
+        self.limiter.clock()
     }
 }
 
-standalone_limiter!(TokenBucket);
+impl<C: Clock> Limiter for TokenBucket<C> {
+    #[inline]
+    fn try_acquire(&self) -> bool {
+        self.limiter.try_acquire()
+    }
 
-one_word_method!(GcraParams);
-one_word_service_method!(GcraParams, fresh: full_since, idle: retire_if_full);
+    #[inline]
+    fn try_acquire_n(&self, n: u64) -> Decision {
+        self.limiter.try_acquire_n(n)
+    }
+
+    #[inline]
+    fn peek(&self) -> Decision {
+        self.limiter.peek()
+    }
+
+    fn rule(&self) -> Rule {
+        self.limiter.rule()
+    }
+}
+
+impl Method for GcraParams {
+    type State = Word;
+
+    const CAN_UNDO: bool = true;
+
+    fn new(rule: Rule, start_nanos: u64) -> Result<Self, RuleError> {
+        Ok(GcraParams::new(rule)?.starting_at(start_nanos))
+    }
+
+    fn rule(&self) -> Rule {
+        self.rule
+    }
+
+    fn origin_nanos(&self) -> u64 {
+        self.origin_nanos
+    }
+
+    fn fresh(&self, since_nanos: u64) -> Word {
+        Word::new(self.full_since(since_nanos))
+    }
+
+    #[inline]
+    fn acquire(&self, state: &Word, n: u64, clock: &impl Clock) -> Decision {
+        GcraParams::acquire(self, state, n, clock)
+    }
+
+    #[inline]
+    fn acquire_one(&self, state: &Word, clock: &impl Clock) -> Admit {
+        GcraParams::acquire_one(self, state, clock)
+    }
+
+    #[inline]
+    fn peek(&self, state: &Word, clock: &impl Clock) -> Decision {
+        GcraParams::peek(self, state, clock)
+    }
+
+    fn dry_run(&self, state: &Word, n: u64, clock: &impl Clock) -> Decision {
+        GcraParams::dry_run(self, state, n, clock)
+    }
+
+    fn reserve(&self, state: &Word, n: u64, clock: &impl Clock) -> (Decision, Option<Reservation>) {
+        GcraParams::reserve(self, state, n, clock)
+    }
+
+    fn undo(
+        &self,
+        state: &Word,
+        n: u64,
+        granted: &Decision,
+        reservation: Reservation,
+        now_nanos: u64,
+    ) {
+        GcraParams::undo(self, state, n, granted, reservation, now_nanos);
+    }
+
+    fn retire_now(&self, state: &Word) {
+        GcraParams::retire_now(state);
+    }
+
+    fn retire_if_idle(&self, state: &Word, now_nanos: u64) -> bool {
+        self.retire_if_full(state, now_nanos)
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -36,7 +36,8 @@
 // `Gate` is public only for the `loom` feature's re-exports.
 #![cfg_attr(not(feature = "loom"), allow(unreachable_pub))]
 
-use super::client_state::{ClientParams, ClientState};
+use super::any::AnyParams;
+use super::client_state::ClientState;
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::method::word::{self, Reservation, Step};
@@ -143,8 +144,12 @@ impl Clock for Reading {
 }
 
 impl SeveralLimits {
-    /// A fresh state for `limits`, as of `since_nanos` (see `ClientParams::fresh_state`).
-    pub(crate) fn fresh(limits: &[ClientParams], since_nanos: u64) -> SeveralLimits {
+    /// The most limits one plan may have: enough for the usual tiers (per second, minute, hour
+    /// and day), and few enough for a request's reservations to live on its stack.
+    pub(crate) const MAX_LIMITS: usize = 4;
+
+    /// A fresh state for `limits`, as of `since_nanos` (see `AnyParams::fresh_state`).
+    pub(crate) fn fresh(limits: &[AnyParams], since_nanos: u64) -> SeveralLimits {
         SeveralLimits {
             gate: Gate::new(),
             states: limits
@@ -162,7 +167,7 @@ impl SeveralLimits {
     /// caller moves to a fresh one).
     pub(crate) fn acquire(
         &self,
-        limits: &[ClientParams],
+        limits: &[AnyParams],
         n: u64,
         clock: &impl Clock,
     ) -> Option<Decision> {
@@ -191,7 +196,7 @@ impl SeveralLimits {
         if let Some(refused) = refused_at_look {
             return Some(self.refusal(limits, n, refused, &reading));
         }
-        let mut granted = [None; super::plan_table::MAX_LIMITS];
+        let mut granted = [None; SeveralLimits::MAX_LIMITS];
         for (taken, (limit, state)) in limits.iter().zip(self.states.iter()).enumerate() {
             let (decision, reservation) = limit.reserve(state, n, &reading);
             if let (true, Some(reservation)) = (decision.is_allowed(), reservation) {
@@ -228,7 +233,7 @@ impl SeveralLimits {
     /// restored exactly while no other decision has landed on it (see `word::Reservation`).
     fn give_back(
         &self,
-        limits: &[ClientParams],
+        limits: &[AnyParams],
         n: u64,
         granted: &[Option<(Decision, Reservation)>],
         now: u64,
@@ -238,7 +243,7 @@ impl SeveralLimits {
             if let Some((decision, reservation)) = granted {
                 // Every limit of a plan with several can give permits back (checked when the
                 // plan was made).
-                let _ = limit.undo(state, n, decision, *reservation, now);
+                limit.undo(state, n, decision, *reservation, now);
             }
         }
     }
@@ -247,7 +252,7 @@ impl SeveralLimits {
     /// limit asks for.
     fn refusal(
         &self,
-        limits: &[ClientParams],
+        limits: &[AnyParams],
         n: u64,
         refused: Decision,
         reading: &Reading,
@@ -263,7 +268,7 @@ impl SeveralLimits {
     }
 
     /// What one permit would get now from every limit, taking nothing.
-    pub(crate) fn peek(&self, limits: &[ClientParams], clock: &impl Clock) -> Option<Decision> {
+    pub(crate) fn peek(&self, limits: &[AnyParams], clock: &impl Clock) -> Option<Decision> {
         if self.is_retired() {
             return None;
         }
@@ -279,7 +284,7 @@ impl SeveralLimits {
     /// Each limit's answer to a look at it now, taking nothing, in the plan's order.
     pub(crate) fn peek_each(
         &self,
-        limits: &[ClientParams],
+        limits: &[AnyParams],
         clock: &impl Clock,
     ) -> Option<Vec<Decision>> {
         if self.is_retired() {
