@@ -313,3 +313,211 @@ fn checker_catches_a_refusal_that_rolls_a_window() {
         "the check passed a plan whose refusal leaves a window rolled forward"
     );
 }
+
+/// A service whose clients' states a sweep may evict between requests, beside one that never
+/// sweeps and takes only what the first granted: the first may never answer more generously, at
+/// any reading (a state made after a sweep stands for the evicted one, which an older reading
+/// must still find as strict).
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    Request(Request),
+    Sweep { at_ms: u64 },
+}
+
+fn steps() -> impl Strategy<Value = Vec<Step>> {
+    prop::collection::vec(
+        prop_oneof![
+            4 => (0u64..6_000, 0u64..=4).prop_map(|(at_ms, n)| Step::Request(Request { at_ms, n })),
+            1 => (0u64..12_000).prop_map(|at_ms| Step::Sweep { at_ms }),
+        ],
+        1..24,
+    )
+}
+
+fn a_sweep_helps_no_reading(
+    algorithm: Algorithm,
+    limits: &[Rule],
+    steps: &[Step],
+) -> Result<(), TestCaseError> {
+    let service = |clock: &FakeClock| -> RateLimiterService<u64, &'static str, FakeClock> {
+        ServiceBuilder::new(algorithm, clock.clone())
+            .plan_limits("plan", limits.iter().copied())
+            .build()
+            .expect("the strategy makes plans every method takes")
+    };
+    let (swept_clock, kept_clock) = (FakeClock::new(), FakeClock::new());
+    let (swept, kept) = (service(&swept_clock), service(&kept_clock));
+    let at = |at_ms: u64| {
+        swept_clock.set(Duration::from_millis(at_ms));
+        kept_clock.set(Duration::from_millis(at_ms));
+    };
+    for (index, step) in steps.iter().enumerate() {
+        match *step {
+            Step::Sweep { at_ms } => {
+                at(at_ms);
+                swept.sweep();
+            }
+            Step::Request(request) => {
+                at(request.at_ms);
+                let after_sweeps = Answer::from(swept.acquire(&7, &"plan", request.n).unwrap());
+                if after_sweeps.allowed {
+                    let without = Answer::from(kept.acquire(&7, &"plan", request.n).unwrap());
+                    prop_assert!(
+                        !after_sweeps.is_more_generous_than(&without),
+                        "step {index}, {request:?}: {after_sweeps:?} after sweeps, {without:?} \
+                         without"
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(Config::with_cases(256))]
+
+    #[test]
+    fn a_state_made_after_a_sweep_helps_no_older_reading(
+        method in prop::sample::select(EVERY_METHOD.to_vec()),
+        rule in short_rule(),
+        steps in steps(),
+    ) {
+        a_sweep_helps_no_reading(method, &[rule], &steps)?;
+    }
+
+    #[test]
+    fn a_state_of_two_limits_made_after_a_sweep_helps_no_older_reading(
+        method in prop::sample::select(SEVERAL_LIMIT_METHODS.to_vec()),
+        first in short_rule(),
+        second in long_rule(),
+        steps in steps(),
+    ) {
+        a_sweep_helps_no_reading(method, &[first, second], &steps)?;
+    }
+}
+
+/// The sliding window counter's case an outside review found: 2 per 10 ms, 2 granted at 5 ms,
+/// a sweep at 45 ms evicts the client; a reading of 5 ms must still be refused.
+#[test]
+fn a_counter_made_after_a_sweep_still_refuses_an_older_reading() {
+    let ms = Duration::from_millis;
+    for limits in [
+        vec![Rule::new(2, ms(10)).unwrap()],
+        vec![Rule::new(2, ms(10)).unwrap(), Rule::new(3, ms(20)).unwrap()],
+    ] {
+        let clock = FakeClock::new();
+        let service: RateLimiterService<u64, &'static str, FakeClock> =
+            ServiceBuilder::new(Algorithm::SlidingWindowCounter, clock.clone())
+                .plan_limits("plan", limits.clone())
+                .build()
+                .unwrap();
+        clock.set(ms(5));
+        assert!(service.acquire(&1, &"plan", 2).unwrap().is_allowed());
+        clock.set(ms(45));
+        assert_eq!(service.sweep(), 1, "the client is idle at 45 ms");
+        clock.set(ms(5));
+        let older = service.acquire(&1, &"plan", 2).unwrap();
+        assert!(older.is_denied(), "{limits:?}: {older:?}");
+    }
+}
+
+std::thread_local! {
+    /// The reading of this thread's requests, for `ThreadClock`.
+    static READING: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// A clock that reads what its thread set: each thread's requests carry their own reading, as
+/// cores whose clocks disagree would.
+#[derive(Debug, Clone, Copy)]
+struct ThreadClock;
+
+impl tollgate::Clock for ThreadClock {
+    fn now_nanos(&self) -> u64 {
+        READING.with(std::cell::Cell::get)
+    }
+}
+
+/// The race an outside review found: a request at a newer reading (R) rolls the short limit's
+/// window forward, a racing request at an older reading (O) lands on the rolled word, then R is
+/// refused by the long limit. Taken last, the roll now comes after every limit that can refuse,
+/// so a refused R never leaves a rolled window for a later request (P) at the older reading.
+#[test]
+fn a_refusal_racing_an_older_reading_leaves_no_window_rolled() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    let keys: u64 = std::env::var("TOLLGATE_RACE_KEYS")
+        .ok()
+        .and_then(|keys| keys.parse().ok())
+        .unwrap_or(20_000);
+    const OLDER_THREADS: usize = 2;
+    const SECOND: u64 = 1_000_000_000;
+    for (method, prefill_at, old, new) in [
+        (
+            Algorithm::FixedWindow,
+            SECOND / 2,
+            SECOND / 2,
+            3 * SECOND / 2,
+        ),
+        (
+            Algorithm::SlidingWindowCounter,
+            9 * SECOND / 10,
+            12 * SECOND / 10,
+            5 * SECOND / 2,
+        ),
+    ] {
+        let service: Arc<RateLimiterService<u64, &'static str, ThreadClock>> = Arc::new(
+            ServiceBuilder::new(method, ThreadClock)
+                .plan_limits(
+                    "plan",
+                    [Rule::per_second(3).unwrap(), Rule::per_hour(5).unwrap()],
+                )
+                .build()
+                .unwrap(),
+        );
+        // The key R is on (0: none yet, u64::MAX: done).
+        let current = Arc::new(AtomicU64::new(0));
+        let older_requests: Vec<_> = (0..OLDER_THREADS)
+            .map(|_| {
+                let (service, current) = (Arc::clone(&service), Arc::clone(&current));
+                std::thread::spawn(move || {
+                    READING.with(|reading| reading.set(old));
+                    loop {
+                        // Relaxed: the key is all the racing thread needs; the states are atomics.
+                        match current.load(Ordering::Relaxed) {
+                            u64::MAX => break,
+                            0 => std::hint::spin_loop(),
+                            key => {
+                                let _ = service.acquire(&key, &"plan", 1);
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        let mut refused = Vec::new();
+        for key in 1..=keys {
+            READING.with(|reading| reading.set(prefill_at));
+            assert!(service.acquire(&key, &"plan", 3).unwrap().is_allowed());
+            current.store(key, Ordering::Relaxed);
+            READING.with(|reading| reading.set(new));
+            if service.acquire(&key, &"plan", 2).unwrap().is_denied() {
+                refused.push(key);
+            }
+        }
+        current.store(u64::MAX, Ordering::Relaxed);
+        for thread in older_requests {
+            thread.join().unwrap();
+        }
+        READING.with(|reading| reading.set(old));
+        for key in refused {
+            let later = service.acquire(&key, &"plan", 1).unwrap();
+            assert!(
+                later.is_denied(),
+                "{method:?}, key {key}: a refused request left the window rolled, and a later \
+                 request at the older reading was granted: {later:?}"
+            );
+        }
+    }
+}

@@ -167,6 +167,12 @@ impl AnyParams {
             else Decision::retired(self.rule()))
     }
 
+    /// See [`Method::would_roll`].
+    pub(crate) fn would_roll(&self, state: &ClientState, clock: &impl Clock) -> bool {
+        on_state!(self, state, params, state => Method::would_roll(params, state, clock),
+            else false)
+    }
+
     /// See [`Method::reserve`].
     #[inline]
     pub(crate) fn reserve(

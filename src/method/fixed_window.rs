@@ -336,6 +336,15 @@ impl WindowParams {
         });
     }
 
+    /// See [`Method::would_roll`]: whether the reading lies past the stored window.
+    pub fn would_roll<A: AtomicWord>(&self, word: &A, clock: &impl Clock) -> bool {
+        // Relaxed: a snapshot of one word; the caller orders its takings by it, and a word that
+        // moves meanwhile only makes the order less useful, never a decision wrong.
+        let (stored, _) = self.unpack(word.load(Ordering::Relaxed) & !RETIRED);
+        self.newer_index(stored, self.elapsed(clock.now_nanos()))
+            .is_some()
+    }
+
     /// What taking `n` permits at the clock's reading would answer, taking nothing.
     #[inline]
     pub(crate) fn dry_run<A: AtomicWord>(&self, word: &A, n: u64, clock: &impl Clock) -> Decision {
@@ -524,6 +533,10 @@ impl Method for WindowParams {
 
     fn dry_run(&self, state: &Word, n: u64, clock: &impl Clock) -> Decision {
         WindowParams::dry_run(self, state, n, clock)
+    }
+
+    fn would_roll(&self, state: &Word, clock: &impl Clock) -> bool {
+        WindowParams::would_roll(self, state, clock)
     }
 
     fn reserve(&self, state: &Word, n: u64, clock: &impl Clock) -> (Decision, Option<Reservation>) {

@@ -90,6 +90,15 @@ pub(crate) trait Method: Copy + Sized {
     /// What taking `n` permits now would answer, taking nothing.
     fn dry_run(&self, state: &Self::State, n: u64, clock: &impl Clock) -> Decision;
 
+    /// Whether taking permits from `state` at the clock's reading would move it into a later
+    /// window than the one it holds: a write that an undo cannot take back once another
+    /// decision has landed on it, which is why a plan of several limits takes such limits last
+    /// (see `SeveralLimits::acquire`). False for a method without windows.
+    fn would_roll(&self, state: &Self::State, clock: &impl Clock) -> bool {
+        let _ = (state, clock);
+        false
+    }
+
     /// [`Method::acquire`], also returning what a grant changed, for [`Method::undo`]; `None`
     /// beside a grant for a method that cannot undo one.
     fn reserve(

@@ -6,21 +6,27 @@
 //! A request is granted only if every limit grants it, and then it has taken from every limit.
 //! A refused request leaves every limit as it was, for every reading: it first looks at every
 //! limit, taking nothing, and one that some limit refuses at its reading writes nothing at all.
-//! Only when another request takes the permits between that look and the taking can a later
-//! limit refuse after earlier ones granted; those grants are then undone, each by restoring the
-//! word it replaced while no other decision has landed on it (exact for every reading), or else
-//! by taking the permits off the window they were counted in, where they are kept if that
-//! window has rolled or another grant has landed on a token bucket since (they refill or expire
-//! as any permit does: stricter, never more generous).
+//! Only when another request takes the permits between that look and the taking can a limit
+//! refuse after others granted; those grants are then undone, each by restoring the word it
+//! replaced while no other decision has landed on it (exact for every reading), or else by
+//! taking the permits off the window they were counted in, where they are kept if that window
+//! has rolled or another grant has landed on a token bucket since (they refill or expire as any
+//! permit does).
+//!
+//! A taking that moves a window forward is made last, after every limit that may still refuse.
+//! Such a taking cannot be undone once another request's decision has landed on the moved word
+//! (an undo would forget that decision), and the window would stay moved: a reading older than
+//! it would then be counted in the newer window. Taken last, it is followed only by takings of
+//! its own kind, and a fixed window that moves always grants; so a window stays moved by a
+//! refused request only when two of its limits move in one request and a racing request fills
+//! the second between the look and the taking.
 //!
 //! No limit ever grants more than its own method's guarantee allows: each limit's state is the
 //! method's own lock-free state, and a reservation that is given back only ever *delays*
-//! permits. The cost: while a reservation is held (from its grant on one limit until the refusal
-//! by a later one is known and it is undone, a few atomic operations), another request may see
-//! that limit short by the reserved permits and be refused where it would otherwise have passed
-//! (at most the permits of the reservations in flight at that moment), or, where the
-//! reservation rolled a window forward, have an older reading counted in that newer window, as
-//! it would be had the reservation been granted.
+//! permits. The cost: while a reservation is held (from its taking until the refusal by another
+//! limit is known and it is undone, a few atomic operations), another request may see that limit
+//! short by the reserved permits and be refused where it would otherwise have passed, at most
+//! the permits of the reservations in flight at that moment.
 //!
 //! # Eviction
 //!
@@ -188,25 +194,35 @@ impl SeveralLimits {
         // this reading is refused without a write, so a refusal leaves every limit exactly as
         // it was (a grant followed by a give-back could leave a window rolled forward, where an
         // older reading would then count afresh).
-        let refused_at_look = limits
-            .iter()
-            .zip(self.states.iter())
-            .map(|(limit, state)| limit.dry_run(state, n, &reading))
-            .find(Decision::is_denied);
-        if let Some(refused) = refused_at_look {
-            return Some(self.refusal(limits, n, refused, &reading));
+        let mut rolls = [false; SeveralLimits::MAX_LIMITS];
+        for (at, (limit, state)) in limits.iter().zip(self.states.iter()).enumerate() {
+            let looked = limit.dry_run(state, n, &reading);
+            if looked.is_denied() {
+                return Some(self.refusal(limits, n, looked, &reading));
+            }
+            rolls[at] = limit.would_roll(state, &reading);
         }
+        // Then the takings, those that move a window forward last. Once another request's
+        // decision lands on a word a taking rolled forward, undoing the taking cannot roll it
+        // back; taken last, such a taking is followed only by others of its kind, and a fixed
+        // window's roll always grants, so it is given back only if two limits roll in one
+        // request and a racing request fills the second between the look and the taking.
+        let count = limits.len().min(SeveralLimits::MAX_LIMITS);
+        let order = (0..count)
+            .filter(|&at| !rolls[at])
+            .chain((0..count).filter(|&at| rolls[at]));
         let mut granted = [None; SeveralLimits::MAX_LIMITS];
-        for (taken, (limit, state)) in limits.iter().zip(self.states.iter()).enumerate() {
+        for at in order {
+            let (limit, state) = (&limits[at], &self.states[at]);
             let (decision, reservation) = limit.reserve(state, n, &reading);
             if let (true, Some(reservation)) = (decision.is_allowed(), reservation) {
-                granted[taken] = Some((decision, reservation));
+                granted[at] = Some((decision, reservation));
                 continue;
             }
             // Refused after all (another request took the permits since the look), or, were a
-            // state retired, unusable: give back what the limits before it granted, then
+            // state retired, unusable: give back what the limits taken before it granted, then
             // report the longest wait over every limit.
-            self.give_back(limits, n, &granted[..taken], now);
+            self.give_back(limits, n, &granted, now);
             if decision.is_retired() {
                 return None;
             }
@@ -229,8 +245,8 @@ impl SeveralLimits {
         Some(closest_to_exhaustion(first, each))
     }
 
-    /// Undoes the grants in `granted`, limit by limit, last first: each limit's own word is
-    /// restored exactly while no other decision has landed on it (see `word::Reservation`).
+    /// Undoes the grants in `granted` (by limit), each limit's own word restored exactly while
+    /// no other decision has landed on it (see `word::Reservation`).
     fn give_back(
         &self,
         limits: &[AnyParams],
@@ -239,7 +255,7 @@ impl SeveralLimits {
         now: u64,
     ) {
         let each = limits.iter().zip(self.states.iter()).zip(granted);
-        for ((limit, state), granted) in each.rev() {
+        for ((limit, state), granted) in each {
             if let Some((decision, reservation)) = granted {
                 // Every limit of a plan with several can give permits back (checked when the
                 // plan was made).

@@ -9,6 +9,7 @@ use std::hash::{BuildHasher, Hash};
 
 use super::RateLimiterService;
 use super::plan_table::{PinnedPlan, PlanVersion};
+use crate::Decision;
 use crate::clock::Clock;
 use crate::decision::Admit;
 use crate::error::ServiceError;
@@ -16,7 +17,6 @@ use crate::method::any::AnyParams;
 use crate::method::client_state::{ClientState, Version};
 use crate::method::several_limits::SeveralLimits;
 use crate::sync::{AtomicWord, Ordering, Word};
-use crate::Decision;
 
 /// What a service call answers: a whole [`Decision`], or only whether one permit was granted
 /// (which builds no figures: `allow` pays for nothing it does not return).
@@ -127,7 +127,12 @@ where
 
     /// [`RateLimiterService::acquire`], answering as `T` does (see [`Answer`]).
     #[inline]
-    pub(super) fn decide<Q, T: Answer>(&self, client: &Q, plan: &P, n: u64) -> Result<T, ServiceError>
+    pub(super) fn decide<Q, T: Answer>(
+        &self,
+        client: &Q,
+        plan: &P,
+        n: u64,
+    ) -> Result<T, ServiceError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,

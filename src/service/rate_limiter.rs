@@ -285,8 +285,6 @@ where
             .map(|Uncounted(decision)| decision)
     }
 
-
-
     /// Reports, taking nothing, what one permit for `client` under `plan` would get now. A client
     /// the service does not hold under `plan` (or holds under an earlier rule) is reported as
     /// fresh, and nothing is added or changed.
@@ -379,8 +377,4 @@ where
         crate::headers::policy_list(policy, &decisions)
             .map_err(|source| ServiceError::InvalidPolicyName { source })
     }
-
-
-
-
 }

@@ -11,9 +11,9 @@
 // The parameter types and `AtomicWord` are public only for the `loom` feature's re-exports.
 #![cfg_attr(not(feature = "loom"), allow(unreachable_pub))]
 
-mod weighting;
 #[cfg(test)]
 mod tests;
+mod weighting;
 
 use crate::clock::Clock;
 use crate::decision::{Admit, Decision, Rejection};
@@ -140,13 +140,19 @@ impl CounterParams {
             .min(self.last_nanos)
     }
 
-    /// The word of a counter that is empty from `since_nanos` on: the window then current, with
-    /// nothing granted in it or the one before; an earlier reading is counted at its start. At
-    /// least as strict as any word that was empty at `since_nanos`. A service seeds new clients
-    /// with it.
+    /// The word of a counter that is empty from `since_nanos` on: identical to a fresh one for
+    /// every reading from the start of that reading's window on, and for an earlier reading (a
+    /// clock stepped back, another core's older reading) at least as strict as any word retired
+    /// as idle at or before `since_nanos`. It stands in the window before, with nothing counted
+    /// there and the window before that full: a reading from the window of `since_nanos` on rolls
+    /// both away, and an earlier one weighs a full previous window, as it would weigh whatever a
+    /// retired word's previous window held. A service seeds new clients with it.
     pub fn empty_since(&self, since_nanos: u64) -> u64 {
-        let index = self.elapsed(since_nanos) / self.rule.window_nanos();
-        self.pack(index.min(self.max_index), 0, 0)
+        let index = (self.elapsed(since_nanos) / self.rule.window_nanos()).min(self.max_index);
+        match index {
+            0 => self.pack(0, 0, 0),
+            index => self.pack(index - 1, 0, self.rule.limit()),
+        }
     }
 
     /// The pure decision: what taking `n` permits at `now_nanos` from `word` answers, and the
@@ -285,6 +291,15 @@ impl CounterParams {
             }
             Step::Store(self.pack(index, count.saturating_sub(n), previous), ())
         });
+    }
+
+    /// See [`Method::would_roll`]: whether the reading lies past the stored window.
+    pub(crate) fn would_roll<A: AtomicWord>(&self, word: &A, clock: &impl Clock) -> bool {
+        // Relaxed: a snapshot of one word; the caller orders its takings by it, and a word that
+        // moves meanwhile only makes the order less useful, never a decision wrong.
+        let current = word.load(Ordering::Relaxed) & !RETIRED;
+        let (stored, _, _) = self.unpack(current);
+        self.roll(current, self.elapsed(clock.now_nanos())).index != stored
     }
 
     /// What taking `n` permits at the clock's reading would answer, taking nothing.
@@ -502,6 +517,10 @@ impl Method for CounterParams {
 
     fn dry_run(&self, state: &Word, n: u64, clock: &impl Clock) -> Decision {
         CounterParams::dry_run(self, state, n, clock)
+    }
+
+    fn would_roll(&self, state: &Word, clock: &impl Clock) -> bool {
+        CounterParams::would_roll(self, state, clock)
     }
 
     fn reserve(&self, state: &Word, n: u64, clock: &impl Clock) -> (Decision, Option<Reservation>) {
