@@ -23,7 +23,8 @@
 //! | sweep, lagging clock | no Acquire fence before reading the sweep's instant | `service::SWEEP_WITH_LAGGING_CLOCK` |
 //! | plan table publication | a version published by a Relaxed swap | `rule_change::check_reads_racing_changes` |
 //! | rule change racing requests | the plan read once, before the lookup | `rule_change::check_change_racing_requests` |
-//! | several limits, all or nothing | an undo that gives back twice what it took | `several_limits::check_two_limits` |
+//! | several limits, all or nothing | an undo that restores the replaced word by a blind store | `several_limits::check_two_limits` |
+//! | a refusal leaves no window moved | takings in the plan's order, a window's move not last | `several_limits::check_a_refusal_leaves_no_window_moved` |
 //! | several limits, eviction | the gate retired by a check and a blind store | `several_limits::check_gate_racing_a_sweep` |
 
 use loom::sync::atomic::{AtomicU64, Ordering};
@@ -646,12 +647,20 @@ fn service_reading_the_plan_once_before_the_lookup_fails_rule_change_model() {
 
 #[test]
 #[should_panic(expected = "inexact reservation")]
-fn several_limits_with_an_inexact_undo_fail_the_reservation_model() {
-    crate::several_limits::check_two_limits(2, crate::several_limits::Undo::Twice);
+fn several_limits_with_an_undo_by_blind_restore_fail_the_reservation_model() {
+    crate::several_limits::check_two_limits(2, crate::several_limits::Undo::BlindRestore);
 }
 
 #[test]
 #[should_panic(expected = "forgot a committed permit")]
 fn several_limits_gate_retired_by_a_blind_store_fails_the_eviction_model() {
     crate::several_limits::check_gate_racing_a_sweep(crate::several_limits::Sweep::BlindStore);
+}
+
+#[test]
+#[should_panic(expected = "left the first limit's window moved forward")]
+fn several_limits_taken_in_the_plans_order_fail_the_moved_window_model() {
+    crate::several_limits::check_a_refusal_leaves_no_window_moved(
+        crate::several_limits::Order::AsListed,
+    );
 }

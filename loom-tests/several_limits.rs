@@ -1,6 +1,7 @@
 //! A plan of several limits: the all-or-nothing reservation `SeveralLimits::acquire` makes
-//! (take from each limit in order; on a refusal, give back what the limits before it granted),
-//! on the token bucket's own CAS loop and `GcraParams::undo`, with loom's atomics.
+//! (look at every limit, taking nothing, and refuse if any refuses; then take from each limit in
+//! order, and on a refusal undo what the limits before it granted), on the token bucket's own
+//! CAS loop, `GcraParams::reserve` and `GcraParams::undo`, with loom's atomics.
 //!
 //! Checked under every interleaving: no limit grants more than its own limit, and no give-back
 //! returns more than its reservation took: once every thread is done, each limit's state holds
@@ -11,23 +12,28 @@
 //! committed permit has left its limit, and a request whose commit meets the retired gate gives
 //! its permits back.
 //!
-//! `negative_controls` runs the same models with an undo that is not exact, and with a sweep
-//! that retires the gate by a check and a blind store, and shows each caught.
+//! `negative_controls` runs the same models with an undo that restores the word it replaced by a
+//! blind store (losing a grant that landed since), and with a sweep that retires the gate by a
+//! check and a blind store, and shows each caught.
 
 use loom::sync::Arc;
 use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::thread;
-use tollgate::loom_support::{Gate, GcraParams};
+use std::time::Duration;
+
+use tollgate::Rule;
+use tollgate::loom_support::{Gate, GcraParams, WindowParams};
 
 use crate::support::{FixedClock, WINDOW, explore, rule};
 
 /// How a refused reservation gives back what it took.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Undo {
-    /// `GcraParams::undo`.
+    /// `GcraParams::undo`: restores the word the grant replaced only while it still holds what
+    /// the grant stored.
     Exact,
-    /// Gives back twice what was taken.
-    Twice,
+    /// Stores the word the grant replaced whatever the word holds now.
+    BlindRestore,
 }
 
 /// Two limits, 2 and 1 per window; each of `threads` requests one permit at the same instant.
@@ -43,19 +49,32 @@ pub(crate) fn check_two_limits(threads: usize, undo: Undo) {
                 let states = Arc::clone(&states);
                 thread::spawn(move || {
                     let clock = FixedClock(0);
-                    let mut decisions = Vec::new();
+                    // The look: a limit that refuses at this reading refuses with no write.
+                    let refused_at_look = limits.iter().zip(states.iter()).any(|(limit, state)| {
+                        limit
+                            .decide(state.load(Ordering::Relaxed), 0, 1)
+                            .0
+                            .is_denied()
+                    });
+                    if refused_at_look {
+                        return false;
+                    }
+                    let mut reservations = Vec::new();
                     for (taken, limit) in limits.iter().enumerate() {
-                        let decision = limit.acquire(&states[taken], 1, &clock);
-                        if decision.is_allowed() {
-                            decisions.push(decision);
+                        let (decision, reservation) = limit.reserve(&states[taken], 1, &clock);
+                        if let (true, Some(reservation)) = (decision.is_allowed(), reservation) {
+                            reservations.push((decision, reservation));
                             continue;
                         }
-                        for (given, (limit, decision)) in
-                            limits[..taken].iter().zip(&decisions).enumerate()
-                        {
+                        let given_back = limits[..taken].iter().zip(&reservations).enumerate();
+                        for (given, (limit, (decision, reservation))) in given_back.rev() {
                             match undo {
-                                Undo::Exact => limit.undo(&states[given], 1, decision, 0),
-                                Undo::Twice => limit.undo(&states[given], 2, decision, 0),
+                                Undo::Exact => {
+                                    limit.undo(&states[given], 1, decision, *reservation, 0)
+                                }
+                                Undo::BlindRestore => {
+                                    states[given].store(reservation.before(), Ordering::Relaxed)
+                                }
                             }
                         }
                         return false;
@@ -146,4 +165,94 @@ pub(crate) fn check_gate_racing_a_sweep(sweep: Sweep) {
 #[test]
 fn a_sweep_racing_a_commit_never_forgets_a_committed_permit() {
     check_gate_racing_a_sweep(Sweep::Exchange);
+}
+
+/// The order in which a request of several limits takes from them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Order {
+    /// `SeveralLimits::acquire`: a taking that would move a window forward comes last.
+    RollsLast,
+    /// The plan's own order.
+    AsListed,
+}
+
+/// A refused request never leaves a window it moved forward. Two fixed-window limits, 2 per
+/// window and 2 per 100 windows; window 0 of the first is full and the second has 1 permit
+/// left. R asks 1 permit at 1.5 windows (the first limit would move to window 1), while O asks 1
+/// at 0.5 windows (an older reading: refused, unless it meets the first limit moved by R). R is
+/// refused only if O took the second limit's last permit first; then the first limit must still
+/// be in window 0, so that a reading of 0.5 windows is refused by it as before.
+pub(crate) fn check_a_refusal_leaves_no_window_moved(order: Order) {
+    explore(3, move || {
+        let limits = [
+            WindowParams::new(rule(2)).expect("a valid rule"),
+            WindowParams::new(
+                Rule::new(2, Duration::from_nanos(100 * WINDOW)).expect("a valid rule"),
+            )
+            .expect("a valid rule"),
+        ];
+        // Window 0 of the first limit full; the second holds 1 of its 2.
+        let full = |limit: &WindowParams, n| {
+            let (decision, word) = limit.decide(0, 0, n);
+            assert!(decision.is_allowed());
+            word.expect("a grant writes")
+        };
+        let states = Arc::new([
+            AtomicU64::new(full(&limits[0], 2)),
+            AtomicU64::new(full(&limits[1], 1)),
+        ]);
+        let request = move |states: &[AtomicU64; 2], now: u64| -> bool {
+            let clock = FixedClock(now);
+            let mut rolls = [false; 2];
+            for (at, limit) in limits.iter().enumerate() {
+                let looked = limit.decide(states[at].load(Ordering::Relaxed), now, 1).0;
+                if looked.is_denied() {
+                    return false;
+                }
+                rolls[at] = limit.would_roll(&states[at], &clock);
+            }
+            let order: Vec<usize> = match order {
+                Order::RollsLast => (0..2)
+                    .filter(|&at| !rolls[at])
+                    .chain((0..2).filter(|&at| rolls[at]))
+                    .collect(),
+                Order::AsListed => vec![0, 1],
+            };
+            let mut taken = Vec::new();
+            for at in order {
+                let (decision, reservation) = limits[at].reserve(&states[at], 1, &clock);
+                match reservation {
+                    Some(reservation) if decision.is_allowed() => {
+                        taken.push((at, decision, reservation));
+                    }
+                    _ => {
+                        for (at, decision, reservation) in &taken {
+                            limits[*at].undo(&states[*at], 1, decision, *reservation, now);
+                        }
+                        return false;
+                    }
+                }
+            }
+            true
+        };
+        let older = {
+            let states = Arc::clone(&states);
+            thread::spawn(move || request(&states, WINDOW / 2))
+        };
+        let newer = request(&states, 3 * WINDOW / 2);
+        let _ = older.join().expect("a request panicked");
+        if !newer {
+            let first = states[0].load(Ordering::Relaxed);
+            assert!(
+                limits[0].decide(first, WINDOW / 2, 1).0.is_denied(),
+                "a refused request left the first limit's window moved forward: a reading of \
+                 0.5 windows is now granted by it"
+            );
+        }
+    });
+}
+
+#[test]
+fn a_refusal_leaves_no_window_moved_forward() {
+    check_a_refusal_leaves_no_window_moved(Order::RollsLast);
 }

@@ -193,6 +193,15 @@ pub enum ServiceError {
         /// The most changes one plan may have.
         max: u64,
     },
+    /// A decision looked its client up many times, each time finding an entry it had just
+    /// removed: the key's `Hash` or `Eq` changes between calls (a hash of a mutable field), which
+    /// the service cannot index. Answered instead of retrying for ever.
+    UnstableKey {
+        /// The plan, as its `Debug` form.
+        plan: String,
+        /// The lookups made.
+        tries: u32,
+    },
     /// A service was built with a larger initial capacity than it allocates up front.
     CapacityTooLarge {
         /// The capacity asked for.
@@ -247,6 +256,12 @@ impl fmt::Display for ServiceError {
                 "plan {plan} has had its limits changed {max} times, the most one plan may: \
                  build a new service to change them again (setting the limits a plan already \
                  has is not a change)"
+            ),
+            ServiceError::UnstableKey { plan, tries } => write!(
+                f,
+                "plan {plan}: the client's entry was still found after {tries} lookups that \
+                 removed it: the key's `Hash` or `Eq` changes between calls, and a key must hash \
+                 and compare the same for as long as it is in use"
             ),
             ServiceError::CapacityTooLarge { capacity, max } => {
                 write!(

@@ -2,82 +2,103 @@
 
 use crate::clock::Clock;
 use crate::error::RuleError;
-use crate::method::for_each_method;
-use crate::{Algorithm, Decision, Limiter, MonotonicClock, Rule};
+use crate::{
+    Algorithm, Decision, FixedWindow, Limiter, MonotonicClock, Rule, SlidingWindowCounter,
+    SlidingWindowLog, TokenBucket,
+};
 
-/// `AnyLimiter`, one variant per method of `for_each_method`, and how the factory makes each.
-macro_rules! any_limiter {
-    ($($method:ident($params:ty)),* $(,)?) => {
-        /// A limiter of any method, dispatched by `match` (no boxing, no virtual call).
-        ///
-        /// # Examples
-        ///
-        /// ```
-        /// use tollgate::{Algorithm, FakeClock, Limiter, LimiterFactory, Rule};
-        ///
-        /// let factory = LimiterFactory::new(Algorithm::SlidingWindowLog);
-        /// let limiter = factory.create(Rule::per_second(2)?, FakeClock::new())?;
-        /// assert!(limiter.try_acquire());
-        /// assert!(limiter.try_acquire());
-        /// assert!(!limiter.try_acquire());
-        /// # Ok::<(), tollgate::RuleError>(())
-        /// ```
-        #[derive(Debug)]
-        pub enum AnyLimiter<C = MonotonicClock> {
-            $(
-                #[doc = concat!("A [`", stringify!($method), "`](crate::", stringify!($method), ").")]
-                $method(crate::$method<C>),
-            )*
-        }
-
-        impl<C: Clock> AnyLimiter<C> {
-            /// The method of this limiter.
-            pub fn algorithm(&self) -> Algorithm {
-                match self {
-                    $(AnyLimiter::$method(_) => Algorithm::$method,)*
-                }
-            }
-
-            /// A fresh limiter of `algorithm` for `rule`, reading time from `clock`.
-            fn create(algorithm: Algorithm, rule: Rule, clock: C) -> Result<Self, RuleError> {
-                Ok(match algorithm {
-                    $(Algorithm::$method => AnyLimiter::$method(crate::$method::new(rule, clock)?),)*
-                })
-            }
-        }
-
-        impl<C: Clock> Limiter for AnyLimiter<C> {
-            #[inline]
-            fn try_acquire(&self) -> bool {
-                match self {
-                    $(AnyLimiter::$method(limiter) => limiter.try_acquire(),)*
-                }
-            }
-
-            #[inline]
-            fn try_acquire_n(&self, n: u64) -> Decision {
-                match self {
-                    $(AnyLimiter::$method(limiter) => limiter.try_acquire_n(n),)*
-                }
-            }
-
-            #[inline]
-            fn peek(&self) -> Decision {
-                match self {
-                    $(AnyLimiter::$method(limiter) => limiter.peek(),)*
-                }
-            }
-
-            fn rule(&self) -> Rule {
-                match self {
-                    $(AnyLimiter::$method(limiter) => limiter.rule(),)*
-                }
-            }
-        }
-    };
+/// A limiter of any method, dispatched by `match` (no boxing, no virtual call).
+///
+/// # Examples
+///
+/// ```
+/// use tollgate::{Algorithm, FakeClock, Limiter, LimiterFactory, Rule};
+///
+/// let factory = LimiterFactory::new(Algorithm::SlidingWindowLog);
+/// let limiter = factory.create(Rule::per_second(2)?, FakeClock::new())?;
+/// assert!(limiter.try_acquire());
+/// assert!(limiter.try_acquire());
+/// assert!(!limiter.try_acquire());
+/// # Ok::<(), tollgate::RuleError>(())
+/// ```
+#[derive(Debug)]
+pub enum AnyLimiter<C = MonotonicClock> {
+    /// A [`TokenBucket`].
+    TokenBucket(TokenBucket<C>),
+    /// A [`FixedWindow`].
+    FixedWindow(FixedWindow<C>),
+    /// A [`SlidingWindowLog`].
+    SlidingWindowLog(SlidingWindowLog<C>),
+    /// A [`SlidingWindowCounter`].
+    SlidingWindowCounter(SlidingWindowCounter<C>),
 }
 
-for_each_method!(any_limiter);
+impl<C: Clock> AnyLimiter<C> {
+    /// The method of this limiter.
+    pub fn algorithm(&self) -> Algorithm {
+        match self {
+            AnyLimiter::TokenBucket(_) => Algorithm::TokenBucket,
+            AnyLimiter::FixedWindow(_) => Algorithm::FixedWindow,
+            AnyLimiter::SlidingWindowLog(_) => Algorithm::SlidingWindowLog,
+            AnyLimiter::SlidingWindowCounter(_) => Algorithm::SlidingWindowCounter,
+        }
+    }
+
+    /// A fresh limiter of `algorithm` for `rule`, reading time from `clock`.
+    fn create(algorithm: Algorithm, rule: Rule, clock: C) -> Result<Self, RuleError> {
+        Ok(match algorithm {
+            Algorithm::TokenBucket => AnyLimiter::TokenBucket(TokenBucket::new(rule, clock)?),
+            Algorithm::FixedWindow => AnyLimiter::FixedWindow(FixedWindow::new(rule, clock)?),
+            Algorithm::SlidingWindowLog => {
+                AnyLimiter::SlidingWindowLog(SlidingWindowLog::new(rule, clock)?)
+            }
+            Algorithm::SlidingWindowCounter => {
+                AnyLimiter::SlidingWindowCounter(SlidingWindowCounter::new(rule, clock)?)
+            }
+        })
+    }
+}
+
+impl<C: Clock> Limiter for AnyLimiter<C> {
+    #[inline]
+    fn try_acquire(&self) -> bool {
+        match self {
+            AnyLimiter::TokenBucket(limiter) => limiter.try_acquire(),
+            AnyLimiter::FixedWindow(limiter) => limiter.try_acquire(),
+            AnyLimiter::SlidingWindowLog(limiter) => limiter.try_acquire(),
+            AnyLimiter::SlidingWindowCounter(limiter) => limiter.try_acquire(),
+        }
+    }
+
+    #[inline]
+    fn try_acquire_n(&self, n: u64) -> Decision {
+        match self {
+            AnyLimiter::TokenBucket(limiter) => limiter.try_acquire_n(n),
+            AnyLimiter::FixedWindow(limiter) => limiter.try_acquire_n(n),
+            AnyLimiter::SlidingWindowLog(limiter) => limiter.try_acquire_n(n),
+            AnyLimiter::SlidingWindowCounter(limiter) => limiter.try_acquire_n(n),
+        }
+    }
+
+    #[inline]
+    fn peek(&self) -> Decision {
+        match self {
+            AnyLimiter::TokenBucket(limiter) => limiter.peek(),
+            AnyLimiter::FixedWindow(limiter) => limiter.peek(),
+            AnyLimiter::SlidingWindowLog(limiter) => limiter.peek(),
+            AnyLimiter::SlidingWindowCounter(limiter) => limiter.peek(),
+        }
+    }
+
+    fn rule(&self) -> Rule {
+        match self {
+            AnyLimiter::TokenBucket(limiter) => limiter.rule(),
+            AnyLimiter::FixedWindow(limiter) => limiter.rule(),
+            AnyLimiter::SlidingWindowLog(limiter) => limiter.rule(),
+            AnyLimiter::SlidingWindowCounter(limiter) => limiter.rule(),
+        }
+    }
+}
 
 /// Makes limiters of one method: the setting, applied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,7 +123,7 @@ impl LimiterFactory {
     ///
     /// The [`RuleError`] the method's limiter would give for `rule`.
     pub fn check(&self, rule: Rule) -> Result<(), RuleError> {
-        crate::service::client_state::ClientParams::new(self.algorithm, rule, 0).map(|_| ())
+        crate::method::any::AnyParams::new(self.algorithm, rule, 0).map(|_| ())
     }
 
     /// A fresh limiter for `rule`, reading time from `clock`.

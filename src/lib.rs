@@ -119,10 +119,10 @@ pub use service::{PlanStats, RateLimiterService, ServiceBuilder, Sweeper};
 #[doc(hidden)]
 pub mod loom_support {
     pub use crate::method::fixed_window::WindowParams;
+    pub use crate::method::several_limits::Gate;
     pub use crate::method::sliding_window_counter::CounterParams;
     pub use crate::method::sliding_window_log::{LogParams, LogRing};
     pub use crate::method::token_bucket::GcraParams;
-    pub use crate::service::several_limits::Gate;
     pub use crate::sync::AtomicWord;
 
     /// Whether `decision` came from a retired state (which the service answers by moving to a

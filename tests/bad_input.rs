@@ -84,3 +84,83 @@ fn a_capacity_beyond_what_can_be_allocated_up_front_is_an_error() {
         assert!(error.to_string().contains("at most 268435456"), "{error}");
     }
 }
+
+/// A key whose `Hash` changes between calls (a hash of a mutable field): every other call
+/// hashes it elsewhere, so that a lookup finds the entry its removal then misses.
+#[derive(Debug)]
+struct UnstableKey {
+    id: u64,
+    hashes: std::sync::atomic::AtomicU64,
+}
+
+impl Clone for UnstableKey {
+    fn clone(&self) -> Self {
+        UnstableKey {
+            id: self.id,
+            hashes: std::sync::atomic::AtomicU64::new(
+                self.hashes.load(std::sync::atomic::Ordering::Relaxed),
+            ),
+        }
+    }
+}
+
+impl PartialEq for UnstableKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for UnstableKey {}
+
+impl std::hash::Hash for UnstableKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let calls = self
+            .hashes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        (self.id, calls % 2).hash(state);
+    }
+}
+
+#[test]
+fn a_key_whose_hash_changes_is_answered_not_spun_on_after_a_rule_change() {
+    for algorithm in [
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindowLog,
+        Algorithm::SlidingWindowCounter,
+    ] {
+        let service: Arc<RateLimiterService<UnstableKey, u32, FakeClock>> = Arc::new(
+            RateLimiterService::new(
+                algorithm,
+                [(1, Rule::per_second(5).unwrap())],
+                FakeClock::new(),
+            )
+            .unwrap(),
+        );
+        let key = UnstableKey {
+            id: 7,
+            hashes: std::sync::atomic::AtomicU64::new(0),
+        };
+        // The first request puts the entry under one of the key's two hashes.
+        service.allow(&key, &1).unwrap();
+        service.set_rule(&1, Rule::per_second(6).unwrap()).unwrap();
+        // On another thread, so that a spin fails the test instead of hanging it.
+        let (answered, answer) = std::sync::mpsc::channel();
+        let requester = Arc::clone(&service);
+        std::thread::spawn(move || {
+            let _ = answered.send(requester.allow(&key, &1));
+        });
+        let answer = answer
+            .recv_timeout(Duration::from_secs(5))
+            .unwrap_or_else(|_| panic!("{algorithm:?}: no answer within 5 s: the lookup spins"));
+        // Any answer will do (the key may also be found consistently by chance); an error must
+        // be the typed one, naming the plan.
+        if let Err(error) = answer {
+            assert!(
+                matches!(&error, ServiceError::UnstableKey { plan, .. } if plan == "1"),
+                "{algorithm:?}: {error:?}"
+            );
+            assert!(error.to_string().contains("`Hash`"), "{error}");
+        }
+    }
+}

@@ -9,15 +9,14 @@
 // The parameter types and `AtomicWord` are public only for the `loom` feature's re-exports.
 #![cfg_attr(not(feature = "loom"), allow(unreachable_pub))]
 
-use crossbeam_utils::CachePadded;
-
 use crate::clock::Clock;
 use crate::decision::{Admit, Decision, Rejection};
 use crate::error::RuleError;
-use crate::method::word::{self, Step};
-use crate::method::{one_word_method, one_word_service_method, standalone_limiter};
+use crate::method::Method;
+use crate::method::standalone::Standalone;
+use crate::method::word::{self, Reservation, Step};
 use crate::sync::{AtomicWord, Ordering, Word};
-use crate::{Algorithm, Rule};
+use crate::{Algorithm, Limiter, Rule};
 
 /// Set on a word retired for eviction; no permit is granted from it.
 const RETIRED: u64 = 1 << 63;
@@ -226,15 +225,39 @@ impl WindowParams {
             }
         }
         // One clock reading per attempt, kept on a retry (see `GcraParams::acquire`).
-        word::update(word, current, |current| {
-            if current & RETIRED != 0 {
-                return Step::Answer(Decision::retired(self.rule));
-            }
-            match self.decide_elapsed(current, now, n) {
-                (decision, Some(new)) => Step::Store(new, decision),
-                (decision, None) => Step::Answer(decision),
-            }
-        })
+        self.decide_on(word, current, now, n).0
+    }
+
+    /// [`WindowParams::acquire`], also returning what a grant changed, so that a plan of several
+    /// limits can undo it exactly (see [`WindowParams::undo`]).
+    #[inline]
+    pub fn reserve<A: AtomicWord>(
+        &self,
+        word: &A,
+        n: u64,
+        clock: &impl Clock,
+    ) -> (Decision, Option<Reservation>) {
+        let now = self.elapsed(clock.now_nanos());
+        // Relaxed: see `acquire`.
+        self.decide_on(word, word.load(Ordering::Relaxed), now, n)
+    }
+
+    /// The compare-and-swap loop of a decision at `now` (counted from window 0), from `current`.
+    #[inline]
+    fn decide_on<A: AtomicWord>(
+        &self,
+        word: &A,
+        current: u64,
+        now: u64,
+        n: u64,
+    ) -> (Decision, Option<Reservation>) {
+        word::decide(
+            word,
+            current,
+            |current| current & RETIRED != 0,
+            || Decision::retired(self.rule),
+            |current| self.decide_elapsed(current, now, n),
+        )
     }
 
     /// Takes one permit if one is available now: [`WindowParams::acquire`] for `n = 1`,
@@ -277,11 +300,26 @@ impl WindowParams {
         })
     }
 
-    /// Gives back `n` permits that `granted` (an allowed decision of this window's, made at
-    /// `now_nanos`) took, if its window is still the stored one; a window that has rolled over
-    /// has nothing to give back. The window a grant was counted in is where its `reset_after`
-    /// ends.
-    pub fn undo<A: AtomicWord>(&self, word: &A, n: u64, granted: &Decision, now_nanos: u64) {
+    /// Undoes the grant that made `reservation` (a reservation across several limits that
+    /// another limit refused, `granted` its decision, made at `now_nanos`).
+    ///
+    /// While the word is still the one the grant stored, the word it replaced is stored again:
+    /// exact for every reading, even where the grant had rolled the window forward (a reading of
+    /// the window before is then counted in that window again, as it was). Once another decision
+    /// has landed, the `n` permits are taken off the window the grant was counted in (the one
+    /// where its `reset_after` ends), if that is still the stored one; a window that has rolled
+    /// over since has nothing to give back.
+    pub fn undo<A: AtomicWord>(
+        &self,
+        word: &A,
+        n: u64,
+        granted: &Decision,
+        reservation: Reservation,
+        now_nanos: u64,
+    ) {
+        if word::restore(word, reservation) {
+            return;
+        }
         let end = self
             .elapsed(now_nanos)
             .saturating_add(granted.reset_after_units());
@@ -296,6 +334,15 @@ impl WindowParams {
             }
             Step::Store(self.pack(stored, count.saturating_sub(n)), ())
         });
+    }
+
+    /// See [`Method::would_roll`]: whether the reading lies past the stored window.
+    pub fn would_roll<A: AtomicWord>(&self, word: &A, clock: &impl Clock) -> bool {
+        // Relaxed: a snapshot of one word; the caller orders its takings by it, and a word that
+        // moves meanwhile only makes the order less useful, never a decision wrong.
+        let (stored, _) = self.unpack(word.load(Ordering::Relaxed) & !RETIRED);
+        self.newer_index(stored, self.elapsed(clock.now_nanos()))
+            .is_some()
     }
 
     /// What taking `n` permits at the clock's reading would answer, taking nothing.
@@ -404,9 +451,7 @@ impl WindowParams {
 /// ```
 #[derive(Debug)]
 pub struct FixedWindow<C = crate::MonotonicClock> {
-    state: CachePadded<Word>,
-    params: WindowParams,
-    clock: C,
+    limiter: Standalone<WindowParams, C>,
 }
 
 impl<C: Clock> FixedWindow<C> {
@@ -418,19 +463,105 @@ impl<C: Clock> FixedWindow<C> {
     /// [`RuleError::HorizonTooShort`] when the packed window index would wrap within
     /// [`RuleError::MIN_HORIZON`].
     pub fn new(rule: Rule, clock: C) -> Result<Self, RuleError> {
-        let params = WindowParams::new(rule)?.starting_at(clock.now_nanos());
         Ok(FixedWindow {
-            state: CachePadded::new(Word::new(0)),
-            params,
-            clock,
+            limiter: Standalone::new(rule, clock)?,
         })
+    }
+
+    /// The clock this limiter reads.
+    pub fn clock(&self) -> &C {
+        self.limiter.clock()
     }
 }
 
-standalone_limiter!(FixedWindow);
+impl<C: Clock> Limiter for FixedWindow<C> {
+    #[inline]
+    fn try_acquire(&self) -> bool {
+        self.limiter.try_acquire()
+    }
 
-one_word_method!(WindowParams);
-one_word_service_method!(WindowParams, fresh: empty_since, idle: retire_if_idle);
+    #[inline]
+    fn try_acquire_n(&self, n: u64) -> Decision {
+        self.limiter.try_acquire_n(n)
+    }
+
+    #[inline]
+    fn peek(&self) -> Decision {
+        self.limiter.peek()
+    }
+
+    fn rule(&self) -> Rule {
+        self.limiter.rule()
+    }
+}
+
+impl Method for WindowParams {
+    type State = Word;
+
+    const CAN_UNDO: bool = true;
+
+    fn new(rule: Rule, start_nanos: u64) -> Result<Self, RuleError> {
+        Ok(WindowParams::new(rule)?.starting_at(start_nanos))
+    }
+
+    fn rule(&self) -> Rule {
+        self.rule
+    }
+
+    fn origin_nanos(&self) -> u64 {
+        self.origin_nanos
+    }
+
+    fn fresh(&self, since_nanos: u64) -> Word {
+        Word::new(self.empty_since(since_nanos))
+    }
+
+    #[inline]
+    fn acquire(&self, state: &Word, n: u64, clock: &impl Clock) -> Decision {
+        WindowParams::acquire(self, state, n, clock)
+    }
+
+    #[inline]
+    fn acquire_one(&self, state: &Word, clock: &impl Clock) -> Admit {
+        WindowParams::acquire_one(self, state, clock)
+    }
+
+    #[inline]
+    fn peek(&self, state: &Word, clock: &impl Clock) -> Decision {
+        WindowParams::peek(self, state, clock)
+    }
+
+    fn dry_run(&self, state: &Word, n: u64, clock: &impl Clock) -> Decision {
+        WindowParams::dry_run(self, state, n, clock)
+    }
+
+    fn would_roll(&self, state: &Word, clock: &impl Clock) -> bool {
+        WindowParams::would_roll(self, state, clock)
+    }
+
+    fn reserve(&self, state: &Word, n: u64, clock: &impl Clock) -> (Decision, Option<Reservation>) {
+        WindowParams::reserve(self, state, n, clock)
+    }
+
+    fn undo(
+        &self,
+        state: &Word,
+        n: u64,
+        granted: &Decision,
+        reservation: Reservation,
+        now_nanos: u64,
+    ) {
+        WindowParams::undo(self, state, n, granted, reservation, now_nanos);
+    }
+
+    fn retire_now(&self, state: &Word) {
+        WindowParams::retire_now(state);
+    }
+
+    fn retire_if_idle(&self, state: &Word, now_nanos: u64) -> bool {
+        self.retire_if_idle(state, now_nanos)
+    }
+}
 
 #[cfg(test)]
 mod tests {

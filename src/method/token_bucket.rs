@@ -11,15 +11,14 @@
 
 use std::num::NonZeroU64;
 
-use crossbeam_utils::CachePadded;
-
 use crate::clock::Clock;
 use crate::decision::{Admit, Decision, Rejection, Scale};
 use crate::error::RuleError;
-use crate::method::word::{self, Step};
-use crate::method::{one_word_method, one_word_service_method, standalone_limiter};
+use crate::method::Method;
+use crate::method::standalone::Standalone;
+use crate::method::word::{self, Reservation, Step};
 use crate::sync::{AtomicWord, Ordering, Word};
-use crate::{Algorithm, Rule};
+use crate::{Algorithm, Limiter, Rule};
 
 /// The TAT of a retired bucket: no acquire can succeed from it (see `GcraParams::retire_if_full`).
 const RETIRED: u64 = u64::MAX;
@@ -224,17 +223,27 @@ impl GcraParams {
         // moved the TAT, and a reading older than the state it meets only makes the decision
         // stricter. Re-reading (about 10 ns) inside the loop let the other core take the line
         // back every time, and two threads granting on one bucket ran 4x slower than this.
+        self.reserve(tat, n, clock).0
+    }
+
+    /// [`GcraParams::acquire`], also returning what a grant changed, so that a plan of several
+    /// limits can undo it exactly (see [`GcraParams::undo`]).
+    #[inline]
+    pub fn reserve<A: AtomicWord>(
+        &self,
+        tat: &A,
+        n: u64,
+        clock: &impl Clock,
+    ) -> (Decision, Option<Reservation>) {
         let now = clock.now_nanos();
         // Relaxed: see `word::update`.
-        word::update(tat, tat.load(Ordering::Relaxed), |current| {
-            if current == RETIRED {
-                return Step::Answer(Decision::retired(self.rule));
-            }
-            match self.decide(current, now, n) {
-                (decision, Some(new)) => Step::Store(new, decision),
-                (decision, None) => Step::Answer(decision),
-            }
-        })
+        word::decide(
+            tat,
+            tat.load(Ordering::Relaxed),
+            |current| current == RETIRED,
+            || Decision::retired(self.rule),
+            |current| self.decide(current, now, n),
+        )
     }
 
     /// Takes one permit if one is available now: [`GcraParams::acquire`] for `n = 1`, answering
@@ -260,23 +269,23 @@ impl GcraParams {
         })
     }
 
-    /// Gives back `n` permits that `granted` (an allowed decision of this bucket's, made at
-    /// `now_nanos`) took: a reservation across several limits that another limit refused.
-    ///
-    /// Only while the TAT is still the one the grant stored: then no other grant has landed
-    /// since, and moving it back by `n*T` is exact. Once another grant has landed, it may have
-    /// started from the clock rather than from this grant's TAT (a bucket that had refilled
-    /// meanwhile), and taking `n*T` off would take that grant's permits too; the reservation's
-    /// permits are then kept, and refill at the bucket's rate (stricter, never more generous).
-    pub fn undo<A: AtomicWord>(&self, tat: &A, n: u64, granted: &Decision, now_nanos: u64) {
-        // The TAT the grant stored: its reading plus the debt it reported.
-        let stored = self
-            .now_ticks(now_nanos)
-            .saturating_add(granted.reset_after_units());
-        let given_back = stored.saturating_sub(n.saturating_mul(self.token_ticks));
-        // Relaxed: see `word::update`; one strong exchange, which fails only if another grant
-        // (or a retirement) changed the word.
-        let _ = tat.compare_exchange(stored, given_back, Ordering::Relaxed, Ordering::Relaxed);
+    /// Undoes the grant that made `reservation` (a reservation across several limits that
+    /// another limit refused), while the TAT is still the one it stored: no other grant has
+    /// landed since, and the TAT it replaced answers every reading as if it had never been made.
+    /// Once another grant has landed, that grant may have started from the clock rather than from
+    /// this one's TAT (a bucket that had refilled meanwhile), and moving the TAT back would take
+    /// that grant's permits too; the reservation's permits are then kept, and refill at the
+    /// bucket's rate (stricter, never more generous). The reservation says all the give-back
+    /// needs: the permits, the decision and its reading are taken as the other methods take them.
+    pub fn undo<A: AtomicWord>(
+        &self,
+        tat: &A,
+        _n: u64,
+        _granted: &Decision,
+        reservation: Reservation,
+        _now_nanos: u64,
+    ) {
+        word::restore(tat, reservation);
     }
 
     /// What taking `n` permits at the clock's reading would answer, taking nothing.
@@ -361,9 +370,7 @@ impl GcraParams {
 /// ```
 #[derive(Debug)]
 pub struct TokenBucket<C = crate::MonotonicClock> {
-    state: CachePadded<Word>,
-    params: GcraParams,
-    clock: C,
+    limiter: Standalone<GcraParams, C>,
 }
 
 impl<C: Clock> TokenBucket<C> {
@@ -375,24 +382,106 @@ impl<C: Clock> TokenBucket<C> {
     /// refill within 1/1000 of the rule, [`RuleError::WindowTooLong`] when the full bucket cannot be
     /// counted.
     pub fn new(rule: Rule, clock: C) -> Result<Self, RuleError> {
-        let params = GcraParams::new(rule)?.starting_at(clock.now_nanos());
         Ok(TokenBucket {
-            state: CachePadded::new(Word::new(0)),
-            params,
-            clock,
+            limiter: Standalone::new(rule, clock)?,
         })
     }
 
     /// Whether the refill rate is the rule's exactly, or rounded down (see [`TokenBucket`]).
     pub fn is_exact(&self) -> bool {
-        self.params.is_exact()
+        self.limiter.params().is_exact()
+    }
+
+    /// The clock this limiter reads.
+    pub fn clock(&self) -> &C {
+        self.limiter.clock()
     }
 }
 
-standalone_limiter!(TokenBucket);
+impl<C: Clock> Limiter for TokenBucket<C> {
+    #[inline]
+    fn try_acquire(&self) -> bool {
+        self.limiter.try_acquire()
+    }
 
-one_word_method!(GcraParams);
-one_word_service_method!(GcraParams, fresh: full_since, idle: retire_if_full);
+    #[inline]
+    fn try_acquire_n(&self, n: u64) -> Decision {
+        self.limiter.try_acquire_n(n)
+    }
+
+    #[inline]
+    fn peek(&self) -> Decision {
+        self.limiter.peek()
+    }
+
+    fn rule(&self) -> Rule {
+        self.limiter.rule()
+    }
+}
+
+impl Method for GcraParams {
+    type State = Word;
+
+    const CAN_UNDO: bool = true;
+
+    fn new(rule: Rule, start_nanos: u64) -> Result<Self, RuleError> {
+        Ok(GcraParams::new(rule)?.starting_at(start_nanos))
+    }
+
+    fn rule(&self) -> Rule {
+        self.rule
+    }
+
+    fn origin_nanos(&self) -> u64 {
+        self.origin_nanos
+    }
+
+    fn fresh(&self, since_nanos: u64) -> Word {
+        Word::new(self.full_since(since_nanos))
+    }
+
+    #[inline]
+    fn acquire(&self, state: &Word, n: u64, clock: &impl Clock) -> Decision {
+        GcraParams::acquire(self, state, n, clock)
+    }
+
+    #[inline]
+    fn acquire_one(&self, state: &Word, clock: &impl Clock) -> Admit {
+        GcraParams::acquire_one(self, state, clock)
+    }
+
+    #[inline]
+    fn peek(&self, state: &Word, clock: &impl Clock) -> Decision {
+        GcraParams::peek(self, state, clock)
+    }
+
+    fn dry_run(&self, state: &Word, n: u64, clock: &impl Clock) -> Decision {
+        GcraParams::dry_run(self, state, n, clock)
+    }
+
+    fn reserve(&self, state: &Word, n: u64, clock: &impl Clock) -> (Decision, Option<Reservation>) {
+        GcraParams::reserve(self, state, n, clock)
+    }
+
+    fn undo(
+        &self,
+        state: &Word,
+        n: u64,
+        granted: &Decision,
+        reservation: Reservation,
+        now_nanos: u64,
+    ) {
+        GcraParams::undo(self, state, n, granted, reservation, now_nanos);
+    }
+
+    fn retire_now(&self, state: &Word) {
+        GcraParams::retire_now(state);
+    }
+
+    fn retire_if_idle(&self, state: &Word, now_nanos: u64) -> bool {
+        self.retire_if_full(state, now_nanos)
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -53,6 +53,69 @@ pub(crate) fn update<A: AtomicWord, T>(
     }
 }
 
+/// What a grant changed on its word: the word it replaced and the word it stored. While the
+/// word still holds what the grant stored, no other decision has landed since (or every one that
+/// did has been given back), and storing the replaced word again undoes the grant exactly: for
+/// every reading, the state answers as if the grant had never been made.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reservation {
+    before: u64,
+    after: u64,
+}
+
+impl Reservation {
+    /// The word the grant replaced (for the loom models' negative controls, which restore it
+    /// without checking).
+    #[cfg(feature = "loom")]
+    pub fn before(&self) -> u64 {
+        self.before
+    }
+}
+
+/// A decision on `word` from `decide` (the pure step: the answer, and the word to store if it
+/// must change), run until its write lands; a retired word (`is_retired`) answers `retired`.
+/// Returns the decision, and what a write changed (see [`Reservation`]).
+#[inline]
+pub(crate) fn decide<A: AtomicWord>(
+    word: &A,
+    current: u64,
+    is_retired: impl Fn(u64) -> bool,
+    retired: impl Fn() -> Decision,
+    decide: impl Fn(u64) -> (Decision, Option<u64>),
+) -> (Decision, Option<Reservation>) {
+    update(word, current, |current| {
+        if is_retired(current) {
+            return Step::Answer((retired(), None));
+        }
+        match decide(current) {
+            (decision, Some(after)) => {
+                let reservation = Reservation {
+                    before: current,
+                    after,
+                };
+                Step::Store(after, (decision, Some(reservation)))
+            }
+            (decision, None) => Step::Answer((decision, None)),
+        }
+    })
+}
+
+/// Undoes the grant that made `reservation`, if the word still holds what it stored; returns
+/// whether it did. One strong exchange: it fails only when another decision (or a retirement)
+/// has changed the word since, and then the caller's give-back must leave that one's effect.
+#[inline]
+pub(crate) fn restore<A: AtomicWord>(word: &A, reservation: Reservation) -> bool {
+    // Relaxed: as every access to a method's word (see `update`).
+    word.compare_exchange(
+        reservation.after,
+        reservation.before,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    )
+    .is_ok()
+}
+
 /// What one permit would get now from `word`, taking nothing: `decide(word, n)` for `n = 0`
 /// (the permits available) when one is, for `n = 1` (the wait) when none is; `retired` for a
 /// retired word.

@@ -5,11 +5,12 @@ use std::hash::{BuildHasher, Hash, RandomState};
 
 use papaya::ResizeMode;
 
-use super::client_state::ClientParams;
-use super::plan_table::{MAX_LIMITS, MAX_PLANS, PlanTable};
+use super::plan_table::{MAX_PLANS, PlanTable};
 use super::rate_limiter::RateLimiterService;
 use crate::clock::Clock;
 use crate::error::ServiceError;
+use crate::method::any::AnyParams;
+use crate::method::several_limits::SeveralLimits;
 use crate::sync::Word;
 use crate::{Algorithm, Rule, RuleError};
 
@@ -159,7 +160,7 @@ impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher + Clone> ServiceBuilder<P, C, 
         // Every rule's timeline starts here, so that a limiter's horizon is counted from the
         // service's start, wherever the clock's origin lies.
         let start_nanos = self.clock.now_nanos();
-        let mut plans: Vec<(P, Vec<ClientParams>)> = Vec::with_capacity(self.plans.len());
+        let mut plans: Vec<(P, Vec<AnyParams>)> = Vec::with_capacity(self.plans.len());
         for (plan, rules) in self.plans {
             if plans.iter().any(|(existing, _)| *existing == plan) {
                 return Err(ServiceError::DuplicatePlan {
@@ -167,7 +168,7 @@ impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher + Clone> ServiceBuilder<P, C, 
                 });
             }
             let limits = limits_of(&plan, &rules, |rule| {
-                ClientParams::new(self.algorithm, rule, start_nanos)
+                AnyParams::new(self.algorithm, rule, start_nanos)
             })?;
             plans.push((plan, limits));
         }
@@ -200,14 +201,14 @@ impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher + Clone> ServiceBuilder<P, C, 
 pub(super) fn limits_of<P: fmt::Debug>(
     plan: &P,
     rules: &[Rule],
-    params: impl Fn(Rule) -> Result<ClientParams, RuleError>,
-) -> Result<Vec<ClientParams>, ServiceError> {
+    params: impl Fn(Rule) -> Result<AnyParams, RuleError>,
+) -> Result<Vec<AnyParams>, ServiceError> {
     let plan_name = || format!("{plan:?}");
-    if rules.is_empty() || rules.len() > MAX_LIMITS {
+    if rules.is_empty() || rules.len() > SeveralLimits::MAX_LIMITS {
         return Err(ServiceError::LimitCount {
             plan: plan_name(),
             count: rules.len(),
-            max: MAX_LIMITS,
+            max: SeveralLimits::MAX_LIMITS,
         });
     }
     let limits = rules

@@ -21,14 +21,13 @@ use std::sync::atomic::AtomicPtr;
 
 use papaya::{Guard, LocalGuard};
 
-use super::client_state::{ClientParams, Version};
-use super::rate_limiter::ClientEntry;
+use super::protocol::ClientEntry;
 use super::stats::{DecisionCounts, PlanStats};
+use crate::method::any::AnyParams;
+use crate::method::client_state::Version;
+use crate::method::several_limits::SeveralLimits;
 use crate::sync::Ordering;
 use crate::{Algorithm, Rule, RuleError};
-
-/// The most limits one plan may have, enforced together (see `RateLimiterService`).
-pub(crate) const MAX_LIMITS: usize = 4;
 
 /// The most plans a service may have.
 pub(crate) const MAX_PLANS: usize = 1 << 16;
@@ -38,7 +37,7 @@ pub(crate) const MAX_PLANS: usize = 1 << 16;
 pub(crate) struct PlanVersion {
     version: Version,
     count: usize,
-    limits: [ClientParams; MAX_LIMITS],
+    limits: [AnyParams; SeveralLimits::MAX_LIMITS],
 }
 
 // seize may free a replaced version on whichever thread reclaims it.
@@ -48,9 +47,9 @@ const _: fn() = || {
 };
 
 impl PlanVersion {
-    /// `limits` (1 to [`MAX_LIMITS`] of them) as version `version`.
-    fn new(version: Version, limits: &[ClientParams]) -> PlanVersion {
-        let mut all = [limits[0]; MAX_LIMITS];
+    /// `limits` (1 to [`SeveralLimits::MAX_LIMITS`] of them) as version `version`.
+    fn new(version: Version, limits: &[AnyParams]) -> PlanVersion {
+        let mut all = [limits[0]; SeveralLimits::MAX_LIMITS];
         all[..limits.len()].copy_from_slice(limits);
         PlanVersion {
             version,
@@ -67,7 +66,7 @@ impl PlanVersion {
 
     /// The first limit: the whole of a plan with one.
     #[inline]
-    pub(crate) fn first(&self) -> &ClientParams {
+    pub(crate) fn first(&self) -> &AnyParams {
         &self.limits[0]
     }
 
@@ -79,7 +78,7 @@ impl PlanVersion {
 
     /// The limits, in the order they were given.
     #[inline]
-    pub(crate) fn as_slice(&self) -> &[ClientParams] {
+    pub(crate) fn as_slice(&self) -> &[AnyParams] {
         &self.limits[..self.count]
     }
 }
@@ -92,7 +91,7 @@ pub(crate) struct PlanHead {
     /// Whether the plan has several limits.
     pub(crate) several: bool,
     /// The first limit: the whole of a plan with one.
-    pub(crate) first: ClientParams,
+    pub(crate) first: AnyParams,
 }
 
 /// One plan: its name, its clients, its current limits, its counts.
@@ -184,7 +183,7 @@ pub(crate) struct TooManyChanges;
 pub(crate) struct PlanTable<K, P, S> {
     algorithm: Algorithm,
     /// The clock reading the service started at: every rule's timeline starts there (see
-    /// `ClientParams::new`).
+    /// `AnyParams::new`).
     start_nanos: u64,
     plans: Box<[PlanEntry<K, P, S>]>,
     /// Serializes rule changes; never taken on a decision.
@@ -206,7 +205,7 @@ impl<K, P, S> PlanTable<K, P, S> {
     pub(crate) fn new(
         algorithm: Algorithm,
         start_nanos: u64,
-        plans: Vec<(P, Vec<ClientParams>)>,
+        plans: Vec<(P, Vec<AnyParams>)>,
         count_decisions: bool,
         mut new_map: impl FnMut() -> papaya::HashMap<K, ClientEntry, S>,
     ) -> Self {
@@ -268,11 +267,11 @@ impl<K, P, S> PlanTable<K, P, S> {
     }
 
     /// The constants `rule` would have in this table, or why the method cannot honour it.
-    pub(crate) fn params_for(&self, rule: Rule) -> Result<ClientParams, RuleError> {
-        ClientParams::new(self.algorithm, rule, self.start_nanos)
+    pub(crate) fn params_for(&self, rule: Rule) -> Result<AnyParams, RuleError> {
+        AnyParams::new(self.algorithm, rule, self.start_nanos)
     }
 
-    /// Replaces the limits of the plan at `index` (1 to [`MAX_LIMITS`] of them, already checked
+    /// Replaces the limits of the plan at `index` (1 to [`SeveralLimits::MAX_LIMITS`] of them, already checked
     /// by [`PlanTable::params_for`]), as a new version; clients under the plan follow them from
     /// their next request. Limits equal to the plan's current ones are no change: no new version,
     /// and `Ok(false)`.
@@ -283,7 +282,7 @@ impl<K, P, S> PlanTable<K, P, S> {
     pub(crate) fn set_limits(
         &self,
         index: usize,
-        limits: &[ClientParams],
+        limits: &[AnyParams],
     ) -> Result<bool, TooManyChanges> {
         let _writer = self
             .change
@@ -344,7 +343,7 @@ mod tests {
     #[test]
     fn a_plan_changes_at_most_version_max_times_and_an_unchanged_setting_is_no_change() {
         let rule = |limit| Rule::per_second(limit).unwrap();
-        let params = |limit| ClientParams::new(Algorithm::TokenBucket, rule(limit), 0).unwrap();
+        let params = |limit| AnyParams::new(Algorithm::TokenBucket, rule(limit), 0).unwrap();
         let table: PlanTable<u64, &str, std::hash::RandomState> = PlanTable::new(
             Algorithm::TokenBucket,
             0,
@@ -387,7 +386,7 @@ mod tests {
         // Every version's limits are rules of `version + 1` per second, so a reader can tell a
         // mixed read; the changes retire thousands of versions while readers hold guards.
         let params = |limit| {
-            ClientParams::new(Algorithm::TokenBucket, Rule::per_second(limit).unwrap(), 0).unwrap()
+            AnyParams::new(Algorithm::TokenBucket, Rule::per_second(limit).unwrap(), 0).unwrap()
         };
         let table: PlanTable<u64, &str, std::hash::RandomState> = PlanTable::new(
             Algorithm::TokenBucket,

@@ -3,17 +3,30 @@
 //!
 //! # Guarantee
 //!
-//! A request is granted only if every limit grants it, and then it has taken from every limit;
-//! if any limit refuses, the permits already taken from the limits before it are given back, so
-//! the request keeps nothing (where a give-back cannot be exact, because the window has rolled or
-//! another grant has landed on a token bucket since, the permits are kept and refill or expire as
-//! any permit does: stricter, never more generous). No limit ever grants more than its own method's guarantee allows:
-//! each limit's state is the method's own lock-free state, and a reservation that is given back
-//! only ever *delays* permits. The cost: while a reservation is held (from its grant on one limit
-//! until the refusal by a later one is known and it is given back, a few atomic operations),
-//! another request may see that limit short by the reserved permits and be refused where it would
-//! otherwise have passed: at most the permits of the reservations in flight at that moment, and
-//! never the other way.
+//! A request is granted only if every limit grants it, and then it has taken from every limit.
+//! A refused request leaves every limit as it was, for every reading: it first looks at every
+//! limit, taking nothing, and one that some limit refuses at its reading writes nothing at all.
+//! Only when another request takes the permits between that look and the taking can a limit
+//! refuse after others granted; those grants are then undone, each by restoring the word it
+//! replaced while no other decision has landed on it (exact for every reading), or else by
+//! taking the permits off the window they were counted in, where they are kept if that window
+//! has rolled or another grant has landed on a token bucket since (they refill or expire as any
+//! permit does).
+//!
+//! A taking that moves a window forward is made last, after every limit that may still refuse.
+//! Such a taking cannot be undone once another request's decision has landed on the moved word
+//! (an undo would forget that decision), and the window would stay moved: a reading older than
+//! it would then be counted in the newer window. Taken last, it is followed only by takings of
+//! its own kind, and a fixed window that moves always grants; so a window stays moved by a
+//! refused request only when two of its limits move in one request and a racing request fills
+//! the second between the look and the taking.
+//!
+//! No limit ever grants more than its own method's guarantee allows: each limit's state is the
+//! method's own lock-free state, and a reservation that is given back only ever *delays*
+//! permits. The cost: while a reservation is held (from its taking until the refusal by another
+//! limit is known and it is undone, a few atomic operations), another request may see that limit
+//! short by the reserved permits and be refused where it would otherwise have passed, at most
+//! the permits of the reservations in flight at that moment.
 //!
 //! # Eviction
 //!
@@ -29,10 +42,11 @@
 // `Gate` is public only for the `loom` feature's re-exports.
 #![cfg_attr(not(feature = "loom"), allow(unreachable_pub))]
 
-use super::client_state::{ClientParams, ClientState};
+use super::any::AnyParams;
+use super::client_state::ClientState;
 use crate::clock::Clock;
 use crate::decision::Decision;
-use crate::method::word::{self, Step};
+use crate::method::word::{self, Reservation, Step};
 use crate::sync::{AtomicWord, Ordering, Word};
 
 /// The gate of a retired entry.
@@ -136,8 +150,12 @@ impl Clock for Reading {
 }
 
 impl SeveralLimits {
-    /// A fresh state for `limits`, as of `since_nanos` (see `ClientParams::fresh_state`).
-    pub(crate) fn fresh(limits: &[ClientParams], since_nanos: u64) -> SeveralLimits {
+    /// The most limits one plan may have: enough for the usual tiers (per second, minute, hour
+    /// and day), and few enough for a request's reservations to live on its stack.
+    pub(crate) const MAX_LIMITS: usize = 4;
+
+    /// A fresh state for `limits`, as of `since_nanos` (see `AnyParams::fresh_state`).
+    pub(crate) fn fresh(limits: &[AnyParams], since_nanos: u64) -> SeveralLimits {
         SeveralLimits {
             gate: Gate::new(),
             states: limits
@@ -155,7 +173,7 @@ impl SeveralLimits {
     /// caller moves to a fresh one).
     pub(crate) fn acquire(
         &self,
-        limits: &[ClientParams],
+        limits: &[AnyParams],
         n: u64,
         clock: &impl Clock,
     ) -> Option<Decision> {
@@ -172,16 +190,39 @@ impl SeveralLimits {
             let first = each.next()?;
             return Some(closest_to_exhaustion(first, each));
         }
-        let mut granted = [None; super::plan_table::MAX_LIMITS];
-        for (taken, (limit, state)) in limits.iter().zip(self.states.iter()).enumerate() {
-            let decision = limit.acquire(state, n, &reading);
-            if decision.is_allowed() {
-                granted[taken] = Some(decision);
+        // First a look at every limit, taking nothing: a request that some limit refuses at
+        // this reading is refused without a write, so a refusal leaves every limit exactly as
+        // it was (a grant followed by a give-back could leave a window rolled forward, where an
+        // older reading would then count afresh).
+        let mut rolls = [false; SeveralLimits::MAX_LIMITS];
+        for (at, (limit, state)) in limits.iter().zip(self.states.iter()).enumerate() {
+            let looked = limit.dry_run(state, n, &reading);
+            if looked.is_denied() {
+                return Some(self.refusal(limits, n, looked, &reading));
+            }
+            rolls[at] = limit.would_roll(state, &reading);
+        }
+        // Then the takings, those that move a window forward last. Once another request's
+        // decision lands on a word a taking rolled forward, undoing the taking cannot roll it
+        // back; taken last, such a taking is followed only by others of its kind, and a fixed
+        // window's roll always grants, so it is given back only if two limits roll in one
+        // request and a racing request fills the second between the look and the taking.
+        let count = limits.len().min(SeveralLimits::MAX_LIMITS);
+        let order = (0..count)
+            .filter(|&at| !rolls[at])
+            .chain((0..count).filter(|&at| rolls[at]));
+        let mut granted = [None; SeveralLimits::MAX_LIMITS];
+        for at in order {
+            let (limit, state) = (&limits[at], &self.states[at]);
+            let (decision, reservation) = limit.reserve(state, n, &reading);
+            if let (true, Some(reservation)) = (decision.is_allowed(), reservation) {
+                granted[at] = Some((decision, reservation));
                 continue;
             }
-            // Refused (or, were a state retired, unusable): give back what the limits before it
-            // granted, then report the longest wait over every limit.
-            self.give_back(limits, n, &granted[..taken], now);
+            // Refused after all (another request took the permits since the look), or, were a
+            // state retired, unusable: give back what the limits taken before it granted, then
+            // report the longest wait over every limit.
+            self.give_back(limits, n, &granted, now);
             if decision.is_retired() {
                 return None;
             }
@@ -192,25 +233,33 @@ impl SeveralLimits {
         let busy_until = limits
             .iter()
             .zip(&granted)
-            .filter_map(|(limit, decision)| Some(limit.busy_until(decision.as_ref()?, now)))
+            .filter_map(|(limit, granted)| Some(limit.busy_until(&granted.as_ref()?.0, now)))
             .max()
             .unwrap_or(now);
         if !self.gate.commit(busy_until) {
             self.give_back(limits, n, &granted, now);
             return None;
         }
-        let mut each = granted.iter().flatten().copied();
+        let mut each = granted.iter().flatten().map(|(decision, _)| *decision);
         let first = each.next()?;
         Some(closest_to_exhaustion(first, each))
     }
 
-    /// Gives back the permits `granted` took, limit by limit.
-    fn give_back(&self, limits: &[ClientParams], n: u64, granted: &[Option<Decision>], now: u64) {
-        for ((limit, state), decision) in limits.iter().zip(self.states.iter()).zip(granted) {
-            if let Some(decision) = decision {
+    /// Undoes the grants in `granted` (by limit), each limit's own word restored exactly while
+    /// no other decision has landed on it (see `word::Reservation`).
+    fn give_back(
+        &self,
+        limits: &[AnyParams],
+        n: u64,
+        granted: &[Option<(Decision, Reservation)>],
+        now: u64,
+    ) {
+        let each = limits.iter().zip(self.states.iter()).zip(granted);
+        for ((limit, state), granted) in each {
+            if let Some((decision, reservation)) = granted {
                 // Every limit of a plan with several can give permits back (checked when the
                 // plan was made).
-                let _ = limit.undo(state, n, decision, now);
+                limit.undo(state, n, decision, *reservation, now);
             }
         }
     }
@@ -219,7 +268,7 @@ impl SeveralLimits {
     /// limit asks for.
     fn refusal(
         &self,
-        limits: &[ClientParams],
+        limits: &[AnyParams],
         n: u64,
         refused: Decision,
         reading: &Reading,
@@ -235,7 +284,7 @@ impl SeveralLimits {
     }
 
     /// What one permit would get now from every limit, taking nothing.
-    pub(crate) fn peek(&self, limits: &[ClientParams], clock: &impl Clock) -> Option<Decision> {
+    pub(crate) fn peek(&self, limits: &[AnyParams], clock: &impl Clock) -> Option<Decision> {
         if self.is_retired() {
             return None;
         }
@@ -251,7 +300,7 @@ impl SeveralLimits {
     /// Each limit's answer to a look at it now, taking nothing, in the plan's order.
     pub(crate) fn peek_each(
         &self,
-        limits: &[ClientParams],
+        limits: &[AnyParams],
         clock: &impl Clock,
     ) -> Option<Vec<Decision>> {
         if self.is_retired() {

@@ -11,15 +11,19 @@
 // The parameter types and `AtomicWord` are public only for the `loom` feature's re-exports.
 #![cfg_attr(not(feature = "loom"), allow(unreachable_pub))]
 
-use crossbeam_utils::CachePadded;
+#[cfg(test)]
+mod tests;
+mod weighting;
 
 use crate::clock::Clock;
 use crate::decision::{Admit, Decision, Rejection};
 use crate::error::RuleError;
-use crate::method::word::{self, Step};
-use crate::method::{one_word_method, one_word_service_method, standalone_limiter};
+use crate::method::Method;
+use crate::method::standalone::Standalone;
+use crate::method::word::{self, Reservation, Step};
 use crate::sync::{AtomicWord, Ordering, Word};
-use crate::{Algorithm, Rule};
+use crate::{Algorithm, Limiter, Rule};
+use weighting::Rolled;
 
 /// Set on a word retired for eviction; no permit is granted from it.
 const RETIRED: u64 = 1 << 63;
@@ -53,19 +57,6 @@ pub struct CounterParams {
     /// started in, so that windows stay aligned to the clock's origin while the horizon is
     /// counted from the limiter's start.
     origin_nanos: u64,
-}
-
-/// The word's counts carried to the window of one reading.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Rolled {
-    /// The window the reading is counted in.
-    index: u64,
-    /// Permits granted in that window.
-    current: u64,
-    /// Permits granted in the window before it.
-    previous: u64,
-    /// Nanoseconds from the start of that window to the instant the reading is counted at.
-    elapsed: u64,
 }
 
 impl CounterParams {
@@ -149,131 +140,19 @@ impl CounterParams {
             .min(self.last_nanos)
     }
 
-    /// The word of a counter that is empty from `since_nanos` on: the window then current, with
-    /// nothing granted in it or the one before; an earlier reading is counted at its start. At
-    /// least as strict as any word that was empty at `since_nanos`. A service seeds new clients
-    /// with it.
+    /// The word of a counter that is empty from `since_nanos` on: identical to a fresh one for
+    /// every reading from the start of that reading's window on, and for an earlier reading (a
+    /// clock stepped back, another core's older reading) at least as strict as any word retired
+    /// as idle at or before `since_nanos`. It stands in the window before, with nothing counted
+    /// there and the window before that full: a reading from the window of `since_nanos` on rolls
+    /// both away, and an earlier one weighs a full previous window, as it would weigh whatever a
+    /// retired word's previous window held. A service seeds new clients with it.
     pub fn empty_since(&self, since_nanos: u64) -> u64 {
-        let index = self.elapsed(since_nanos) / self.rule.window_nanos();
-        self.pack(index.min(self.max_index), 0, 0)
-    }
-
-    /// The counts of `word` as of the reading `now` (already counted from window 0 and clamped).
-    /// A reading in a window older than the stored one (a stale or stepped-back clock) is
-    /// counted at the start of the stored window, where the previous window weighs most: it
-    /// never resets a count. Only a reading past the stored window's end pays for a division.
-    #[inline]
-    fn roll(&self, word: u64, now: u64) -> Rolled {
-        let window = self.rule.window_nanos();
-        let (stored, current, previous) = self.unpack(word);
-        let stored_start = stored.saturating_mul(window);
-        if now < stored_start {
-            return Rolled {
-                index: stored,
-                current,
-                previous,
-                elapsed: 0,
-            };
+        let index = (self.elapsed(since_nanos) / self.rule.window_nanos()).min(self.max_index);
+        match index {
+            0 => self.pack(0, 0, 0),
+            index => self.pack(index - 1, 0, self.rule.limit()),
         }
-        let elapsed = now - stored_start;
-        if elapsed < window {
-            return Rolled {
-                index: stored,
-                current,
-                previous,
-                elapsed,
-            };
-        }
-        let index = now / window;
-        Rolled {
-            index,
-            current: 0,
-            // The stored window's count weighs on the next window only.
-            previous: if index == stored + 1 { current } else { 0 },
-            elapsed: now % window,
-        }
-    }
-
-    /// Whether the previous window's weighted count, rounded up, fits in `room` permits:
-    /// `ceil(previous * (W - elapsed) / W) <= room`, without a division.
-    #[inline]
-    fn weighted_fits(&self, rolled: &Rolled, room: u64) -> bool {
-        let window = u128::from(self.rule.window_nanos());
-        // elapsed < W, so the weight is 1..=W; both products fit in 128 bits.
-        let overlap = window - u128::from(rolled.elapsed);
-        u128::from(rolled.previous) * overlap <= u128::from(room) * window
-    }
-
-    /// The previous window's count weighted by the part of it the sliding window still covers,
-    /// rounded up: `ceil(previous * (W - elapsed) / W)`, at most `previous`.
-    #[inline]
-    fn weighted_previous(&self, rolled: &Rolled) -> u64 {
-        let window = self.rule.window_nanos();
-        let overlap = window - rolled.elapsed;
-        match rolled.previous.checked_mul(overlap) {
-            Some(product) => product.div_ceil(window),
-            // At most `previous`, which fits.
-            None => {
-                (u128::from(rolled.previous) * u128::from(overlap)).div_ceil(u128::from(window))
-                    as u64
-            }
-        }
-    }
-
-    /// The instant (in nanoseconds since window 0) `nanos` into window `index`, or `None` past
-    /// the horizon, where time stands still and it never comes.
-    #[inline]
-    fn instant(&self, index: u64, nanos: u64) -> Option<u64> {
-        index
-            .checked_mul(self.rule.window_nanos())
-            .and_then(|start| start.checked_add(nanos))
-            .filter(|&instant| instant <= self.last_nanos)
-    }
-
-    /// Nanoseconds from the reading `now` until the estimate is 0 if nothing more is taken: the
-    /// start of the window after next while the current window holds a permit, the start of the
-    /// next while only the previous one does, now if neither does. [`NEVER`] past the horizon.
-    #[inline]
-    fn reset_after(&self, rolled: &Rolled, now: u64) -> u64 {
-        let windows_left = if rolled.current > 0 {
-            2
-        } else if rolled.previous > 0 {
-            1
-        } else {
-            return 0;
-        };
-        rolled
-            .index
-            .checked_add(windows_left)
-            .and_then(|index| self.instant(index, 0))
-            .map_or(NEVER, |reset_at| reset_at.saturating_sub(now))
-    }
-
-    /// Nanoseconds from the reading `now` until `n` permits (at most N) fit, if nothing more is
-    /// taken: the first instant at which `ceil(previous' * (W - elapsed') / W) + current' + n`
-    /// is at most N. [`NEVER`] past the horizon.
-    ///
-    /// While `current + n <= N`, that instant lies in this window, or at the start of the next
-    /// (where the estimate is `current`): the weight must fall to
-    /// `floor((N - current - n) * W / previous)` nanoseconds. Otherwise it lies in the next
-    /// window, where `current` weighs as the previous count, or at the start of the one after
-    /// (where the estimate is 0): the weight must fall to `floor((N - n) * W / current)`.
-    /// Either weight is below the one now, as the request is denied now.
-    #[inline]
-    fn retry_after(&self, rolled: &Rolled, n: u64, now: u64) -> u64 {
-        let limit = self.rule.limit();
-        let window = self.rule.window_nanos();
-        let (index, weighing, room) = if rolled.current + n <= limit {
-            (rolled.index, rolled.previous, limit - rolled.current - n)
-        } else {
-            (rolled.index.saturating_add(1), rolled.current, limit - n)
-        };
-        // `weighing` > 0: with nothing to weigh the request would fit. The quotient is below W
-        // (the request does not fit at the weight now, or `room` < `weighing`), so it fits u64.
-        let weight = (u128::from(room) * u128::from(window) / u128::from(weighing.max(1)))
-            .min(u128::from(window)) as u64;
-        self.instant(index, window - weight)
-            .map_or(NEVER, |allowed_at| allowed_at.saturating_sub(now))
     }
 
     /// The pure decision: what taking `n` permits at `now_nanos` from `word` answers, and the
@@ -329,18 +208,28 @@ impl CounterParams {
     /// Takes `n` permits from the counter word `word`, if all are available now.
     #[inline]
     pub fn acquire<A: AtomicWord>(&self, word: &A, n: u64, clock: &impl Clock) -> Decision {
+        self.reserve(word, n, clock).0
+    }
+
+    /// [`CounterParams::acquire`], also returning what a grant changed, so that a plan of
+    /// several limits can undo it exactly (see [`CounterParams::undo`]).
+    #[inline]
+    pub fn reserve<A: AtomicWord>(
+        &self,
+        word: &A,
+        n: u64,
+        clock: &impl Clock,
+    ) -> (Decision, Option<Reservation>) {
         // One clock reading per attempt, kept on a retry (see `GcraParams::acquire`).
         let now = self.elapsed(clock.now_nanos());
         // Relaxed: see `word::update`.
-        word::update(word, word.load(Ordering::Relaxed), |current| {
-            if current & RETIRED != 0 {
-                return Step::Answer(Decision::retired(self.rule));
-            }
-            match self.decide_elapsed(current, now, n) {
-                (decision, Some(new)) => Step::Store(new, decision),
-                (decision, None) => Step::Answer(decision),
-            }
-        })
+        word::decide(
+            word,
+            word.load(Ordering::Relaxed),
+            |current| current & RETIRED != 0,
+            || Decision::retired(self.rule),
+            |current| self.decide_elapsed(current, now, n),
+        )
     }
 
     /// Takes one permit if one is available now: [`CounterParams::acquire`] for `n = 1`,
@@ -367,13 +256,27 @@ impl CounterParams {
         })
     }
 
-    /// Gives back `n` permits that `granted` (an allowed decision of this counter's, made at
-    /// `now_nanos`) took (a reservation across several limits that another limit refused), if
-    /// the window they were counted in is still the current one. After a grant its window holds
-    /// a permit, so its `reset_after` ends at the start of the window after next: that names the
-    /// window. Once it has rolled, the permits weigh only as the previous window's and are left
-    /// (stricter, never more generous).
-    pub fn undo<A: AtomicWord>(&self, word: &A, n: u64, granted: &Decision, now_nanos: u64) {
+    /// Undoes the grant that made `reservation` (a reservation across several limits that
+    /// another limit refused, `granted` its decision, made at `now_nanos`).
+    ///
+    /// While the word is still the one the grant stored, the word it replaced is stored again:
+    /// exact for every reading, even where the grant had rolled the windows forward. Once
+    /// another decision has landed, the `n` permits are taken off the window they were counted
+    /// in, if that is still the current one. After a grant its window holds a permit, so its
+    /// `reset_after` ends at the start of the window after next: that names the window. Once it
+    /// has rolled, the permits weigh only as the previous window's and are left (stricter, never
+    /// more generous).
+    pub fn undo<A: AtomicWord>(
+        &self,
+        word: &A,
+        n: u64,
+        granted: &Decision,
+        reservation: Reservation,
+        now_nanos: u64,
+    ) {
+        if word::restore(word, reservation) {
+            return;
+        }
         let reset_at = self
             .elapsed(now_nanos)
             .saturating_add(granted.reset_after_units());
@@ -388,6 +291,15 @@ impl CounterParams {
             }
             Step::Store(self.pack(index, count.saturating_sub(n), previous), ())
         });
+    }
+
+    /// See [`Method::would_roll`]: whether the reading lies past the stored window.
+    pub(crate) fn would_roll<A: AtomicWord>(&self, word: &A, clock: &impl Clock) -> bool {
+        // Relaxed: a snapshot of one word; the caller orders its takings by it, and a word that
+        // moves meanwhile only makes the order less useful, never a decision wrong.
+        let current = word.load(Ordering::Relaxed) & !RETIRED;
+        let (stored, _, _) = self.unpack(current);
+        self.roll(current, self.elapsed(clock.now_nanos())).index != stored
     }
 
     /// What taking `n` permits at the clock's reading would answer, taking nothing.
@@ -529,219 +441,108 @@ impl CounterParams {
 /// ```
 #[derive(Debug)]
 pub struct SlidingWindowCounter<C = crate::MonotonicClock> {
-    state: CachePadded<Word>,
-    params: CounterParams,
-    clock: C,
+    limiter: Standalone<CounterParams, C>,
 }
 
 impl<C: Clock> SlidingWindowCounter<C> {
     /// An empty counter for `rule`, reading time from `clock`.
     pub fn new(rule: Rule, clock: C) -> Result<Self, RuleError> {
-        let params = CounterParams::new(rule)?.starting_at(clock.now_nanos());
         Ok(SlidingWindowCounter {
-            state: CachePadded::new(Word::new(0)),
-            params,
-            clock,
+            limiter: Standalone::new(rule, clock)?,
         })
+    }
+
+    /// The clock this limiter reads.
+    pub fn clock(&self) -> &C {
+        self.limiter.clock()
     }
 }
 
-standalone_limiter!(SlidingWindowCounter);
-
-one_word_method!(CounterParams);
-one_word_service_method!(CounterParams, fresh: empty_since, idle: retire_if_idle);
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use super::*;
-
-    const SECOND: u64 = 1_000_000_000;
-
-    fn params(limit: u64, window: Duration) -> CounterParams {
-        CounterParams::new(Rule::new(limit, window).unwrap()).unwrap()
+impl<C: Clock> Limiter for SlidingWindowCounter<C> {
+    #[inline]
+    fn try_acquire(&self) -> bool {
+        self.limiter.try_acquire()
     }
 
-    #[test]
-    fn the_counts_take_the_bits_of_the_limit_and_the_index_the_rest() {
-        let counter = params(5, Duration::from_secs(1));
-        assert_eq!(counter.count_bits, 3);
-        assert_eq!(counter.max_index, (1 << 57) - 1);
-        let word = counter.pack(123_456, 5, 4);
-        assert_eq!(counter.unpack(word), (123_456, 5, 4));
-        assert_eq!(counter.unpack(word | RETIRED), (123_456, 5, 4));
-        let widest = params(MAX_LIMIT, Rule::MAX_WINDOW);
-        let word = widest.pack(widest.max_index, MAX_LIMIT, MAX_LIMIT);
-        assert_eq!(
-            word & RETIRED,
-            0,
-            "a full word leaves the retired flag clear"
-        );
-        assert_eq!(
-            widest.unpack(word),
-            (widest.max_index, MAX_LIMIT, MAX_LIMIT)
-        );
+    #[inline]
+    fn try_acquire_n(&self, n: u64) -> Decision {
+        self.limiter.try_acquire_n(n)
     }
 
-    #[test]
-    fn rules_the_word_cannot_hold_for_ten_years_are_refused() {
-        let too_many = CounterParams::new(Rule::per_hour(MAX_LIMIT + 1).unwrap());
-        assert!(matches!(
-            too_many,
-            Err(RuleError::LimitTooLarge { max: MAX_LIMIT, .. })
-        ));
-        // 31-bit counts leave one index bit: two hours.
-        let short = CounterParams::new(Rule::per_hour(MAX_LIMIT).unwrap());
-        assert!(matches!(short, Err(RuleError::HorizonTooShort { .. })));
-        let fine = CounterParams::new(Rule::new(50, Duration::from_nanos(1)).unwrap());
-        assert!(matches!(fine, Err(RuleError::HorizonTooShort { .. })));
+    #[inline]
+    fn peek(&self) -> Decision {
+        self.limiter.peek()
     }
 
-    #[test]
-    fn the_previous_window_weighs_by_its_overlap_rounded_up() {
-        let counter = params(10, Duration::from_secs(1));
-        let word = counter.pack(3, 0, 0);
-        // 7 permits in window 3, then readings in window 4.
-        let (_, word) = counter.decide(word, 3 * SECOND + 10, 7);
-        let word = word.unwrap();
-        // A quarter into window 4: ceil(7 * 0.75) = ceil(5.25) = 6, so 4 are left.
-        let (quarter, _) = counter.decide(word, 4 * SECOND + SECOND / 4, 0);
-        assert_eq!(quarter.remaining(), 4);
-        let (five, _) = counter.decide(word, 4 * SECOND + SECOND / 4, 5);
-        assert!(five.is_denied());
-        let (four, stored) = counter.decide(word, 4 * SECOND + SECOND / 4, 4);
-        assert!(four.is_allowed());
-        assert_eq!(four.remaining(), 0);
-        assert_eq!(stored, Some(counter.pack(4, 4, 7)));
-        // Once the overlap is at most 5/7 of the window, the 7 weigh 5 and 5 are left.
-        let (later, _) = counter.decide(word, 4 * SECOND + 2 * SECOND / 7 + 1, 0);
-        assert_eq!(later.remaining(), 5);
+    fn rule(&self) -> Rule {
+        self.limiter.rule()
+    }
+}
+
+impl Method for CounterParams {
+    type State = Word;
+
+    const CAN_UNDO: bool = true;
+
+    fn new(rule: Rule, start_nanos: u64) -> Result<Self, RuleError> {
+        Ok(CounterParams::new(rule)?.starting_at(start_nanos))
     }
 
-    /// Takes permits one at a time at `now` until one is denied; how many were granted.
-    fn take_all(counter: &CounterParams, word: &mut u64, now: u64) -> u64 {
-        let mut granted = 0;
-        while let (decision, Some(new)) = counter.decide(*word, now, 1) {
-            assert!(decision.is_allowed());
-            *word = new;
-            granted += 1;
-        }
-        granted
+    fn rule(&self) -> Rule {
+        self.rule
     }
 
-    #[test]
-    fn the_worst_span_of_one_window_holds_2n_minus_ceil_2n_over_w() {
-        for (limit, window) in [(5, SECOND), (4, 4)] {
-            let counter = params(limit, Duration::from_nanos(window));
-            let mut word = 0;
-            // N in the last nanosecond of window 0, then what is left two nanoseconds before
-            // window 1 ends: all within the span [W - 1, 2W - 1).
-            let at_end = take_all(&counter, &mut word, window - 1);
-            let before_next_end = take_all(&counter, &mut word, 2 * window - 2);
-            assert_eq!(at_end, limit);
-            assert_eq!(
-                at_end + before_next_end,
-                2 * limit - (2 * limit).div_ceil(window),
-                "{limit} per {window} ns"
-            );
-        }
+    fn origin_nanos(&self) -> u64 {
+        self.origin_nanos
     }
 
-    #[test]
-    fn a_window_rolls_its_count_into_the_previous_one_and_later_ones_forget_both() {
-        let counter = params(5, Duration::from_secs(1));
-        let word = counter.pack(3, 4, 2);
-        assert_eq!(
-            counter.roll(word, 4 * SECOND + 7),
-            Rolled {
-                index: 4,
-                current: 0,
-                previous: 4,
-                elapsed: 7
-            }
-        );
-        assert_eq!(
-            counter.roll(word, 5 * SECOND + 7),
-            Rolled {
-                index: 5,
-                current: 0,
-                previous: 0,
-                elapsed: 7
-            }
-        );
+    fn fresh(&self, since_nanos: u64) -> Word {
+        Word::new(self.empty_since(since_nanos))
     }
 
-    #[test]
-    fn a_stale_reading_is_counted_at_the_start_of_the_newest_window() {
-        let counter = params(2, Duration::from_secs(1));
-        let stored = counter.pack(5, 1, 2);
-        // A reading in window 4 (behind the stored window 5) neither resets nor escapes the counts:
-        // it is weighed as at the start of window 5, where the previous window counts in full.
-        let rolled = counter.roll(stored, 4 * SECOND + SECOND / 2);
-        assert_eq!((rolled.index, rolled.elapsed), (5, 0));
-        let (stale, new) = counter.decide(stored, 4 * SECOND + SECOND / 2, 1);
-        assert!(stale.is_denied());
-        assert_eq!(new, None);
+    #[inline]
+    fn acquire(&self, state: &Word, n: u64, clock: &impl Clock) -> Decision {
+        CounterParams::acquire(self, state, n, clock)
     }
 
-    #[test]
-    fn retry_after_is_the_first_instant_the_estimate_admits() {
-        let counter = params(10, Duration::from_secs(1));
-        // 7 previous, 3 current at 0.25 s: ceil(5.25) + 3 = 9; 2 more wait until the weight is
-        // floor(5 * 1e9 / 7) ns.
-        let word = counter.pack(4, 3, 7);
-        let now = 4 * SECOND + SECOND / 4;
-        let (denied, _) = counter.decide(word, now, 2);
-        let wait = u64::try_from(denied.retry_after().as_nanos()).unwrap();
-        assert_eq!(now + wait, 4 * SECOND + SECOND - 5 * SECOND / 7);
-        assert!(counter.decide(word, now + wait - 1, 2).0.is_denied());
-        assert!(counter.decide(word, now + wait, 2).0.is_allowed());
-        // 8 do not fit beside the 3 of this window at all: wait for the next, where the 3 weigh
-        // ceil(3 * (W - e) / W) <= 2, at e = W - floor(2e9 / 3).
-        let (denied, _) = counter.decide(word, now, 8);
-        let wait = u64::try_from(denied.retry_after().as_nanos()).unwrap();
-        assert_eq!(now + wait, 5 * SECOND + SECOND - 2 * SECOND / 3);
-        assert!(counter.decide(word, now + wait - 1, 8).0.is_denied());
-        assert!(counter.decide(word, now + wait, 8).0.is_allowed());
-        // All 10 wait until the window after next, where both counts are gone.
-        let (denied, _) = counter.decide(word, now, 10);
-        assert_eq!(now + nanos(denied.retry_after()), 6 * SECOND);
-        assert_eq!(now + nanos(denied.reset_after()), 6 * SECOND);
+    #[inline]
+    fn acquire_one(&self, state: &Word, clock: &impl Clock) -> Admit {
+        CounterParams::acquire_one(self, state, clock)
     }
 
-    fn nanos(duration: Duration) -> u64 {
-        u64::try_from(duration.as_nanos()).unwrap()
+    #[inline]
+    fn peek(&self, state: &Word, clock: &impl Clock) -> Decision {
+        CounterParams::peek(self, state, clock)
     }
 
-    #[test]
-    fn at_the_horizon_time_stands_still_and_a_denial_says_it_is_for_good() {
-        // 17-bit counts leave 29 index bits: 2^29 seconds, 17 years.
-        let counter = params(100_000, Duration::from_secs(1));
-        assert_eq!(counter.max_index, (1 << 29) - 1);
-        assert_eq!(counter.last_nanos, (1 << 29) * SECOND - 1);
-        let (all, word) = counter.decide(0, u64::MAX, 100_000);
-        assert!(all.is_allowed());
-        let word = word.unwrap();
-        assert_eq!(counter.unpack(word), (counter.max_index, 100_000, 0));
-        assert_eq!(all.reset_after(), Duration::from_nanos(u64::MAX));
-        let (denied, new) = counter.decide(word, u64::MAX, 1);
-        assert!(denied.is_denied());
-        assert_eq!(new, None);
-        assert_eq!(denied.retry_after(), Duration::from_nanos(u64::MAX));
+    fn dry_run(&self, state: &Word, n: u64, clock: &impl Clock) -> Decision {
+        CounterParams::dry_run(self, state, n, clock)
     }
 
-    #[test]
-    fn an_idle_word_retires_and_a_busy_one_does_not() {
-        let counter = params(2, Duration::from_secs(1));
-        let word = Word::new(counter.pack(3, 1, 0));
-        // Window 4 still weighs window 3's permit.
-        assert!(!counter.retire_if_idle(&word, 4 * SECOND + SECOND / 2));
-        assert!(counter.retire_if_idle(&word, 5 * SECOND));
-        assert!(
-            counter
-                .acquire(&word, 1, &crate::FakeClock::new())
-                .is_retired()
-        );
+    fn would_roll(&self, state: &Word, clock: &impl Clock) -> bool {
+        CounterParams::would_roll(self, state, clock)
+    }
+
+    fn reserve(&self, state: &Word, n: u64, clock: &impl Clock) -> (Decision, Option<Reservation>) {
+        CounterParams::reserve(self, state, n, clock)
+    }
+
+    fn undo(
+        &self,
+        state: &Word,
+        n: u64,
+        granted: &Decision,
+        reservation: Reservation,
+        now_nanos: u64,
+    ) {
+        CounterParams::undo(self, state, n, granted, reservation, now_nanos);
+    }
+
+    fn retire_now(&self, state: &Word) {
+        CounterParams::retire_now(state);
+    }
+
+    fn retire_if_idle(&self, state: &Word, now_nanos: u64) -> bool {
+        self.retire_if_idle(state, now_nanos)
     }
 }

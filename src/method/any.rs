@@ -1,0 +1,226 @@
+//! [`AnyParams`]: one limit's constants, of whichever method a setting names, deciding on a
+//! client's state of any shape. What the service and the factory use to run a method they know
+//! only by its [`Algorithm`].
+//!
+//! Each operation matches the constants (and the state's shape) to the method's own [`Method`]
+//! impl. A state of another shape than the method keeps (left from before a rule change) answers
+//! as retired, so that the service replaces it.
+
+use super::Method;
+use super::client_state::ClientState;
+use super::fixed_window::WindowParams;
+use super::sliding_window_counter::CounterParams;
+use super::sliding_window_log::LogParams;
+use super::token_bucket::GcraParams;
+use super::word::Reservation;
+use crate::clock::Clock;
+use crate::decision::Admit;
+use crate::error::RuleError;
+use crate::{Algorithm, Decision, Rule};
+
+/// One limit's constants, for any method.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AnyParams {
+    TokenBucket(GcraParams),
+    FixedWindow(WindowParams),
+    SlidingWindowLog(LogParams),
+    SlidingWindowCounter(CounterParams),
+}
+
+/// The arms of a match on `AnyParams`: `$body` with `$params` bound to the method's constants.
+macro_rules! on_params {
+    ($any:expr, $params:ident => $body:expr) => {
+        match $any {
+            AnyParams::TokenBucket($params) => $body,
+            AnyParams::FixedWindow($params) => $body,
+            AnyParams::SlidingWindowLog($params) => $body,
+            AnyParams::SlidingWindowCounter($params) => $body,
+        }
+    };
+}
+
+/// The arms of a match on `AnyParams` and a `ClientState`: `$body` with `$params` bound to the
+/// method's constants and `$state` to the state's shape that method keeps, else `$other`.
+macro_rules! on_state {
+    ($any:expr, $client:expr, $params:ident, $state:ident => $body:expr, else $other:expr) => {
+        match ($any, $client) {
+            (AnyParams::TokenBucket($params), ClientState::Word(_, $state)) => $body,
+            (AnyParams::FixedWindow($params), ClientState::Word(_, $state)) => $body,
+            (AnyParams::SlidingWindowCounter($params), ClientState::Word(_, $state)) => $body,
+            (AnyParams::SlidingWindowLog($params), ClientState::Ring(_, ring)) => {
+                let $state = &**ring;
+                $body
+            }
+            _ => $other,
+        }
+    };
+}
+
+impl AnyParams {
+    /// The constants of `rule` for `algorithm`, with a timeline that starts at the clock reading
+    /// `start_nanos`, or why the method cannot honour the rule.
+    pub(crate) fn new(
+        algorithm: Algorithm,
+        rule: Rule,
+        start_nanos: u64,
+    ) -> Result<AnyParams, RuleError> {
+        Ok(match algorithm {
+            Algorithm::TokenBucket => AnyParams::TokenBucket(Method::new(rule, start_nanos)?),
+            Algorithm::FixedWindow => AnyParams::FixedWindow(Method::new(rule, start_nanos)?),
+            Algorithm::SlidingWindowLog => {
+                AnyParams::SlidingWindowLog(Method::new(rule, start_nanos)?)
+            }
+            Algorithm::SlidingWindowCounter => {
+                AnyParams::SlidingWindowCounter(Method::new(rule, start_nanos)?)
+            }
+        })
+    }
+
+    /// The method these constants are for.
+    pub(crate) fn algorithm(&self) -> Algorithm {
+        match self {
+            AnyParams::TokenBucket(_) => Algorithm::TokenBucket,
+            AnyParams::FixedWindow(_) => Algorithm::FixedWindow,
+            AnyParams::SlidingWindowLog(_) => Algorithm::SlidingWindowLog,
+            AnyParams::SlidingWindowCounter(_) => Algorithm::SlidingWindowCounter,
+        }
+    }
+
+    /// The rule these constants enforce.
+    pub(crate) fn rule(&self) -> Rule {
+        on_params!(self, params => Method::rule(params))
+    }
+
+    /// Whether this method can undo a grant (see [`Method::undo`]).
+    pub(crate) fn can_undo(&self) -> bool {
+        match self {
+            AnyParams::TokenBucket(_) => GcraParams::CAN_UNDO,
+            AnyParams::FixedWindow(_) => WindowParams::CAN_UNDO,
+            AnyParams::SlidingWindowLog(_) => LogParams::CAN_UNDO,
+            AnyParams::SlidingWindowCounter(_) => CounterParams::CAN_UNDO,
+        }
+    }
+
+    /// See [`Method::fresh`]; the state is marked as made under version 0.
+    pub(crate) fn fresh_state(&self, since_nanos: u64) -> ClientState {
+        match self {
+            AnyParams::TokenBucket(params) => {
+                ClientState::Word(0, Method::fresh(params, since_nanos))
+            }
+            AnyParams::FixedWindow(params) => {
+                ClientState::Word(0, Method::fresh(params, since_nanos))
+            }
+            AnyParams::SlidingWindowCounter(params) => {
+                ClientState::Word(0, Method::fresh(params, since_nanos))
+            }
+            AnyParams::SlidingWindowLog(params) => {
+                ClientState::Ring(0, Box::new(Method::fresh(params, since_nanos)))
+            }
+        }
+    }
+
+    /// See [`Method::fresh_report`].
+    pub(crate) fn fresh_report(
+        &self,
+        zero_permits: bool,
+        since_nanos: u64,
+        clock: &impl Clock,
+    ) -> Decision {
+        on_params!(self, params => Method::fresh_report(params, zero_permits, since_nanos, clock))
+    }
+
+    /// See [`Method::acquire`].
+    #[inline]
+    pub(crate) fn acquire(&self, state: &ClientState, n: u64, clock: &impl Clock) -> Decision {
+        on_state!(self, state, params, state => Method::acquire(params, state, n, clock),
+            else Decision::retired(self.rule()))
+    }
+
+    /// See [`Method::acquire_one`].
+    #[inline(always)]
+    pub(crate) fn acquire_one(&self, state: &ClientState, clock: &impl Clock) -> Admit {
+        on_state!(self, state, params, state => Method::acquire_one(params, state, clock),
+            else Admit::Retired)
+    }
+
+    /// See [`Method::acquire_one_uncounted`].
+    #[cfg(feature = "tower")]
+    pub(crate) fn acquire_one_uncounted(
+        &self,
+        state: &ClientState,
+        clock: &impl Clock,
+    ) -> Decision {
+        on_state!(self, state, params, state => Method::acquire_one_uncounted(params, state, clock),
+            else Decision::retired(self.rule()))
+    }
+
+    /// See [`Method::peek`].
+    #[inline]
+    pub(crate) fn peek(&self, state: &ClientState, clock: &impl Clock) -> Decision {
+        on_state!(self, state, params, state => Method::peek(params, state, clock),
+            else Decision::retired(self.rule()))
+    }
+
+    /// See [`Method::dry_run`].
+    pub(crate) fn dry_run(&self, state: &ClientState, n: u64, clock: &impl Clock) -> Decision {
+        on_state!(self, state, params, state => Method::dry_run(params, state, n, clock),
+            else Decision::retired(self.rule()))
+    }
+
+    /// See [`Method::would_roll`].
+    pub(crate) fn would_roll(&self, state: &ClientState, clock: &impl Clock) -> bool {
+        on_state!(self, state, params, state => Method::would_roll(params, state, clock),
+            else false)
+    }
+
+    /// See [`Method::reserve`].
+    #[inline]
+    pub(crate) fn reserve(
+        &self,
+        state: &ClientState,
+        n: u64,
+        clock: &impl Clock,
+    ) -> (Decision, Option<Reservation>) {
+        on_state!(self, state, params, state => Method::reserve(params, state, n, clock),
+            else (Decision::retired(self.rule()), None))
+    }
+
+    /// See [`Method::undo`].
+    pub(crate) fn undo(
+        &self,
+        state: &ClientState,
+        n: u64,
+        granted: &Decision,
+        reservation: Reservation,
+        now_nanos: u64,
+    ) {
+        on_state!(self, state, params, state =>
+            Method::undo(params, state, n, granted, reservation, now_nanos), else ())
+    }
+
+    /// The clock reading by which the permits `granted` (an allowed decision, made at
+    /// `now_nanos`) reports will all have left: its `reset_after`, counted from the reading as
+    /// the method counts it (a reading before the method's origin counts as the origin).
+    pub(crate) fn busy_until(&self, granted: &Decision, now_nanos: u64) -> u64 {
+        let origin = on_params!(self, params => Method::origin_nanos(params));
+        now_nanos
+            .max(origin)
+            .saturating_add(crate::clock::duration_to_nanos(granted.reset_after()))
+    }
+
+    /// Retires `state` whatever it holds, so that no acquire can succeed on it any more (for a
+    /// client that moved to another plan or rule).
+    pub(crate) fn retire_now(&self, state: &ClientState) {
+        if let ClientState::Several(_, several) = state {
+            several.retire_now();
+            return;
+        }
+        on_state!(self, state, params, state => Method::retire_now(params, state), else ())
+    }
+
+    /// Retires `state` if it is indistinguishable from a fresh one at `now_nanos`.
+    pub(crate) fn retire_if_idle(&self, state: &ClientState, now_nanos: u64) -> bool {
+        on_state!(self, state, params, state => Method::retire_if_idle(params, state, now_nanos),
+            else false)
+    }
+}
