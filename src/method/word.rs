@@ -4,7 +4,12 @@
 //! A one-word method decides with a pure step, `current word -> answer, and the word to store if
 //! it must change`; [`update`] runs that step against the atomic word until its exchange lands
 //! (or the step answers without a write). Every decision, grant, give-back and retirement of the
-//! token bucket, the fixed window and the sliding window counter goes through it.
+//! token bucket, the fixed window and the sliding window counter goes through it. A grant made
+//! for a plan of several limits also returns its [`Reservation`], which undoes it exactly while
+//! nothing else has touched the word.
+
+// `Reservation` is public only for the `loom` feature's models.
+#![cfg_attr(not(feature = "loom"), allow(unreachable_pub))]
 
 use crossbeam_utils::Backoff;
 
