@@ -250,10 +250,18 @@ where
             self.plans.record(index, answer.is_allowed());
             return Ok(answer);
         }
-        Err(ServiceError::UnstableKey {
+        Err(Self::unstable_key(plan))
+    }
+
+    /// The error of a decision that gave up looking its client up (see
+    /// [`Self::MAX_LOOKUP_TRIES`]); out of line, so that the decision's own code stays small.
+    #[cold]
+    #[inline(never)]
+    fn unstable_key(plan: &P) -> ServiceError {
+        ServiceError::UnstableKey {
             plan: format!("{plan:?}"),
             tries: Self::MAX_LOOKUP_TRIES,
-        })
+        }
     }
 
     /// The plan's current limits, and `client`'s entry if it was made under them: read once,
