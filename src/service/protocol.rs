@@ -125,6 +125,14 @@ where
     /// [`ServiceError::UnstableKey`] instead of a spin.
     const MAX_LOOKUP_TRIES: u32 = 1_000;
 
+    /// Counts one more lookup by a decision that has made `lookups`; false once that would
+    /// pass [`Self::MAX_LOOKUP_TRIES`].
+    #[cold]
+    fn may_look_again(lookups: &mut u32) -> bool {
+        *lookups += 1;
+        *lookups <= Self::MAX_LOOKUP_TRIES
+    }
+
     /// [`RateLimiterService::acquire`], answering as `T` does (see [`Answer`]).
     #[inline]
     pub(super) fn decide<Q, T: Answer>(
@@ -140,7 +148,9 @@ where
         let index = self.plan_index(plan)?;
         let pinned = self.plans.pin(index);
         let (clients, guard) = (pinned.clients(), pinned.guard());
-        for _ in 0..Self::MAX_LOOKUP_TRIES {
+        // Lookups after the first are counted only where they are made, off the first pass.
+        let mut lookups = 1;
+        loop {
             let entry = match clients.get(client, guard) {
                 Some(entry) => entry,
                 None => {
@@ -149,7 +159,10 @@ where
                         let limits = pinned.limits();
                         if !limits.has_several() {
                             // Changed to one limit since the read above: start over.
-                            continue;
+                            if Self::may_look_again(&mut lookups) {
+                                continue;
+                            }
+                            break;
                         }
                         let fresh = SeveralLimits::fresh(limits.as_slice(), self.made_as_of());
                         if n == 0
@@ -200,14 +213,20 @@ where
                 }
                 // (A later version than this read cannot be: whoever made the entry read its
                 // version before putting it where this lookup found it. Read again regardless.)
-                continue;
+                if Self::may_look_again(&mut lookups) {
+                    continue;
+                }
+                break;
             }
             let answer = match &entry.state {
                 ClientState::Several(_, several) if head.several => {
                     let limits = pinned.limits();
                     if limits.version() != head.version {
                         // Changed since the read above: start over from the lookup.
-                        continue;
+                        if Self::may_look_again(&mut lookups) {
+                            continue;
+                        }
+                        break;
                     }
                     several
                         .acquire(limits.as_slice(), n, &self.clock)
@@ -223,15 +242,26 @@ where
                 // Evicted under our feet: drop the retired entry (if no one has yet) and use a
                 // fresh one. The retired state granted nothing, so nothing is counted twice.
                 Self::remove_entry(&pinned, client, entry);
-                continue;
+                if Self::may_look_again(&mut lookups) {
+                    continue;
+                }
+                break;
             };
             self.plans.record(index, answer.is_allowed());
             return Ok(answer);
         }
-        Err(ServiceError::UnstableKey {
+        Err(Self::unstable_key(plan))
+    }
+
+    /// The error of a decision that gave up looking its client up (see
+    /// [`Self::MAX_LOOKUP_TRIES`]); out of line, so that the decision's own code stays small.
+    #[cold]
+    #[inline(never)]
+    fn unstable_key(plan: &P) -> ServiceError {
+        ServiceError::UnstableKey {
             plan: format!("{plan:?}"),
             tries: Self::MAX_LOOKUP_TRIES,
-        })
+        }
     }
 
     /// The plan's current limits, and `client`'s entry if it was made under them: read once,
