@@ -211,7 +211,7 @@ fn sliding_window_counter_script_stays_exact_past_2_to_the_53() {
         Just(999_999_937u64),
         Just(86_400_000_000),
         Just(1 << 42),
-        Just(tollgate::redis::MAX_WINDOW_MICROS),
+        Just(tollgate::redis::RedisRateLimiter::<&str>::MAX_WINDOW_MICROS),
     ];
     let limit = prop_oneof![
         Just(999_983u64),
