@@ -358,7 +358,7 @@ async fn a_plan_with_several_limits_takes_from_all_or_none() {
         let per_second = Rule::per_second(3).unwrap();
         let per_minute = Rule::per_minute(5).unwrap();
         let redis = RedisRateLimiter::builder(server.url(), algorithm)
-            .plan_with_limits("free", [per_second, per_minute])
+            .plan_limits("free", [per_second, per_minute])
             .build()
             .await
             .unwrap();
@@ -859,7 +859,7 @@ async fn a_plans_keys_share_one_cluster_slot_so_its_script_runs_on_a_cluster() {
     );
     for algorithm in ALGORITHMS {
         let redis = RedisRateLimiter::builder(server.url(), algorithm)
-            .plan_with_limits(
+            .plan_limits(
                 "free",
                 [Rule::per_second(3).unwrap(), Rule::per_minute(5).unwrap()],
             )

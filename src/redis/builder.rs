@@ -67,22 +67,28 @@ impl<P> RedisRateLimiterBuilder<P> {
 impl<P: Eq + fmt::Debug> RedisRateLimiterBuilder<P> {
     /// Adds `plan` with its `rule`.
     pub fn plan(self, plan: P, rule: Rule) -> Self {
-        self.plan_with_limits(plan, [rule])
-    }
-
-    /// Adds each plan with its rule.
-    pub fn plans(mut self, rules: impl IntoIterator<Item = (P, Rule)>) -> Self {
-        self.plans
-            .extend(rules.into_iter().map(|(plan, rule)| (plan, vec![rule])));
-        self
+        self.plan_limits(plan, [rule])
     }
 
     /// Adds `plan` with several limits (say 10 per second and 1000 per hour), decided together
     /// in one round trip: a request is granted only if every limit grants it, and then taken
     /// from all of them; a denial takes from none. The decision reported is the denial with the
     /// longest wait, or the allowance with the fewest permits left.
-    pub fn plan_with_limits(mut self, plan: P, rules: impl IntoIterator<Item = Rule>) -> Self {
-        self.plans.push((plan, rules.into_iter().collect()));
+    pub fn plan_limits(mut self, plan: P, limits: impl IntoIterator<Item = Rule>) -> Self {
+        self.plans.push((plan, limits.into_iter().collect()));
+        self
+    }
+
+    /// [`RedisRateLimiterBuilder::plan_limits`], under the name it had first.
+    #[deprecated(note = "use `plan_limits`, the name `ServiceBuilder` uses too")]
+    pub fn plan_with_limits(self, plan: P, limits: impl IntoIterator<Item = Rule>) -> Self {
+        self.plan_limits(plan, limits)
+    }
+
+    /// Adds each plan with its rule.
+    pub fn plans(mut self, rules: impl IntoIterator<Item = (P, Rule)>) -> Self {
+        self.plans
+            .extend(rules.into_iter().map(|(plan, rule)| (plan, vec![rule])));
         self
     }
 

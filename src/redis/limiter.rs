@@ -46,7 +46,7 @@ pub(super) struct PlanEntry<P> {
 /// Rate limits many clients across a fleet, each by the rules of its plan, with the state in
 /// Redis: every node sharing one Redis enforces one limit together.
 ///
-/// The same plans, rules, methods and [`Decision`]s as [`RateLimiterService`] (so the response
+/// The same plans, rules, methods and [`Decision`]s as [`RateLimiterService`](crate::RateLimiterService) (so the response
 /// headers work unchanged), asked asynchronously. See the [module docs](super) for the
 /// guarantees and the key layout.
 ///
@@ -143,8 +143,8 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
         self.algorithm
     }
 
-    /// The rules of `plan` (one, unless it was given several), if the limiter has it.
-    pub fn rules(&self, plan: &P) -> Option<Vec<Rule>> {
+    /// The limits of `plan` (one, unless it was given several), in order, if the limiter has it.
+    pub fn limits(&self, plan: &P) -> Option<Vec<Rule>> {
         let entry = self.plans.iter().find(|entry| entry.plan == *plan)?;
         Some(entry.limits.iter().map(|(spec, _)| spec.rule()).collect())
     }

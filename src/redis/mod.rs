@@ -10,7 +10,7 @@
 //! - **One round trip, atomic.** Each decision is one Lua script (`EVALSHA`; loaded again on
 //!   `NOSCRIPT`) that reads the state, decides and commits in one step; no other command runs
 //!   in between, so nodes never race. A denial writes nothing. A plan with several limits
-//!   ([`RedisRateLimiterBuilder::plan_with_limits`]) is one call that checks every limit, then
+//!   ([`RedisRateLimiterBuilder::plan_limits`]) is one call that checks every limit, then
 //!   takes from all or none.
 //! - **The in-process decisions, exactly.** The token bucket is the same exact GCRA as
 //!   [`TokenBucket`](crate::TokenBucket), in integer ticks of `1/(N/gcd(N, W))` µs that Lua's
