@@ -139,7 +139,10 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         "{:<22} {:>22} {:>22} {:>22}",
         "deny cache", "1 task", "8 tasks", "64 tasks"
     );
-    for capacity in [tollgate::redis::DEFAULT_DENY_CACHE_CAPACITY, 0] {
+    for capacity in [
+        tollgate::redis::RedisRateLimiterBuilder::<&str>::DEFAULT_DENY_CACHE_CAPACITY,
+        0,
+    ] {
         let limiter = Arc::new(
             RedisRateLimiter::builder(url.clone(), Algorithm::TokenBucket)
                 .plan("bench", Rule::per_hour(1)?)

@@ -211,7 +211,7 @@ fn sliding_window_counter_script_stays_exact_past_2_to_the_53() {
         Just(999_999_937u64),
         Just(86_400_000_000),
         Just(1 << 42),
-        Just(tollgate::redis::MAX_WINDOW_MICROS),
+        Just(tollgate::redis::RedisRateLimiter::<&str>::MAX_WINDOW_MICROS),
     ];
     let limit = prop_oneof![
         Just(999_983u64),
@@ -358,7 +358,7 @@ async fn a_plan_with_several_limits_takes_from_all_or_none() {
         let per_second = Rule::per_second(3).unwrap();
         let per_minute = Rule::per_minute(5).unwrap();
         let redis = RedisRateLimiter::builder(server.url(), algorithm)
-            .plan_with_limits("free", [per_second, per_minute])
+            .plan_limits("free", [per_second, per_minute])
             .build()
             .await
             .unwrap();
@@ -859,7 +859,7 @@ async fn a_plans_keys_share_one_cluster_slot_so_its_script_runs_on_a_cluster() {
     );
     for algorithm in ALGORITHMS {
         let redis = RedisRateLimiter::builder(server.url(), algorithm)
-            .plan_with_limits(
+            .plan_limits(
                 "free",
                 [Rule::per_second(3).unwrap(), Rule::per_minute(5).unwrap()],
             )

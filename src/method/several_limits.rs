@@ -339,8 +339,9 @@ fn closest_to_exhaustion(first: Decision, others: impl Iterator<Item = Decision>
 }
 
 /// What a plan's limits answer together: the refusal with the longest wait if any limit
-/// refuses, otherwise the grant with the fewest permits left.
-fn combined(first: Decision, others: impl Iterator<Item = Decision>) -> Decision {
+/// refuses, otherwise the grant with the fewest permits left. (The Redis service answers its
+/// limits' replies, and its local fallback's decisions, with it too.)
+pub(crate) fn combined(first: Decision, others: impl Iterator<Item = Decision>) -> Decision {
     others.fold(first, |combined, decision| {
         match (combined.is_denied(), decision.is_denied()) {
             (false, true) => decision,
@@ -349,4 +350,24 @@ fn combined(first: Decision, others: impl Iterator<Item = Decision>) -> Decision
             _ => combined,
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Rule;
+
+    #[test]
+    fn combined_reports_the_longest_refusal_else_the_tightest_grant() {
+        let a = Rule::per_second(10).unwrap();
+        let b = Rule::per_hour(100).unwrap();
+        let granted = Decision::allowed(a, 9, 1);
+        assert_eq!(
+            combined(granted, [Decision::allowed(b, 3, 1)].into_iter()).remaining(),
+            3
+        );
+        let mixed = [Decision::denied(b, 0, 5, 5), Decision::denied(a, 0, 9, 9)];
+        let refused = combined(Decision::allowed(a, 0, 1), mixed.into_iter());
+        assert_eq!(refused.retry_after().as_nanos(), 9);
+    }
 }

@@ -10,6 +10,7 @@
 
 use std::time::Instant;
 
+use crate::clock::duration_to_nanos;
 use crate::{Decision, Rule};
 
 /// One cached denial.
@@ -43,7 +44,7 @@ impl DenyCache {
 
     /// Nanoseconds since the cache's origin.
     pub(super) fn now(&self) -> u64 {
-        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        duration_to_nanos(self.origin.elapsed())
     }
 
     /// The denial in force for `key` and `n` permits, as of now.
@@ -68,7 +69,8 @@ impl DenyCache {
 
     /// Remembers `decision`, a denial of `n` permits for `key` by a request sent at `sent_at`.
     pub(super) fn insert(&self, key: String, n: u64, sent_at: u64, decision: &Decision) {
-        let Some(rule) = Rule::from_parts(decision.limit(), nanos(decision.window())) else {
+        let Some(rule) = Rule::from_parts(decision.limit(), duration_to_nanos(decision.window()))
+        else {
             return;
         };
         let entries = self.entries.pin();
@@ -84,8 +86,8 @@ impl DenyCache {
             rule,
             n,
             remaining: decision.remaining(),
-            until: sent_at.saturating_add(nanos(decision.retry_after())),
-            reset_at: sent_at.saturating_add(nanos(decision.reset_after())),
+            until: sent_at.saturating_add(duration_to_nanos(decision.retry_after())),
+            reset_at: sent_at.saturating_add(duration_to_nanos(decision.reset_after())),
         };
         entries.insert(key, entry);
     }
@@ -93,10 +95,6 @@ impl DenyCache {
     pub(super) fn len(&self) -> usize {
         self.entries.len()
     }
-}
-
-fn nanos(duration: std::time::Duration) -> u64 {
-    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]
@@ -107,7 +105,7 @@ mod tests {
 
     fn denial(retry: Duration) -> Decision {
         let rule = Rule::per_second(5).unwrap();
-        let nanos = nanos(retry);
+        let nanos = duration_to_nanos(retry);
         Decision::denied(rule, 1, nanos, nanos)
     }
 

@@ -89,9 +89,10 @@ pub enum RedisError {
     },
     /// A plan's rule cannot be kept exact in the scripts' integers: Lua numbers are doubles,
     /// exact only up to 2^53. The bounds: a token bucket's full bucket of at most
-    /// [`MAX_BURST_TICKS`](super::MAX_BURST_TICKS) ticks, a window of at most
-    /// [`MAX_WINDOW_MICROS`](super::MAX_WINDOW_MICROS) microseconds, a fixed window's limit of at
-    /// most [`MAX_FIXED_WINDOW_LIMIT`](super::MAX_FIXED_WINDOW_LIMIT).
+    /// [`MAX_BURST_TICKS`](super::RedisRateLimiter::MAX_BURST_TICKS) ticks, a window of at most
+    /// [`MAX_WINDOW_MICROS`](super::RedisRateLimiter::MAX_WINDOW_MICROS) microseconds, a fixed
+    /// window's limit of at most
+    /// [`MAX_FIXED_WINDOW_LIMIT`](super::RedisRateLimiter::MAX_FIXED_WINDOW_LIMIT).
     NotExact {
         /// The plan, as `Debug` shows it.
         plan: String,

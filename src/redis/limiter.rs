@@ -1,34 +1,19 @@
 //! [`RedisRateLimiter`]: the per-client service, with its state in Redis.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use ::redis::aio::ConnectionManager;
 
 use super::RedisError;
 use super::deny_cache::DenyCache;
-use super::policy::{Breaker, CircuitBreaker, FailurePolicy, Gate, ProbeGuard, Source};
+use super::fallback::LocalFallback;
+use super::policy::{Breaker, FailurePolicy, Gate, ProbeGuard, Source};
 use super::script::{self, CODE_ALLOWED, CODE_DENIED, CODE_WRONG_TYPE, LimitSpec};
 use super::stats::{Counters, RedisStats};
-use crate::{Algorithm, Decision, MonotonicClock, RateLimiterService, Rule};
-
-/// The default bound on one round trip: a local Redis answers in well under a millisecond, and a
-/// rate limiter that waits longer than this costs its caller more than a fallback decision does.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
-
-/// The default bound on establishing a connection (the first one, and each reconnection).
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// The default key prefix.
-pub const DEFAULT_PREFIX: &str = "tollgate";
-
-/// How many denials the deny cache holds by default (about 100 bytes each).
-pub const DEFAULT_DENY_CACHE_CAPACITY: usize = 100_000;
-
-/// The local fallback sweeps idle clients every this many of its decisions, so an outage with
-/// many distinct clients does not grow its memory without bound.
-const LOCAL_SWEEP_EVERY: u64 = 1_024;
+use crate::clock::duration_to_nanos;
+use crate::method::several_limits::combined;
+use crate::{Algorithm, Decision, Rule};
 
 /// What a request got, and which path decided it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,16 +37,16 @@ impl Answer {
 
 /// One plan: its key name and its limits, each with the key suffix that names it.
 #[derive(Debug)]
-struct PlanEntry<P> {
-    plan: P,
-    name: String,
-    limits: Vec<(LimitSpec, String)>,
+pub(super) struct PlanEntry<P> {
+    pub(super) plan: P,
+    pub(super) name: String,
+    pub(super) limits: Vec<(LimitSpec, String)>,
 }
 
 /// Rate limits many clients across a fleet, each by the rules of its plan, with the state in
 /// Redis: every node sharing one Redis enforces one limit together.
 ///
-/// The same plans, rules, methods and [`Decision`]s as [`RateLimiterService`] (so the response
+/// The same plans, rules, methods and [`Decision`]s as [`RateLimiterService`](crate::RateLimiterService) (so the response
 /// headers work unchanged), asked asynchronously. See the [module docs](super) for the
 /// guarantees and the key layout.
 ///
@@ -89,20 +74,19 @@ struct PlanEntry<P> {
 /// # }
 /// ```
 pub struct RedisRateLimiter<P> {
-    algorithm: Algorithm,
-    plans: Vec<PlanEntry<P>>,
-    prefix: String,
-    url: String,
-    connection: ConnectionManager,
-    timeout: Duration,
-    policy: FailurePolicy,
-    breaker: Breaker,
-    deny_cache: Option<DenyCache>,
-    /// The local fallback: one in-process service per limit position (a plan's first limits in
-    /// the first service, and so on), plans named by their index.
-    local: Vec<RateLimiterService<String, usize>>,
-    local_decisions: AtomicU64,
-    counters: Counters,
+    pub(super) algorithm: Algorithm,
+    pub(super) plans: Vec<PlanEntry<P>>,
+    pub(super) prefix: String,
+    /// With any password redacted.
+    pub(super) url: String,
+    pub(super) connection: ConnectionManager,
+    pub(super) timeout: Duration,
+    pub(super) policy: FailurePolicy,
+    pub(super) breaker: Breaker,
+    pub(super) deny_cache: Option<DenyCache>,
+    /// Under [`FailurePolicy::Local`] only.
+    pub(super) local: Option<LocalFallback>,
+    pub(super) counters: Counters,
 }
 
 impl<P: fmt::Debug> fmt::Debug for RedisRateLimiter<P> {
@@ -123,7 +107,7 @@ impl<P: fmt::Debug> fmt::Debug for RedisRateLimiter<P> {
 
 /// Whether a script may commit (`acquire`) or only report (`peek`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
+pub(super) enum Mode {
     Acquire,
     Peek,
 }
@@ -137,30 +121,30 @@ impl Mode {
     }
 }
 
-impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
-    /// A builder for a limiter on the Redis at `url` (`redis://[user:password@]host:port[/db]`)
-    /// applying `algorithm`.
-    pub fn builder(url: impl Into<String>, algorithm: Algorithm) -> RedisRateLimiterBuilder<P> {
-        RedisRateLimiterBuilder {
-            url: url.into(),
-            algorithm,
-            plans: Vec::new(),
-            prefix: DEFAULT_PREFIX.to_owned(),
-            timeout: DEFAULT_TIMEOUT,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            policy: FailurePolicy::Error,
-            breaker: CircuitBreaker::default(),
-            deny_cache: Some(DEFAULT_DENY_CACHE_CAPACITY),
-        }
-    }
+impl<P> RedisRateLimiter<P> {
+    /// The largest full bucket, in ticks of `1/(N/gcd(N, W))` µs, a token bucket rule may need:
+    /// 2^50, so that every figure the script computes stays exact in Lua's doubles (see the
+    /// [module docs](super)). A larger one is refused with [`RedisError::NotExact`].
+    pub const MAX_BURST_TICKS: u64 = script::MAX_BURST_TICKS;
 
+    /// The longest window the window methods accept, in microseconds: 2^50, so that a window's
+    /// index times the window stays exact in Lua's doubles until the year 2184. A longer one is
+    /// refused with [`RedisError::NotExact`].
+    pub const MAX_WINDOW_MICROS: u64 = script::MAX_WINDOW_MICROS;
+
+    /// The largest fixed-window limit: 2^53, the count a double holds exactly. A larger one is
+    /// refused with [`RedisError::NotExact`].
+    pub const MAX_FIXED_WINDOW_LIMIT: u64 = script::MAX_FIXED_WINDOW_LIMIT;
+}
+
+impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
     /// The method this limiter applies.
     pub fn algorithm(&self) -> Algorithm {
         self.algorithm
     }
 
-    /// The rules of `plan` (one, unless it was given several), if the limiter has it.
-    pub fn rules(&self, plan: &P) -> Option<Vec<Rule>> {
+    /// The limits of `plan` (one, unless it was given several), in order, if the limiter has it.
+    pub fn limits(&self, plan: &P) -> Option<Vec<Rule>> {
         let entry = self.plans.iter().find(|entry| entry.plan == *plan)?;
         Some(entry.limits.iter().map(|(spec, _)| spec.rule()).collect())
     }
@@ -240,7 +224,8 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
     /// # Errors
     ///
     /// As [`RedisRateLimiter::decide`].
-    #[doc(hidden)]
+    #[cfg(feature = "test-util")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
     pub async fn decide_at(
         &self,
         client: &str,
@@ -257,7 +242,8 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
     /// # Errors
     ///
     /// As [`RedisRateLimiter::decide`].
-    #[doc(hidden)]
+    #[cfg(feature = "test-util")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
     pub async fn peek_at(&self, client: &str, plan: &P, now_us: u64) -> Result<Answer, RedisError> {
         self.decide_inner(client, plan, 1, Mode::Peek, Some(now_us))
             .await
@@ -441,12 +427,13 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
         if figures.len() != expected {
             return Err(bad_reply());
         }
-        let decisions = entry.limits.iter().map(|(spec, _)| {
+        let mut decisions = entry.limits.iter().map(|(spec, _)| {
             let (own, rest) = figures.split_at(spec.figure_count());
             figures = rest;
             spec.decision(own)
         });
-        combine(decisions).ok_or_else(bad_reply)
+        let first = decisions.next().ok_or_else(bad_reply)?;
+        Ok(combined(first, decisions))
     }
 
     /// The failure policy's answer.
@@ -467,392 +454,24 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
             FailurePolicy::Error => return Err(error),
             FailurePolicy::FailOpen => (Decision::allowed(rule, 0, 0), Source::FailOpen),
             FailurePolicy::FailClosed => {
-                let retry = duration_nanos(self.breaker.cool_down());
+                let retry = duration_to_nanos(self.breaker.cool_down());
                 let window = rule.window_nanos();
                 (Decision::denied(rule, 0, retry, window), Source::FailClosed)
             }
             FailurePolicy::Local { .. } => {
-                (self.local_decision(index, client, n, mode), Source::Local)
+                let decision = self
+                    .local
+                    .as_ref()
+                    .and_then(|local| local.decide(index, client, n, mode));
+                // `None` is unreachable: a limiter under this policy has its fallback, and every
+                // plan a first limit.
+                let decision = decision.unwrap_or_else(|| {
+                    Decision::denied(rule, 0, rule.window_nanos(), rule.window_nanos())
+                });
+                (decision, Source::Local)
             }
         };
         Counters::bump(&self.counters.fallbacks);
         Ok(Answer { decision, source })
-    }
-
-    /// The in-process fallback: the plan's limits taken one after another, stopping at the first
-    /// denial (one already taken stays taken: the fallback can under-admit, never over-admit).
-    fn local_decision(&self, index: usize, client: &str, n: u64, mode: Mode) -> Decision {
-        // Relaxed: a sweep schedule, nothing more.
-        let count = self.local_decisions.fetch_add(1, Ordering::Relaxed);
-        if count % LOCAL_SWEEP_EVERY == LOCAL_SWEEP_EVERY - 1 {
-            for service in &self.local {
-                service.sweep();
-            }
-        }
-        let mut decisions = Vec::with_capacity(self.local.len());
-        for service in &self.local {
-            let result = match mode {
-                Mode::Acquire => service.acquire(client, &index, n),
-                Mode::Peek => service.peek(client, &index),
-            };
-            match result {
-                Ok(decision) if decision.is_denied() => return decision,
-                Ok(decision) => decisions.push(decision),
-                // The plan has fewer limits than this position.
-                Err(_) => {}
-            }
-        }
-        combine(decisions.into_iter()).unwrap_or_else(|| {
-            // Unreachable: every plan has a first limit, in the first service.
-            let rule = self.plans[index].limits[0].0.rule();
-            Decision::denied(rule, 0, rule.window_nanos(), rule.window_nanos())
-        })
-    }
-}
-
-/// The denial with the longest wait, else the allowance with the fewest permits left.
-fn combine(decisions: impl Iterator<Item = Decision>) -> Option<Decision> {
-    decisions.reduce(|best, next| match (best.is_denied(), next.is_denied()) {
-        (true, true) if next.retry_after() > best.retry_after() => next,
-        (false, true) => next,
-        (false, false) if next.remaining() < best.remaining() => next,
-        _ => best,
-    })
-}
-
-fn duration_nanos(duration: Duration) -> u64 {
-    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
-}
-
-/// Builds a [`RedisRateLimiter`]: its plans, and how it meets failure.
-#[derive(Debug)]
-pub struct RedisRateLimiterBuilder<P> {
-    url: String,
-    algorithm: Algorithm,
-    plans: Vec<(P, Vec<Rule>)>,
-    prefix: String,
-    timeout: Duration,
-    connect_timeout: Duration,
-    policy: FailurePolicy,
-    breaker: CircuitBreaker,
-    deny_cache: Option<usize>,
-}
-
-impl<P: Eq + fmt::Debug> RedisRateLimiterBuilder<P> {
-    /// Adds `plan` with its `rule`.
-    pub fn plan(self, plan: P, rule: Rule) -> Self {
-        self.plan_with_limits(plan, [rule])
-    }
-
-    /// Adds each plan with its rule.
-    pub fn plans(mut self, rules: impl IntoIterator<Item = (P, Rule)>) -> Self {
-        self.plans
-            .extend(rules.into_iter().map(|(plan, rule)| (plan, vec![rule])));
-        self
-    }
-
-    /// Adds `plan` with several limits (say 10 per second and 1000 per hour), decided together
-    /// in one round trip: a request is granted only if every limit grants it, and then taken
-    /// from all of them; a denial takes from none. The decision reported is the denial with the
-    /// longest wait, or the allowance with the fewest permits left.
-    pub fn plan_with_limits(mut self, plan: P, rules: impl IntoIterator<Item = Rule>) -> Self {
-        self.plans.push((plan, rules.into_iter().collect()));
-        self
-    }
-
-    /// The first part of every key (default `tollgate`), to keep several services apart on one
-    /// Redis.
-    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
-        self
-    }
-
-    /// The bound on one round trip (default [`DEFAULT_TIMEOUT`], 50 ms); past it the request is
-    /// decided by the failure policy.
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    /// The bound on establishing a connection (default [`DEFAULT_CONNECT_TIMEOUT`], 1 s).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// What to answer when Redis fails (default [`FailurePolicy::Error`]).
-    pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
-        self.policy = policy;
-        self
-    }
-
-    /// When the circuit opens and probes (default: after 3 failures, probing every 500 ms).
-    pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
-        self.breaker = breaker;
-        self
-    }
-
-    /// Holds up to `capacity` denials in the local deny cache (default
-    /// [`DEFAULT_DENY_CACHE_CAPACITY`]); `0` turns it off.
-    pub fn deny_cache(mut self, capacity: usize) -> Self {
-        self.deny_cache = (capacity > 0).then_some(capacity);
-        self
-    }
-
-    /// Connects, loads the scripts, and returns the limiter. Needs a tokio runtime.
-    ///
-    /// # Errors
-    ///
-    /// A setting or plan the limiter cannot honour (see [`RedisError`]), an invalid URL, a
-    /// server that cannot be reached ([`RedisError::Connect`]) or refuses the credentials
-    /// ([`RedisError::Authentication`]).
-    pub async fn build(self) -> Result<RedisRateLimiter<P>, RedisError> {
-        // A connection, then one round trip per script.
-        let bound = self
-            .connect_timeout
-            .saturating_add(self.timeout.saturating_mul(3));
-        let limiter = self.build_lazy()?;
-        let mut connection = limiter.connection.clone();
-        let url = limiter.url.clone();
-        let connect = async {
-            for algorithm in Algorithm::ALL {
-                script::script_for(algorithm)
-                    .load_async(&mut connection)
-                    .await?;
-            }
-            Ok::<(), ::redis::RedisError>(())
-        };
-        match tokio::time::timeout(bound, connect).await {
-            Ok(Ok(())) => Ok(limiter),
-            Ok(Err(source)) => Err(connect_error(url, source)),
-            Err(_) => Err(RedisError::Timeout { after: bound }),
-        }
-    }
-
-    /// The limiter, without connecting: the first request connects, and until Redis answers
-    /// the failure policy decides. Must be called within a tokio runtime.
-    ///
-    /// # Errors
-    ///
-    /// A setting or plan the limiter cannot honour (see [`RedisError`]), or an invalid URL.
-    pub fn build_lazy(self) -> Result<RedisRateLimiter<P>, RedisError> {
-        let url = redact(&self.url);
-        if !is_valid_name(&self.prefix) {
-            return Err(RedisError::InvalidName {
-                what: "key prefix",
-                name: self.prefix,
-            });
-        }
-        for (field, value) in [
-            ("timeout", self.timeout),
-            ("connect timeout", self.connect_timeout),
-        ] {
-            if value.is_zero() {
-                return Err(RedisError::InvalidSetting {
-                    field,
-                    value: format!("{value:?}"),
-                    bound: "it must be at least 1ns (tens of milliseconds are typical)",
-                });
-            }
-        }
-        if self.breaker.failures == 0 {
-            return Err(RedisError::InvalidSetting {
-                field: "circuit breaker failures",
-                value: "0".to_owned(),
-                bound: "at least 1 failure must open the circuit",
-            });
-        }
-        let share = match self.policy {
-            FailurePolicy::Local { share } => {
-                if !(share > 0.0 && share <= 1.0) {
-                    return Err(RedisError::InvalidSetting {
-                        field: "local share",
-                        value: share.to_string(),
-                        bound: "it must be above 0 and at most 1",
-                    });
-                }
-                Some(share)
-            }
-            _ => None,
-        };
-        if self.plans.is_empty() {
-            return Err(RedisError::NoPlans);
-        }
-
-        let mut plans: Vec<PlanEntry<P>> = Vec::with_capacity(self.plans.len());
-        for (plan, rules) in self.plans {
-            let debug = format!("{plan:?}");
-            if plans.iter().any(|entry| entry.plan == plan) {
-                return Err(RedisError::DuplicatePlan { plan: debug });
-            }
-            let name = debug.trim_matches('"').to_owned();
-            if !is_valid_name(&name) {
-                return Err(RedisError::InvalidName {
-                    what: "plan name",
-                    name,
-                });
-            }
-            if rules.is_empty() {
-                return Err(RedisError::InvalidLimits {
-                    plan: debug,
-                    reason: "no rule given: a plan needs at least one",
-                });
-            }
-            let mut limits: Vec<(LimitSpec, String)> = Vec::with_capacity(rules.len());
-            for rule in rules {
-                let spec = LimitSpec::new(self.algorithm, rule, &debug)?;
-                let suffix = spec.key_suffix();
-                if limits.iter().any(|(_, existing)| *existing == suffix) {
-                    return Err(RedisError::InvalidLimits {
-                        plan: debug,
-                        reason: "the same rule is given twice",
-                    });
-                }
-                limits.push((spec, suffix));
-            }
-            plans.push(PlanEntry { plan, name, limits });
-        }
-
-        let local = match share {
-            Some(share) => local_services(self.algorithm, &plans, share)?,
-            None => Vec::new(),
-        };
-
-        let client =
-            ::redis::Client::open(self.url.as_str()).map_err(|source| RedisError::InvalidUrl {
-                url: url.clone(),
-                source,
-            })?;
-        let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(self.timeout))
-            .set_connection_timeout(Some(self.connect_timeout))
-            // Reconnection is retried by the next requests (the circuit breaker paces them),
-            // not by a long backoff inside the client that would hold requests up.
-            .set_number_of_retries(1);
-        let connection = ConnectionManager::new_lazy_with_config(client, config)
-            .map_err(|source| connect_error(url.clone(), source))?;
-
-        Ok(RedisRateLimiter {
-            algorithm: self.algorithm,
-            plans,
-            prefix: self.prefix,
-            url,
-            connection,
-            timeout: self.timeout,
-            policy: self.policy,
-            breaker: Breaker::new(self.breaker),
-            deny_cache: self.deny_cache.map(DenyCache::new),
-            local,
-            local_decisions: AtomicU64::new(0),
-            counters: Counters::default(),
-        })
-    }
-}
-
-/// The in-process services of the local fallback, with `share` of each limit.
-fn local_services<P: fmt::Debug>(
-    algorithm: Algorithm,
-    plans: &[PlanEntry<P>],
-    share: f64,
-) -> Result<Vec<RateLimiterService<String, usize>>, RedisError> {
-    let positions = plans
-        .iter()
-        .map(|entry| entry.limits.len())
-        .max()
-        .unwrap_or(0);
-    let mut services = Vec::with_capacity(positions);
-    for position in 0..positions {
-        let mut rules = Vec::new();
-        for (index, entry) in plans.iter().enumerate() {
-            let Some((spec, _)) = entry.limits.get(position) else {
-                continue;
-            };
-            let rule = spec.rule();
-            // The share is a setting, not state: rounding it down keeps the fleet within the
-            // limit; at least 1 keeps every plan usable.
-            let limit = ((rule.limit() as f64 * share) as u64).max(1);
-            let invalid = |source| RedisError::InvalidRule {
-                plan: format!("{:?}", entry.plan),
-                source,
-            };
-            let local_rule = Rule::new(limit, rule.window()).map_err(invalid)?;
-            script::check_in_process(algorithm, local_rule).map_err(invalid)?;
-            rules.push((index, local_rule));
-        }
-        let service =
-            RateLimiterService::new(algorithm, rules, MonotonicClock::new()).map_err(|error| {
-                RedisError::InvalidSetting {
-                    field: "local fallback",
-                    value: error.to_string(),
-                    bound: "the in-process service must accept every plan's share",
-                }
-            })?;
-        services.push(service);
-    }
-    Ok(services)
-}
-
-fn is_valid_name(name: &str) -> bool {
-    !name.is_empty() && !name.contains(['{', '}', ':'])
-}
-
-/// Classifies a failure to connect.
-fn connect_error(url: String, source: ::redis::RedisError) -> RedisError {
-    let refused_credentials = source.kind() == ::redis::ErrorKind::AuthenticationFailed
-        || matches!(source.code(), Some("WRONGPASS" | "NOAUTH" | "NOPERM"));
-    if refused_credentials {
-        RedisError::Authentication { url, source }
-    } else {
-        RedisError::Connect { url, source }
-    }
-}
-
-/// `url` with the password, if any, replaced by `***`, fit for errors and logs.
-fn redact(url: &str) -> String {
-    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
-        return url.to_owned();
-    };
-    let rest = &url[scheme_end..];
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let Some(at) = rest[..authority_end].rfind('@') else {
-        return url.to_owned();
-    };
-    let userinfo = &rest[..at];
-    let user = userinfo.split_once(':').map_or("", |(user, _)| user);
-    format!("{}{user}:***{}", &url[..scheme_end], &rest[at..])
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn redact_hides_the_password_only() {
-        assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
-        assert_eq!(
-            redact("redis://:secret@127.0.0.1:6379/0"),
-            "redis://:***@127.0.0.1:6379/0"
-        );
-        assert_eq!(
-            redact("redis://user:secret@host:1"),
-            "redis://user:***@host:1"
-        );
-    }
-
-    #[test]
-    fn combine_reports_the_longest_denial_else_the_tightest_allowance() {
-        let a = Rule::per_second(10).unwrap();
-        let b = Rule::per_hour(100).unwrap();
-        let allowed = [Decision::allowed(a, 9, 1), Decision::allowed(b, 3, 1)];
-        assert_eq!(combine(allowed.into_iter()).unwrap().remaining(), 3);
-        let mixed = [
-            Decision::allowed(a, 0, 1),
-            Decision::denied(b, 0, 5, 5),
-            Decision::denied(a, 0, 9, 9),
-        ];
-        assert_eq!(
-            combine(mixed.into_iter()).unwrap().retry_after().as_nanos(),
-            9
-        );
     }
 }

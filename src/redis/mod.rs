@@ -10,7 +10,7 @@
 //! - **One round trip, atomic.** Each decision is one Lua script (`EVALSHA`; loaded again on
 //!   `NOSCRIPT`) that reads the state, decides and commits in one step; no other command runs
 //!   in between, so nodes never race. A denial writes nothing. A plan with several limits
-//!   ([`RedisRateLimiterBuilder::plan_with_limits`]) is one call that checks every limit, then
+//!   ([`RedisRateLimiterBuilder::plan_limits`]) is one call that checks every limit, then
 //!   takes from all or none.
 //! - **The in-process decisions, exactly.** The token bucket is the same exact GCRA as
 //!   [`TokenBucket`](crate::TokenBucket), in integer ticks of `1/(N/gcd(N, W))` µs that Lua's
@@ -18,14 +18,14 @@
 //!   [`RedisError::NotExact`]); the fixed window, sliding log and sliding window counter follow
 //!   [`FixedWindow`](crate::FixedWindow), [`SlidingWindowLog`](crate::SlidingWindowLog) and
 //!   [`SlidingWindowCounter`](crate::SlidingWindowCounter), with their bounds on the limit
-//!   (the fixed window's limit also at most [`MAX_FIXED_WINDOW_LIMIT`], 2^53, which its count
+//!   (the fixed window's limit also at most [`MAX_FIXED_WINDOW_LIMIT`](RedisRateLimiter::MAX_FIXED_WINDOW_LIMIT), 2^53, which its count
 //!   in a double holds exactly; a larger one is refused with [`RedisError::NotExact`]), and
-//!   windows of at most [`MAX_WINDOW_MICROS`]. The counter's estimate
+//!   windows of at most [`MAX_WINDOW_MICROS`](RedisRateLimiter::MAX_WINDOW_MICROS). The counter's estimate
 //!   `ceil(P * (W - e) / W) + C` and its exact first instant to retry are computed without
 //!   forming a product of a count and a time (which can pass 2^53), and its waits come back to
 //!   the nanosecond. Windows must be whole microseconds; figures are reported in nanoseconds
 //!   rounded up, so for times in whole microseconds the decisions equal the in-process ones
-//!   (tested, the counter also with limits up to 2^30, windows up to [`MAX_WINDOW_MICROS`] and
+//!   (tested, the counter also with limits up to 2^30, windows up to [`MAX_WINDOW_MICROS`](RedisRateLimiter::MAX_WINDOW_MICROS) and
 //!   an in-process clock counting from the Unix epoch, so that both align their windows alike).
 //! - **One clock.** Scripts read the Redis server's `TIME` (scripts replicate by effects since
 //!   Redis 7), so nodes with skewed clocks agree. Windows are aligned to the Unix epoch. State
@@ -61,18 +61,18 @@
 //! scored by their expiry in µs; the counter a hash `{w: window index, c: count in that window,
 //! p: count in the window before}`. Window indexes count windows since the Unix epoch.
 
+mod builder;
 mod deny_cache;
 mod error;
+mod fallback;
 mod limiter;
 mod policy;
 mod script;
 mod stats;
+mod url;
 
+pub use builder::RedisRateLimiterBuilder;
 pub use error::RedisError;
-pub use limiter::{
-    Answer, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DENY_CACHE_CAPACITY, DEFAULT_PREFIX, DEFAULT_TIMEOUT,
-    RedisRateLimiter, RedisRateLimiterBuilder,
-};
+pub use limiter::{Answer, RedisRateLimiter};
 pub use policy::{CircuitBreaker, FailurePolicy, Source};
-pub use script::{MAX_BURST_TICKS, MAX_FIXED_WINDOW_LIMIT, MAX_WINDOW_MICROS};
 pub use stats::RedisStats;

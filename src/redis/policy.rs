@@ -4,6 +4,8 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::clock::duration_to_nanos;
+
 /// What a [`RedisRateLimiter`](super::RedisRateLimiter) answers when Redis fails (an error, a
 /// timeout) or the circuit breaker is open.
 ///
@@ -109,9 +111,7 @@ impl Breaker {
 
     fn now(&self) -> u64 {
         // At least 1, so that 0 keeps meaning closed.
-        u64::try_from(self.origin.elapsed().as_nanos())
-            .unwrap_or(u64::MAX)
-            .max(1)
+        duration_to_nanos(self.origin.elapsed()).max(1)
     }
 
     pub(super) fn gate(&self) -> Gate {
@@ -154,7 +154,7 @@ impl Breaker {
     pub(super) fn failure(&self, probe: bool) -> bool {
         let reopen = self
             .now()
-            .saturating_add(duration_nanos(self.settings.cool_down));
+            .saturating_add(duration_to_nanos(self.settings.cool_down));
         if probe {
             self.open_until.store(reopen, Ordering::Relaxed);
             self.probing.store(false, Ordering::Relaxed);
@@ -170,10 +170,6 @@ impl Breaker {
                 .compare_exchange(0, reopen, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
     }
-}
-
-fn duration_nanos(duration: Duration) -> u64 {
-    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Releases the probe if the request carrying it is dropped before it reports (a caller that

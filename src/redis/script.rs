@@ -59,17 +59,17 @@ pub(super) fn script_for(algorithm: Algorithm) -> &'static Script {
 /// full buckets (more only comes from a clock stepped back) and a request adds at most one, so
 /// every tick count stays below 3 * 2^50, and a TAT (now plus at most three windows of whole
 /// microseconds) below 2^53, where Lua's doubles stop being exact, until the year 2148.
-pub const MAX_BURST_TICKS: u64 = 1 << 50;
+pub(super) const MAX_BURST_TICKS: u64 = 1 << 50;
 
 /// The longest window the window scripts accept, in microseconds: a window index times the
 /// window, plus two windows (the sliding window counter's window after next), stays below 2^53
 /// for any time before the year 2184.
-pub const MAX_WINDOW_MICROS: u64 = 1 << 50;
+pub(super) const MAX_WINDOW_MICROS: u64 = 1 << 50;
 
 /// The largest fixed-window limit the script accepts: every count, remaining count and request
 /// it handles is an integer from 0 to the limit, all exact in Lua's doubles up to 2^53 (the
 /// script compares a request with what is left, never with a sum that could pass 2^53).
-pub const MAX_FIXED_WINDOW_LIMIT: u64 = 1 << 53;
+pub(super) const MAX_FIXED_WINDOW_LIMIT: u64 = 1 << 53;
 
 /// What [`RedisError::NotExact`] names as out of bounds, each with its own remedy.
 pub(super) const NOT_EXACT_BURST: &str = "a full bucket of ticks";

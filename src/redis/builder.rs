@@ -1,0 +1,296 @@
+//! [`RedisRateLimiterBuilder`]: a Redis service's plans, connection and failure handling,
+//! checked once.
+
+use std::fmt;
+use std::time::Duration;
+
+use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+use super::RedisError;
+use super::deny_cache::DenyCache;
+use super::fallback::LocalFallback;
+use super::limiter::{PlanEntry, RedisRateLimiter};
+use super::policy::{Breaker, CircuitBreaker, FailurePolicy};
+use super::script::{self, LimitSpec};
+use super::stats::Counters;
+use super::url::redact;
+use crate::{Algorithm, Rule};
+
+impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
+    /// A builder for a limiter on the Redis at `url` (`redis://[user:password@]host:port[/db]`)
+    /// applying `algorithm`.
+    pub fn builder(url: impl Into<String>, algorithm: Algorithm) -> RedisRateLimiterBuilder<P> {
+        RedisRateLimiterBuilder {
+            url: url.into(),
+            algorithm,
+            plans: Vec::new(),
+            prefix: RedisRateLimiterBuilder::<P>::DEFAULT_PREFIX.to_owned(),
+            timeout: RedisRateLimiterBuilder::<P>::DEFAULT_TIMEOUT,
+            connect_timeout: RedisRateLimiterBuilder::<P>::DEFAULT_CONNECT_TIMEOUT,
+            policy: FailurePolicy::Error,
+            breaker: CircuitBreaker::default(),
+            deny_cache: Some(RedisRateLimiterBuilder::<P>::DEFAULT_DENY_CACHE_CAPACITY),
+        }
+    }
+}
+
+/// Builds a [`RedisRateLimiter`]: its plans, and how it meets failure.
+#[derive(Debug)]
+pub struct RedisRateLimiterBuilder<P> {
+    url: String,
+    algorithm: Algorithm,
+    plans: Vec<(P, Vec<Rule>)>,
+    prefix: String,
+    timeout: Duration,
+    connect_timeout: Duration,
+    policy: FailurePolicy,
+    breaker: CircuitBreaker,
+    deny_cache: Option<usize>,
+}
+
+impl<P> RedisRateLimiterBuilder<P> {
+    /// The default bound on one round trip: a local Redis answers in well under a millisecond,
+    /// and a rate limiter that waits longer than this costs its caller more than a fallback
+    /// decision does.
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
+
+    /// The default bound on establishing a connection (the first one, and each reconnection).
+    pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+    /// The default key prefix.
+    pub const DEFAULT_PREFIX: &str = "tollgate";
+
+    /// How many denials the deny cache holds by default (about 100 bytes each).
+    pub const DEFAULT_DENY_CACHE_CAPACITY: usize = 100_000;
+}
+
+impl<P: Eq + fmt::Debug> RedisRateLimiterBuilder<P> {
+    /// Adds `plan` with its `rule`.
+    pub fn plan(self, plan: P, rule: Rule) -> Self {
+        self.plan_limits(plan, [rule])
+    }
+
+    /// Adds `plan` with several limits (say 10 per second and 1000 per hour), decided together
+    /// in one round trip: a request is granted only if every limit grants it, and then taken
+    /// from all of them; a denial takes from none. The decision reported is the denial with the
+    /// longest wait, or the allowance with the fewest permits left.
+    pub fn plan_limits(mut self, plan: P, limits: impl IntoIterator<Item = Rule>) -> Self {
+        self.plans.push((plan, limits.into_iter().collect()));
+        self
+    }
+
+    /// [`RedisRateLimiterBuilder::plan_limits`], under the name it had first.
+    #[deprecated(note = "use `plan_limits`, the name `ServiceBuilder` uses too")]
+    pub fn plan_with_limits(self, plan: P, limits: impl IntoIterator<Item = Rule>) -> Self {
+        self.plan_limits(plan, limits)
+    }
+
+    /// Adds each plan with its rule.
+    pub fn plans(mut self, rules: impl IntoIterator<Item = (P, Rule)>) -> Self {
+        self.plans
+            .extend(rules.into_iter().map(|(plan, rule)| (plan, vec![rule])));
+        self
+    }
+
+    /// The first part of every key (default `tollgate`), to keep several services apart on one
+    /// Redis.
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The bound on one round trip (default [`Self::DEFAULT_TIMEOUT`], 50 ms); past it the request is
+    /// decided by the failure policy.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The bound on establishing a connection (default [`Self::DEFAULT_CONNECT_TIMEOUT`], 1 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// What to answer when Redis fails (default [`FailurePolicy::Error`]).
+    pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// When the circuit opens and probes (default: after 3 failures, probing every 500 ms).
+    pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
+        self.breaker = breaker;
+        self
+    }
+
+    /// Holds up to `capacity` denials in the local deny cache (default
+    /// [`Self::DEFAULT_DENY_CACHE_CAPACITY`]); `0` turns it off.
+    pub fn deny_cache(mut self, capacity: usize) -> Self {
+        self.deny_cache = (capacity > 0).then_some(capacity);
+        self
+    }
+
+    /// Connects, loads the scripts, and returns the limiter. Needs a tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// A setting or plan the limiter cannot honour (see [`RedisError`]), an invalid URL, a
+    /// server that cannot be reached ([`RedisError::Connect`]) or refuses the credentials
+    /// ([`RedisError::Authentication`]).
+    pub async fn build(self) -> Result<RedisRateLimiter<P>, RedisError> {
+        // A connection, then one round trip per script.
+        let bound = self
+            .connect_timeout
+            .saturating_add(self.timeout.saturating_mul(3));
+        let limiter = self.build_lazy()?;
+        let mut connection = limiter.connection.clone();
+        let url = limiter.url.clone();
+        let connect = async {
+            for algorithm in Algorithm::ALL {
+                script::script_for(algorithm)
+                    .load_async(&mut connection)
+                    .await?;
+            }
+            Ok::<(), ::redis::RedisError>(())
+        };
+        match tokio::time::timeout(bound, connect).await {
+            Ok(Ok(())) => Ok(limiter),
+            Ok(Err(source)) => Err(connect_error(url, source)),
+            Err(_) => Err(RedisError::Timeout { after: bound }),
+        }
+    }
+
+    /// The limiter, without connecting: the first request connects, and until Redis answers
+    /// the failure policy decides. Must be called within a tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// A setting or plan the limiter cannot honour (see [`RedisError`]), or an invalid URL.
+    pub fn build_lazy(self) -> Result<RedisRateLimiter<P>, RedisError> {
+        let url = redact(&self.url);
+        if !is_valid_name(&self.prefix) {
+            return Err(RedisError::InvalidName {
+                what: "key prefix",
+                name: self.prefix,
+            });
+        }
+        for (field, value) in [
+            ("timeout", self.timeout),
+            ("connect timeout", self.connect_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(RedisError::InvalidSetting {
+                    field,
+                    value: format!("{value:?}"),
+                    bound: "it must be at least 1ns (tens of milliseconds are typical)",
+                });
+            }
+        }
+        if self.breaker.failures == 0 {
+            return Err(RedisError::InvalidSetting {
+                field: "circuit breaker failures",
+                value: "0".to_owned(),
+                bound: "at least 1 failure must open the circuit",
+            });
+        }
+        let share = match self.policy {
+            FailurePolicy::Local { share } => {
+                if !(share > 0.0 && share <= 1.0) {
+                    return Err(RedisError::InvalidSetting {
+                        field: "local share",
+                        value: share.to_string(),
+                        bound: "it must be above 0 and at most 1",
+                    });
+                }
+                Some(share)
+            }
+            _ => None,
+        };
+        if self.plans.is_empty() {
+            return Err(RedisError::NoPlans);
+        }
+
+        let mut plans: Vec<PlanEntry<P>> = Vec::with_capacity(self.plans.len());
+        for (plan, rules) in self.plans {
+            let debug = format!("{plan:?}");
+            if plans.iter().any(|entry| entry.plan == plan) {
+                return Err(RedisError::DuplicatePlan { plan: debug });
+            }
+            let name = debug.trim_matches('"').to_owned();
+            if !is_valid_name(&name) {
+                return Err(RedisError::InvalidName {
+                    what: "plan name",
+                    name,
+                });
+            }
+            if rules.is_empty() {
+                return Err(RedisError::InvalidLimits {
+                    plan: debug,
+                    reason: "no rule given: a plan needs at least one",
+                });
+            }
+            let mut limits: Vec<(LimitSpec, String)> = Vec::with_capacity(rules.len());
+            for rule in rules {
+                let spec = LimitSpec::new(self.algorithm, rule, &debug)?;
+                let suffix = spec.key_suffix();
+                if limits.iter().any(|(_, existing)| *existing == suffix) {
+                    return Err(RedisError::InvalidLimits {
+                        plan: debug,
+                        reason: "the same rule is given twice",
+                    });
+                }
+                limits.push((spec, suffix));
+            }
+            plans.push(PlanEntry { plan, name, limits });
+        }
+
+        let local = match share {
+            Some(share) => Some(LocalFallback::new(self.algorithm, &plans, share)?),
+            None => None,
+        };
+
+        let client =
+            ::redis::Client::open(self.url.as_str()).map_err(|source| RedisError::InvalidUrl {
+                url: url.clone(),
+                source,
+            })?;
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(self.timeout))
+            .set_connection_timeout(Some(self.connect_timeout))
+            // Reconnection is retried by the next requests (the circuit breaker paces them),
+            // not by a long backoff inside the client that would hold requests up.
+            .set_number_of_retries(1);
+        let connection = ConnectionManager::new_lazy_with_config(client, config)
+            .map_err(|source| connect_error(url.clone(), source))?;
+
+        Ok(RedisRateLimiter {
+            algorithm: self.algorithm,
+            plans,
+            prefix: self.prefix,
+            url,
+            connection,
+            timeout: self.timeout,
+            policy: self.policy,
+            breaker: Breaker::new(self.breaker),
+            deny_cache: self.deny_cache.map(DenyCache::new),
+            local,
+            counters: Counters::default(),
+        })
+    }
+}
+
+fn is_valid_name(name: &str) -> bool {
+    !name.is_empty() && !name.contains(['{', '}', ':'])
+}
+
+/// Classifies a failure to connect.
+fn connect_error(url: String, source: ::redis::RedisError) -> RedisError {
+    let refused_credentials = source.kind() == ::redis::ErrorKind::AuthenticationFailed
+        || matches!(source.code(), Some("WRONGPASS" | "NOAUTH" | "NOPERM"));
+    if refused_credentials {
+        RedisError::Authentication { url, source }
+    } else {
+        RedisError::Connect { url, source }
+    }
+}
