@@ -3,19 +3,23 @@
 //!
 //! ```text
 //! cargo xtask report criterion      # after `cargo bench --bench tollgate`
+//! cargo xtask report instructions   # after `cargo bench --bench instructions`
+//! cargo xtask report footprint      # after `cargo bench --bench footprint`
 //! ```
 //!
-//! It writes its part of BENCHMARKS.md and leaves the marked sections of the other harnesses
-//! as they are. After the part's name, `[<results> [<output>]]` name another results folder
-//! and another output than the workspace's BENCHMARKS.md.
+//! Each writes its part of BENCHMARKS.md and leaves the others as they are. After the part's
+//! name, `[<results> [<output>]]` name another results folder (criterion's) or file (the
+//! others') and another output than the workspace's BENCHMARKS.md.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 mod criterion;
+mod footprint;
 // The suite's ids, which the report reads.
 #[path = "../../benches/tollgate/ids.rs"]
 mod ids;
+mod instructions;
 // Where the benchmarks leave their figures; the source revision is theirs to record.
 #[allow(dead_code)]
 #[path = "../../benches/support/results.rs"]
@@ -24,7 +28,8 @@ mod section;
 #[cfg(test)]
 mod tests;
 
-const USAGE: &str = "usage: cargo xtask report criterion [<results> [<output>]]";
+const USAGE: &str =
+    "usage: cargo xtask report criterion|instructions|footprint [<results> [<output>]]";
 
 fn main() -> ExitCode {
     match run(std::env::args().skip(1).collect()) {
@@ -60,6 +65,16 @@ fn run(args: Vec<String>) -> Result<(), section::Error> {
             let dir = results.unwrap_or_else(results::criterion_dir);
             let benchmarks = criterion::write_report(&dir, &output)?;
             println!("wrote {} from {benchmarks} benchmarks", output.display());
+        }
+        "instructions" => {
+            let figures = results.unwrap_or_else(results::instructions_json);
+            instructions::write_section(&figures, &output)?;
+            println!("wrote the instruction counts into {}", output.display());
+        }
+        "footprint" => {
+            let figures = results.unwrap_or_else(results::footprint_json);
+            footprint::write_section(&figures, &output)?;
+            println!("wrote the footprint into {}", output.display());
         }
         _ => return Err(USAGE.into()),
     }

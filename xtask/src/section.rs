@@ -1,6 +1,8 @@
 //! The sections of BENCHMARKS.md that harnesses other than the criterion suite fill, each between
 //! markers of its own, so that each can be rewritten without touching the rest of the file.
 
+use std::path::Path;
+
 pub(crate) type Error = Box<dyn std::error::Error>;
 
 /// A marked section of BENCHMARKS.md.
@@ -10,13 +12,13 @@ pub(crate) struct Section {
     pub(crate) end: &'static str,
 }
 
-/// The instruction counts (`--bench instructions -- --write`).
+/// The instruction counts (`--bench instructions`).
 pub(crate) const INSTRUCTIONS: Section = Section {
     begin: "<!-- instructions:begin -->",
     end: "<!-- instructions:end -->",
 };
 
-/// A million clients (`--bench footprint -- --write`).
+/// A million clients (`--bench footprint`).
 pub(crate) const FOOTPRINT: Section = Section {
     begin: "<!-- footprint:begin -->",
     end: "<!-- footprint:end -->",
@@ -31,6 +33,35 @@ impl Section {
         let first = text.find(self.begin)?;
         let last = text.find(self.end)?;
         (first < last).then(|| &text[first..last + self.end.len()])
+    }
+
+    /// Replaces this section of the file at `path` with `section` (which starts and ends with
+    /// the markers), or appends it when the file has no such section yet.
+    pub(crate) fn write(self, path: &Path, section: &str) -> Result<(), Error> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|error| format!("cannot read {}: {error}", path.display()))?;
+        let updated = match (text.find(self.begin), text.find(self.end)) {
+            (Some(first), Some(last)) if first < last => {
+                format!(
+                    "{}{section}{}",
+                    &text[..first],
+                    &text[last + self.end.len()..]
+                )
+            }
+            (None, None) => append(&text, section),
+            _ => {
+                return Err(format!(
+                    "{} has one of {} and {} without the other, or in the wrong order: mend it \
+                     by hand",
+                    path.display(),
+                    self.begin,
+                    self.end
+                )
+                .into());
+            }
+        };
+        std::fs::write(path, updated)
+            .map_err(|error| format!("cannot write {}: {error}", path.display()).into())
     }
 }
 

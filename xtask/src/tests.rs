@@ -1,10 +1,10 @@
-//! The report against small results laid out as the benchmarks leave them: it writes a complete
-//! set, and refuses an incomplete criterion run, naming what is missing and the command that
-//! produces it, with the file left as it was.
+//! The report against small results laid out as the benchmarks leave them: it writes every part
+//! from a complete set, and refuses an incomplete criterion run, naming what is missing and the
+//! command that produces it, with the file left as it was.
 
 use std::path::{Path, PathBuf};
 
-use crate::criterion;
+use crate::{criterion, footprint, instructions, section};
 
 /// A fresh directory under the system's temporary directory, removed when dropped.
 struct TempDir(PathBuf);
@@ -60,6 +60,31 @@ fn write_suite_tables(criterion_dir: &Path) {
 }
 
 const PREVIOUS_REPORT: &str = "# Benchmarks\n\nthe previous run's figures\n";
+
+const INSTRUCTIONS_FIGURES: &str = r#"{
+  "source": "commit 0000000",
+  "valgrind": "valgrind-3.19.0",
+  "rustc": "rustc 1.95.0",
+  "loop_per_round": 4.0,
+  "per_decision_rounds": [1000, 11000],
+  "lookup_clients": 10000,
+  "first_request_batch": 10000,
+  "cases": [
+    {"name": "token_bucket_allow/tollgate", "label": "token bucket, allow", "per_decision": 61.04},
+    {"name": "token_bucket_allow/governor", "label": "token bucket, allow", "per_decision": 96.0},
+    {"name": "fixed_window_allow/tollgate", "label": "fixed window, allow", "per_decision": 40.0}
+  ]
+}"#;
+
+const FOOTPRINT_FIGURES: &str = r#"{
+  "source": "commit 0000000",
+  "clients": 1000000,
+  "runs": 3,
+  "subjects": [
+    {"subject": "tollgate", "resident_bytes_per_client": 70.0, "nanos_per_first_request": 700.0},
+    {"subject": "governor", "resident_bytes_per_client": 35.0, "nanos_per_first_request": 350.0}
+  ]
+}"#;
 
 #[test]
 fn after_the_tower_bench_alone_the_report_refuses_and_keeps_the_file() {
@@ -137,6 +162,76 @@ fn the_report_reads_the_ids_the_suite_measures_under() {
     ] {
         assert!(needed.contains(id), "{id} not among {needed:?}");
     }
+}
+
+#[test]
+fn each_part_keeps_the_others() {
+    let dir = TempDir::new("report-parts");
+    let output = dir.0.join("BENCHMARKS.md");
+    std::fs::write(&output, PREVIOUS_REPORT).unwrap();
+    let instructions_json = dir.0.join("instructions.json");
+    std::fs::write(&instructions_json, INSTRUCTIONS_FIGURES).unwrap();
+    let footprint_json = dir.0.join("footprint.json");
+    std::fs::write(&footprint_json, FOOTPRINT_FIGURES).unwrap();
+
+    instructions::write_section(&instructions_json, &output).unwrap();
+    footprint::write_section(&footprint_json, &output).unwrap();
+    let written = std::fs::read_to_string(&output).unwrap();
+    assert!(written.starts_with(PREVIOUS_REPORT), "{written}");
+    assert!(
+        written.contains("| token bucket, allow | 61.0 | 96.0 | 0.64x |\n"),
+        "{written}"
+    );
+    assert!(
+        written.contains("| fixed window, allow | 40.0 | — |  |\n"),
+        "{written}"
+    );
+    assert!(
+        written.contains("the counting loop's own 4.0 per round"),
+        "{written}"
+    );
+    assert!(
+        written.contains("| tollgate | 70.0 | 2.00x | 700 | 2.00x |\n"),
+        "{written}"
+    );
+
+    // The criterion part rewrites the file and keeps both sections, in place.
+    let criterion_dir = dir.0.join("criterion");
+    for id in criterion::needed_results() {
+        write_result(&criterion_dir, &id, 10.0);
+    }
+    write_suite_tables(&criterion_dir);
+    criterion::write_report(&criterion_dir, &output).unwrap();
+    let rewritten = std::fs::read_to_string(&output).unwrap();
+    assert!(!rewritten.contains("the previous run's figures"));
+    let sections = &written[written.find(section::INSTRUCTIONS.begin).unwrap()..];
+    assert!(rewritten.ends_with(sections), "{rewritten}");
+
+    // Rewriting a section replaces it.
+    instructions::write_section(&instructions_json, &output).unwrap();
+    assert_eq!(std::fs::read_to_string(&output).unwrap(), rewritten);
+}
+
+#[test]
+fn figures_that_are_not_there_are_named() {
+    let dir = TempDir::new("report-no-figures");
+    let output = dir.0.join("BENCHMARKS.md");
+    std::fs::write(&output, PREVIOUS_REPORT).unwrap();
+    let error = instructions::write_section(&dir.0.join("instructions.json"), &output)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("run `cargo bench --bench instructions`"),
+        "{error}"
+    );
+    let error = footprint::write_section(&dir.0.join("footprint.json"), &output)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("run `cargo bench --bench footprint`"),
+        "{error}"
+    );
+    assert_eq!(std::fs::read_to_string(&output).unwrap(), PREVIOUS_REPORT);
 }
 
 #[test]
