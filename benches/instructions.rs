@@ -2,9 +2,12 @@
 //! every run of one build, where the criterion suite's timings move with the machine's load.
 //!
 //! ```text
-//! cargo bench --bench instructions               # prints the table
-//! cargo bench --bench instructions -- --write    # and rewrites its section of BENCHMARKS.md
+//! cargo bench --bench instructions        # counts, prints, and keeps the figures
+//! cargo xtask report instructions         # writes them into BENCHMARKS.md
 //! ```
+//!
+//! A run of every case keeps its figures in `target/instructions/instructions.json` (see
+//! `benches/support/results.rs`), from which the report writes its section of BENCHMARKS.md.
 //!
 //! Needs valgrind (`apt-get install -y valgrind`); a run takes a few minutes.
 //!
@@ -16,23 +19,23 @@
 //! one decision; the loop's own instructions, measured by a case that decides nothing, are taken
 //! off. The callgrind files stay in `target/instructions/` for `callgrind_annotate`.
 //!
-//! Other arguments: words select the cases whose names contain one of them (the table then
-//! cannot be written); `--list` names the cases. Without `--bench` (as `cargo test --benches`
-//! runs it) or with `--test`, each case runs once natively, without valgrind, to check that it
-//! answers as it should.
+//! Other arguments: words select the cases whose names contain one of them (the figures of such
+//! a run are printed, not kept); `--list` names the cases. Without `--bench` (as `cargo test
+//! --benches` runs it) or with `--test`, each case runs once natively, without valgrind, to check
+//! that it answers as it should.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
 // Beside this file in `instructions/`, a folder cargo does not take for a target of its own.
 #[path = "instructions/cases.rs"]
 mod cases;
-#[path = "instructions/report.rs"]
-mod report;
-#[path = "instructions/section.rs"]
-mod section;
+// Shared with the report, which reads what this harness leaves there.
+#[allow(dead_code)]
+#[path = "support/results.rs"]
+mod results;
 
-use cases::{CASES, Case, EMPTY_LOOP};
+use cases::{CASES, Case, EMPTY_LOOP, FIRST_REQUEST_BATCH, LOOKUP_CLIENTS, PER_DECISION_ROUNDS};
 
 /// The first argument of a child run: `measure <case> <rounds>`.
 const MEASURE: &str = "measure";
@@ -85,8 +88,6 @@ fn run_case(case: &Case, rounds: u64) -> Result<(), String> {
 struct Options {
     /// Counting under valgrind, rather than a quick native check of each case.
     measuring: bool,
-    /// Rewrite the table's section of BENCHMARKS.md.
-    write: bool,
     /// Only name the cases (`cargo bench -- --list`).
     list: bool,
     /// Words selecting cases; none selects all.
@@ -97,7 +98,6 @@ impl Options {
     fn parse(args: &[String]) -> Result<Options, String> {
         let mut options = Options {
             measuring: false,
-            write: false,
             list: false,
             filters: Vec::new(),
         };
@@ -106,7 +106,11 @@ impl Options {
             match arg.as_str() {
                 "--bench" => options.measuring = true,
                 "--test" => test = true,
-                "--write" => options.write = true,
+                "--write" => {
+                    return Err("the report writes BENCHMARKS.md now: run \
+                         `cargo bench --bench instructions`, then `cargo xtask report instructions`"
+                        .to_owned());
+                }
                 "--list" => options.list = true,
                 flag if flag.starts_with('-') => {
                     // `cargo bench -- <options>` hands the criterion suite's options to every
@@ -117,15 +121,6 @@ impl Options {
             }
         }
         options.measuring &= !test;
-        if options.write && !options.filters.is_empty() {
-            return Err("--write rewrites the whole table: drop the case filters".to_owned());
-        }
-        if options.write && !options.measuring {
-            return Err(
-                "--write needs a measuring run: `cargo bench --bench instructions -- --write`"
-                    .to_owned(),
-            );
-        }
         Ok(options)
     }
 
@@ -164,24 +159,71 @@ impl Options {
         let empty_loop = cases::case(EMPTY_LOOP).expect("the empty loop is a case");
         let loop_per_round = callgrind.per_decision(empty_loop)?;
         eprintln!("instructions: the counting loop takes {loop_per_round:.2} per round");
-        let mut measured = report::Measured::new(loop_per_round);
+        let mut measured = Vec::new();
         for case in selected {
             let gross = callgrind.per_decision(case)?;
             // The loop runs once per round, and a round may make many decisions.
             let net = gross - loop_per_round / case.decisions_per_round as f64;
             eprintln!("instructions: {}: {net:.2} per decision", case.name);
-            measured.insert(case.name, net);
+            measured.push((case, net));
         }
 
-        let section = measured.section(&callgrind.version, &section::source_revision());
-        println!("{section}");
-        if self.write {
-            let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("BENCHMARKS.md");
-            report::write_section(&path, &section)?;
-            eprintln!("instructions: wrote the table into {}", path.display());
+        println!("{:<48} {:>12}", "case", "per decision");
+        for (case, net) in &measured {
+            println!("{:<48} {net:>12.1}", case.name);
         }
+        if !self.filters.is_empty() {
+            eprintln!("instructions: a run of some cases is printed, not kept for the report");
+            return Ok(());
+        }
+        let path = results::instructions_json();
+        let figures = figures_json(&callgrind.version, loop_per_round, &measured);
+        std::fs::write(&path, figures)
+            .map_err(|error| format!("cannot write {}: {error}", path.display()))?;
+        eprintln!(
+            "instructions: kept in {}; `cargo xtask report instructions` writes them into \
+             BENCHMARKS.md",
+            path.display()
+        );
         Ok(())
     }
+}
+
+/// The figures of a run of every case, and what they were counted under, for the report.
+fn figures_json(valgrind: &str, loop_per_round: f64, measured: &[(&Case, f64)]) -> String {
+    let cases: Vec<serde_json::Value> = measured
+        .iter()
+        .map(|(case, per_decision)| {
+            serde_json::json!({
+                "name": case.name,
+                "label": case.label,
+                "per_decision": per_decision,
+            })
+        })
+        .collect();
+    let figures = serde_json::json!({
+        "source": results::source_revision(),
+        "valgrind": valgrind,
+        "rustc": rustc_version(),
+        "loop_per_round": loop_per_round,
+        "per_decision_rounds": PER_DECISION_ROUNDS,
+        "lookup_clients": LOOKUP_CLIENTS,
+        "first_request_batch": FIRST_REQUEST_BATCH,
+        "cases": cases,
+    });
+    serde_json::to_string_pretty(&figures).expect("a JSON value prints")
+}
+
+/// The compiler's version, which the counts depend on (best effort: the `rustc` that cargo
+/// runs here, normally the one that built this).
+fn rustc_version() -> String {
+    results::command_output("rustc", &["--version"])
+        .and_then(|version| {
+            // `rustc 1.95.0 (59807616e 2026-04-14)`: the name and number are enough.
+            let mut words = version.split_whitespace();
+            Some(format!("{} {}", words.next()?, words.next()?))
+        })
+        .unwrap_or_else(|| "an unknown rustc".to_owned())
 }
 
 /// Runs this binary's cases under callgrind.
@@ -212,9 +254,7 @@ impl Callgrind {
         let executable = std::env::current_exe()
             .map_err(|error| format!("cannot find this benchmark's executable: {error}"))?;
         // Beside criterion's results: cargo runs benchmarks from the package's root.
-        let out_dir = std::env::var_os("CARGO_TARGET_DIR")
-            .map_or_else(|| PathBuf::from("target"), PathBuf::from)
-            .join("instructions");
+        let out_dir = results::target_dir().join("instructions");
         std::fs::create_dir_all(&out_dir)
             .map_err(|error| format!("cannot create {}: {error}", out_dir.display()))?;
         Ok(Callgrind {

@@ -14,6 +14,10 @@ use std::time::{Duration, Instant};
 
 use tollgate::{Algorithm, MonotonicClock};
 
+// The suite's ids, which name the workloads; the rest are the suite's and its report's.
+#[allow(dead_code)]
+#[path = "../benches/tollgate/ids.rs"]
+mod ids;
 #[path = "../tests/support/reference.rs"]
 mod reference;
 #[path = "../benches/tollgate/workload.rs"]

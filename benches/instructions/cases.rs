@@ -20,8 +20,11 @@ use tollgate::{
 
 /// One measured case.
 pub(crate) struct Case {
-    /// `{row}/{implementation}`; the name the child process is told to run.
+    /// `{row}/{implementation}`, `implementation` being `tollgate` or `governor`; the name the
+    /// child process is told to run.
     pub(crate) name: &'static str,
+    /// What the report's table calls the row (the same for tollgate's case and governor's).
+    pub(crate) label: &'static str,
     /// Decisions made by one round.
     pub(crate) decisions_per_round: u64,
     /// The two round counts measured; their difference is what the figure is taken over.
@@ -62,12 +65,14 @@ pub(crate) const MAX_ROUNDS: u64 = LOG_SLOTS - 1;
 pub(crate) const CASES: &[Case] = &[
     Case {
         name: EMPTY_LOOP,
+        label: "",
         decisions_per_round: 1,
         rounds: PER_DECISION_ROUNDS,
         run: |rounds| drive(Nothing, rounds, Expect::Allowed),
     },
     Case {
         name: "token_bucket_allow/tollgate",
+        label: "token bucket, allow",
         decisions_per_round: 1,
         rounds: PER_DECISION_ROUNDS,
         run: |rounds| {
@@ -78,6 +83,7 @@ pub(crate) const CASES: &[Case] = &[
     },
     Case {
         name: "token_bucket_allow/governor",
+        label: "token bucket, allow",
         decisions_per_round: 1,
         rounds: PER_DECISION_ROUNDS,
         run: |rounds| {
@@ -87,6 +93,7 @@ pub(crate) const CASES: &[Case] = &[
     },
     Case {
         name: "token_bucket_deny/tollgate",
+        label: "token bucket, deny",
         decisions_per_round: 1,
         rounds: PER_DECISION_ROUNDS,
         run: |rounds| {
@@ -97,6 +104,7 @@ pub(crate) const CASES: &[Case] = &[
     },
     Case {
         name: "token_bucket_deny/governor",
+        label: "token bucket, deny",
         decisions_per_round: 1,
         rounds: PER_DECISION_ROUNDS,
         run: |rounds| {
@@ -106,6 +114,7 @@ pub(crate) const CASES: &[Case] = &[
     },
     Case {
         name: "token_bucket_allow_decision/tollgate",
+        label: "token bucket, allow, whole `Decision`",
         decisions_per_round: 1,
         rounds: PER_DECISION_ROUNDS,
         run: |rounds| {
@@ -116,6 +125,7 @@ pub(crate) const CASES: &[Case] = &[
     },
     Case {
         name: "token_bucket_deny_decision/tollgate",
+        label: "token bucket, deny, whole `Decision`",
         decisions_per_round: 1,
         rounds: PER_DECISION_ROUNDS,
         run: |rounds| {
@@ -126,6 +136,7 @@ pub(crate) const CASES: &[Case] = &[
     },
     Case {
         name: "fixed_window_allow/tollgate",
+        label: "fixed window, allow",
         decisions_per_round: 1,
         rounds: PER_DECISION_ROUNDS,
         run: |rounds| {
@@ -136,6 +147,7 @@ pub(crate) const CASES: &[Case] = &[
     },
     Case {
         name: "fixed_window_deny/tollgate",
+        label: "fixed window, deny",
         decisions_per_round: 1,
         rounds: PER_DECISION_ROUNDS,
         run: |rounds| {
@@ -146,6 +158,7 @@ pub(crate) const CASES: &[Case] = &[
     },
     Case {
         name: "sliding_window_log_allow/tollgate",
+        label: "sliding window log, allow",
         decisions_per_round: 1,
         rounds: PER_DECISION_ROUNDS,
         run: |rounds| {
@@ -161,6 +174,7 @@ pub(crate) const CASES: &[Case] = &[
     },
     Case {
         name: "sliding_window_log_deny/tollgate",
+        label: "sliding window log, deny",
         decisions_per_round: 1,
         rounds: PER_DECISION_ROUNDS,
         run: |rounds| {
@@ -171,6 +185,7 @@ pub(crate) const CASES: &[Case] = &[
     },
     Case {
         name: "sliding_window_counter_allow/tollgate",
+        label: "sliding window counter, allow",
         decisions_per_round: 1,
         rounds: PER_DECISION_ROUNDS,
         run: |rounds| {
@@ -181,6 +196,7 @@ pub(crate) const CASES: &[Case] = &[
     },
     Case {
         name: "sliding_window_counter_deny/tollgate",
+        label: "sliding window counter, deny",
         decisions_per_round: 1,
         rounds: PER_DECISION_ROUNDS,
         run: |rounds| {
@@ -191,6 +207,7 @@ pub(crate) const CASES: &[Case] = &[
     },
     Case {
         name: "service_lookup_default_hasher/tollgate",
+        label: "service lookup, default hasher",
         decisions_per_round: 1,
         rounds: PER_DECISION_ROUNDS,
         run: |rounds| {
@@ -203,6 +220,7 @@ pub(crate) const CASES: &[Case] = &[
     },
     Case {
         name: "service_lookup_default_hasher/governor",
+        label: "service lookup, default hasher",
         decisions_per_round: 1,
         rounds: PER_DECISION_ROUNDS,
         run: |rounds| {
@@ -215,6 +233,7 @@ pub(crate) const CASES: &[Case] = &[
     },
     Case {
         name: "service_lookup_foldhash/tollgate",
+        label: "service lookup, foldhash",
         decisions_per_round: 1,
         rounds: PER_DECISION_ROUNDS,
         run: |rounds| {
@@ -227,6 +246,7 @@ pub(crate) const CASES: &[Case] = &[
     },
     Case {
         name: "service_lookup_foldhash/governor",
+        label: "service lookup, foldhash",
         decisions_per_round: 1,
         rounds: PER_DECISION_ROUNDS,
         run: |rounds| {
@@ -239,6 +259,7 @@ pub(crate) const CASES: &[Case] = &[
     },
     Case {
         name: "service_first_request_default_hasher/tollgate",
+        label: "service first request, default hasher",
         decisions_per_round: FIRST_REQUEST_BATCH,
         rounds: BATCH_ROUNDS,
         run: |rounds| {
@@ -248,6 +269,7 @@ pub(crate) const CASES: &[Case] = &[
     },
     Case {
         name: "service_first_request_default_hasher/governor",
+        label: "service first request, default hasher",
         decisions_per_round: FIRST_REQUEST_BATCH,
         rounds: BATCH_ROUNDS,
         run: |rounds| {
@@ -257,6 +279,7 @@ pub(crate) const CASES: &[Case] = &[
     },
     Case {
         name: "service_first_request_foldhash/tollgate",
+        label: "service first request, foldhash",
         decisions_per_round: FIRST_REQUEST_BATCH,
         rounds: BATCH_ROUNDS,
         run: |rounds| {
@@ -266,6 +289,7 @@ pub(crate) const CASES: &[Case] = &[
     },
     Case {
         name: "service_first_request_foldhash/governor",
+        label: "service first request, foldhash",
         decisions_per_round: FIRST_REQUEST_BATCH,
         rounds: BATCH_ROUNDS,
         run: |rounds| {

@@ -27,7 +27,7 @@ impl Run {
     /// so that it is the one the benchmarks were built from).
     pub(crate) fn start() -> Run {
         Run {
-            source: source_revision(),
+            source: crate::results::source_revision(),
             snapshots: vec![("start", Conditions::now())],
             on_cpu_shares: Vec::new(),
         }
@@ -65,7 +65,7 @@ impl Run {
             snapshots.join(",\n"),
             shares.join(",\n")
         );
-        let path = directory.join("run.json");
+        let path = directory.join(crate::results::RUN_JSON);
         let written = std::fs::create_dir_all(directory).and_then(|()| std::fs::write(&path, json));
         if let Err(error) = written {
             eprintln!("could not write {}: {error}", path.display());
@@ -97,26 +97,6 @@ impl Conditions {
             "\"load_average\": {load}, \"parallel_speedup\": {:.2}",
             self.parallel_speedup
         )
-    }
-}
-
-/// The commit the source is at, and whether `src/` differs from it, by asking git (best effort:
-/// "unknown" without it).
-fn source_revision() -> String {
-    let git = |args: &[&str]| {
-        std::process::Command::new("git")
-            .args(args)
-            .output()
-            .ok()
-            .filter(|output| output.status.success())
-            .map(|output| String::from_utf8_lossy(&output.stdout).trim().to_owned())
-    };
-    let Some(commit) = git(&["rev-parse", "--short", "HEAD"]) else {
-        return "unknown".to_owned();
-    };
-    match git(&["status", "--porcelain", "--", "src"]) {
-        Some(changes) if changes.is_empty() => format!("commit {commit}"),
-        _ => format!("commit {commit} with uncommitted changes in src/"),
     }
 }
 

@@ -11,7 +11,7 @@
 //! spent on a core (see [`OnCpuShare`]): near 100% with threads no more than the cores, and
 //! lower when a neighbour's load made them take turns, which the report shows beside the figure.
 //!
-//! Ids: `contended_{allow,deny}/{method}/{implementation}/{threads}`.
+//! Ids: `contended_{allow,deny}/{method}/{implementation}/{threads}` (see [`ids`]).
 
 use std::hint::black_box;
 use std::sync::Barrier;
@@ -21,10 +21,9 @@ use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, BenchmarkId, Criterion, Throughput};
 use tollgate::{Algorithm, MonotonicClock};
 
+use crate::ids::{self, CONTENDED_THREADS, GOVERNOR};
 use crate::peers::{self, GovernorDirect};
 use crate::workload::{self, TryAcquireOne, VisitLimiter, Workload, prepare, visit_limiters};
-
-const THREAD_COUNTS: [usize; 3] = [1, 2, 4];
 
 /// Shorter than the single-thread measurements: there are seven times as many of these, and
 /// a sample of many thousand decisions per thread is already long against scheduling noise.
@@ -36,12 +35,12 @@ pub(crate) fn bench(c: &mut Criterion) -> Vec<(String, f64)> {
     let mut on_cpu_shares = Vec::new();
     for workload in Workload::ALL {
         for algorithm in Algorithm::ALL {
-            let group_name = format!("contended_{}/{}", workload.name(), algorithm.name());
-            let mut group = c.benchmark_group(&group_name);
+            let mut group = c.benchmark_group(ids::contended_group(workload, algorithm));
             group.measurement_time(MEASUREMENT_TIME);
             let mut timer = TimeSharedByThreads {
                 group: &mut group,
-                group_name: &group_name,
+                workload,
+                algorithm,
                 on_cpu_shares: &mut on_cpu_shares,
             };
             visit_limiters(algorithm, workload, &clock, &mut timer);
@@ -49,7 +48,7 @@ pub(crate) fn bench(c: &mut Criterion) -> Vec<(String, f64)> {
                 let rule = workload::rule(algorithm, workload);
                 let governor = GovernorDirect::direct(peers::quota(rule));
                 prepare(workload, &governor);
-                timer.visit("governor", &governor);
+                timer.visit(GOVERNOR, &governor);
             }
             group.finish();
         }
@@ -60,13 +59,14 @@ pub(crate) fn bench(c: &mut Criterion) -> Vec<(String, f64)> {
 /// Times each limiter it is shown at every thread count.
 struct TimeSharedByThreads<'a, 'c> {
     group: &'a mut BenchmarkGroup<'c, WallTime>,
-    group_name: &'a str,
+    workload: Workload,
+    algorithm: Algorithm,
     on_cpu_shares: &'a mut Vec<(String, f64)>,
 }
 
 impl VisitLimiter for TimeSharedByThreads<'_, '_> {
     fn visit<L: TryAcquireOne>(&mut self, implementation: &str, limiter: &L) {
-        for threads in THREAD_COUNTS {
+        for threads in CONTENDED_THREADS {
             let mut share = OnCpuShare::default();
             // One iteration is one decision on each thread.
             self.group.throughput(Throughput::Elements(threads as u64));
@@ -80,7 +80,7 @@ impl VisitLimiter for TimeSharedByThreads<'_, '_> {
                 },
             );
             if let Some(share) = share.value() {
-                let id = format!("{}/{implementation}/{threads}", self.group_name);
+                let id = ids::contended(self.workload, self.algorithm, implementation, threads);
                 self.on_cpu_shares.push((id, share));
             }
         }

@@ -9,11 +9,10 @@
 //!   requests.
 //! - [`memory`]: heap per idle client, printed after the timings (criterion cannot measure it).
 //!
-//! Run `cargo bench` (about seven minutes), or `cargo bench -- <filter>` for a part; then
-//! `cargo bench --bench report` writes `BENCHMARKS.md` from
-//! criterion's results and `memory.json`.
+//! Run `cargo bench --bench tollgate` (about nine minutes), or `cargo bench --bench tollgate --
+//! <filter>` for a part; then `cargo xtask report criterion` writes `BENCHMARKS.md` from
+//! criterion's results, `memory.json` and `run.json`. The ids are made in [`ids`].
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use criterion::Criterion;
@@ -21,11 +20,18 @@ use criterion::Criterion;
 mod alloc_counter;
 mod conditions;
 mod contended;
+// Some ids only the report reads.
+#[allow(dead_code)]
+mod ids;
 mod memory;
 mod peers;
 // The one copy of the mutex references, shared with the property tests.
 #[path = "../../tests/support/reference.rs"]
 mod reference;
+// Shared with the report, which reads what the suite leaves there.
+#[allow(dead_code)]
+#[path = "../support/results.rs"]
+mod results;
 mod service;
 mod single_thread;
 mod workload;
@@ -66,20 +72,9 @@ fn main() {
         memory::report(measuring);
     }
     if let Some(run) = run {
-        run.finish(&output_directory());
+        run.finish(&results::criterion_dir());
     }
     criterion.final_summary();
-}
-
-/// Criterion's output directory, found the way criterion finds it (short of asking cargo), so
-/// that the tables criterion cannot make land beside its results.
-pub(crate) fn output_directory() -> PathBuf {
-    if let Some(home) = std::env::var_os("CRITERION_HOME") {
-        return PathBuf::from(home);
-    }
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| PathBuf::from("target"), PathBuf::from)
-        .join("criterion")
 }
 
 /// Whether the command line selects the memory report: when it names no benchmark filter, or a

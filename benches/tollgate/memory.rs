@@ -6,13 +6,14 @@
 //! request each (and then idle) is divided by 100 000. That includes the map's own table at the
 //! load it happens to be at, and anything the map has not yet freed (papaya reclaims the tables
 //! it outgrew in batches). The table is printed and written to `memory.json` in criterion's
-//! output directory, where `benches/report.rs` finds it.
+//! output directory, where the report finds it.
 
 use std::fmt::Write as _;
 
 use tollgate::{Algorithm, Rule};
 
 use crate::alloc_counter::{HeapGrowth, measure_heap_growth};
+use crate::ids::{GOVERNOR, MUTEX, TOLLGATE};
 use crate::peers::{self, GovernorKeyed};
 use crate::service::{KeyedLimiter, MutexMap, TollgateService};
 
@@ -42,18 +43,18 @@ pub(crate) fn report(write_json: bool) {
     for algorithm in Algorithm::ALL {
         rows.push(Footprint {
             method: algorithm.name(),
-            implementation: "tollgate",
+            implementation: TOLLGATE,
             growth: grow(TollgateService::new(algorithm, rule)),
         });
     }
     rows.push(Footprint {
         method: Algorithm::TokenBucket.name(),
-        implementation: "governor",
+        implementation: GOVERNOR,
         growth: grow(GovernorKeyed::keyed(peers::quota(rule))),
     });
     rows.push(Footprint {
         method: Algorithm::TokenBucket.name(),
-        implementation: "mutex",
+        implementation: MUTEX,
         growth: grow(MutexMap::new(rule)),
     });
 
@@ -76,8 +77,8 @@ pub(crate) fn report(write_json: bool) {
     if !write_json {
         return;
     }
-    let directory = crate::output_directory();
-    let path = directory.join("memory.json");
+    let directory = crate::results::criterion_dir();
+    let path = directory.join(crate::results::MEMORY_JSON);
     let written = std::fs::create_dir_all(&directory)
         .and_then(|()| std::fs::write(&path, to_json(&rows, rule)));
     match written {

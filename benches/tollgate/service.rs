@@ -25,11 +25,13 @@ use criterion::{BenchmarkGroup, BenchmarkId, Criterion, Throughput};
 use tollgate::{Algorithm, MonotonicClock, RateLimiterService, Rule};
 
 use crate::contended::{OnCpuShare, time_work_on_threads};
+use crate::ids::{
+    FIRST_REQUEST_GROUP, GOVERNOR, LOOKUP_CLIENTS, MUTEX, SERVICE_LOOKUP_GROUP,
+    SHARED_LOOKUP_CLIENTS, SHARED_LOOKUP_GROUP, SHARED_LOOKUP_THREADS, TOLLGATE,
+};
 use crate::peers::{self, GovernorKeyed};
 use crate::reference::RefTokenBucket;
 use crate::workload::{self, Workload};
-
-const CLIENT_COUNTS: [u64; 2] = [10_000, 1_000_000];
 
 /// First requests timed per fresh map (see the module docs).
 const FIRST_REQUEST_BATCH: u64 = 10_000;
@@ -37,42 +39,42 @@ const FIRST_REQUEST_BATCH: u64 = 10_000;
 pub(crate) fn bench(c: &mut Criterion) {
     let rule = workload::rule(Algorithm::TokenBucket, Workload::AllowHeavy);
 
-    let mut group = c.benchmark_group("service_lookup/token_bucket");
+    let mut group = c.benchmark_group(SERVICE_LOOKUP_GROUP);
     group.throughput(Throughput::Elements(1));
-    for clients in CLIENT_COUNTS {
-        bench_lookup(&mut group, "tollgate", clients, || {
+    for clients in LOOKUP_CLIENTS {
+        bench_lookup(&mut group, TOLLGATE, clients, || {
             TollgateService::new(Algorithm::TokenBucket, rule)
         });
-        bench_lookup(&mut group, "governor", clients, || {
+        bench_lookup(&mut group, GOVERNOR, clients, || {
             GovernorKeyed::keyed(peers::quota(rule))
         });
-        bench_lookup(&mut group, "mutex", clients, || MutexMap::new(rule));
+        bench_lookup(&mut group, MUTEX, clients, || MutexMap::new(rule));
     }
     group.finish();
 
-    let mut group = c.benchmark_group("service_lookup_shared/token_bucket");
-    for threads in SHARED_THREAD_COUNTS {
+    let mut group = c.benchmark_group(SHARED_LOOKUP_GROUP);
+    for threads in SHARED_LOOKUP_THREADS {
         // One iteration is one request on each thread.
         group.throughput(Throughput::Elements(threads as u64));
-        bench_shared_lookup(&mut group, "tollgate", threads, || {
+        bench_shared_lookup(&mut group, TOLLGATE, threads, || {
             TollgateService::new(Algorithm::TokenBucket, rule)
         });
-        bench_shared_lookup(&mut group, "governor", threads, || {
+        bench_shared_lookup(&mut group, GOVERNOR, threads, || {
             GovernorKeyed::keyed(peers::quota(rule))
         });
-        bench_shared_lookup(&mut group, "mutex", threads, || MutexMap::new(rule));
+        bench_shared_lookup(&mut group, MUTEX, threads, || MutexMap::new(rule));
     }
     group.finish();
 
-    let mut group = c.benchmark_group("service_first_request/token_bucket");
+    let mut group = c.benchmark_group(FIRST_REQUEST_GROUP);
     group.throughput(Throughput::Elements(1));
-    bench_first_request(&mut group, "tollgate", || {
+    bench_first_request(&mut group, TOLLGATE, || {
         TollgateService::new(Algorithm::TokenBucket, rule)
     });
-    bench_first_request(&mut group, "governor", || {
+    bench_first_request(&mut group, GOVERNOR, || {
         GovernorKeyed::keyed(peers::quota(rule))
     });
-    bench_first_request(&mut group, "mutex", || MutexMap::new(rule));
+    bench_first_request(&mut group, MUTEX, || MutexMap::new(rule));
     group.finish();
 }
 
@@ -99,10 +101,6 @@ fn populated_with<M: KeyedLimiter>(map: M, clients: u64) -> M {
     map
 }
 
-/// Threads sharing one map in `service_lookup_shared`, among this many clients.
-const SHARED_THREAD_COUNTS: [usize; 3] = [1, 2, 4];
-const SHARED_CLIENTS: u64 = 10_000;
-
 fn bench_shared_lookup<M: KeyedLimiter>(
     group: &mut BenchmarkGroup<'_, WallTime>,
     implementation: &str,
@@ -112,12 +110,12 @@ fn bench_shared_lookup<M: KeyedLimiter>(
     // Made on the first sample, as in `bench_lookup`.
     let populated = OnceCell::new();
     group.bench_function(BenchmarkId::new(implementation, threads), move |b| {
-        let map = populated.get_or_init(|| populated_with(make(), SHARED_CLIENTS));
+        let map = populated.get_or_init(|| populated_with(make(), SHARED_LOOKUP_CLIENTS));
         b.iter_custom(|iterations| {
             // The share of time on a core is not reported for these.
             let mut share = OnCpuShare::default();
             time_work_on_threads(threads, iterations, &mut share, |thread| {
-                let mut picker = ClientPicker::seeded(SHARED_CLIENTS, thread as u64);
+                let mut picker = ClientPicker::seeded(SHARED_LOOKUP_CLIENTS, thread as u64);
                 move || {
                     black_box(map.allow(picker.next_client()));
                 }

@@ -2,7 +2,7 @@
 //! each method against the mutex reference of the same method, with governor beside the token
 //! bucket (the same algorithm). Also the clocks alone, since a clock read is most of a decision.
 //!
-//! Ids: `single_thread_{allow,deny}/{method}/{implementation}`, `clock/{clock}`.
+//! Ids: `single_thread_{allow,deny}/{method}/{implementation}`, `clock/{clock}` (see [`ids`]).
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -12,6 +12,7 @@ use criterion::{BenchmarkGroup, Criterion, Throughput};
 use governor::clock::Clock as _;
 use tollgate::{Algorithm, Clock, CoarseClock, Limiter, MonotonicClock, TokenBucket};
 
+use crate::ids::{self, GOVERNOR, TOLLGATE_COARSE, TOLLGATE_DECISION};
 use crate::peers::{self, GovernorDirect};
 use crate::workload::{self, TryAcquireOne, VisitLimiter, Workload, prepare, visit_limiters};
 
@@ -33,11 +34,7 @@ pub(crate) fn bench(c: &mut Criterion) {
 
     for workload in Workload::ALL {
         for algorithm in Algorithm::ALL {
-            let mut group = c.benchmark_group(format!(
-                "single_thread_{}/{}",
-                workload.name(),
-                algorithm.name()
-            ));
+            let mut group = c.benchmark_group(ids::single_thread_group(workload, algorithm));
             group.throughput(Throughput::Elements(1));
             let mut timer = TimeOneThread { group: &mut group };
             visit_limiters(algorithm, workload, &clock, &mut timer);
@@ -61,19 +58,19 @@ fn bench_token_bucket_peers(
 
     let governor = GovernorDirect::direct(peers::quota(rule));
     prepare(workload, &governor);
-    timer.visit("governor", &governor);
+    timer.visit(GOVERNOR, &governor);
 
     if let Some(coarse) = coarse {
         let bucket = TokenBucket::new(rule, coarse.clone()).expect("valid rule");
         prepare(workload, &bucket);
-        timer.visit("tollgate_coarse", &bucket);
+        timer.visit(TOLLGATE_COARSE, &bucket);
     }
 
     let bucket = TokenBucket::new(rule, clock.clone()).expect("valid rule");
     prepare(workload, &bucket);
     timer
         .group
-        .bench_function("tollgate_decision", |b| b.iter(|| bucket.try_acquire_n(1)));
+        .bench_function(TOLLGATE_DECISION, |b| b.iter(|| bucket.try_acquire_n(1)));
 }
 
 /// Times each limiter it is shown, one attempt per iteration.
@@ -90,13 +87,15 @@ impl VisitLimiter for TimeOneThread<'_, '_> {
 
 /// One reading of each clock: the floor under every decision that reads it.
 fn bench_clocks(c: &mut Criterion, clock: &MonotonicClock, coarse: Option<&CoarseClock>) {
-    let mut group = c.benchmark_group("clock");
-    group.bench_function("tollgate_monotonic", |b| b.iter(|| clock.now_nanos()));
+    let mut group = c.benchmark_group(ids::CLOCK_GROUP);
+    group.bench_function(ids::CLOCK_MONOTONIC, |b| b.iter(|| clock.now_nanos()));
     if let Some(coarse) = coarse {
-        group.bench_function("tollgate_coarse", |b| b.iter(|| coarse.now_nanos()));
+        group.bench_function(ids::CLOCK_COARSE, |b| b.iter(|| coarse.now_nanos()));
     }
     let governor_clock = governor::clock::QuantaClock::default();
-    group.bench_function("governor_quanta", |b| b.iter(|| governor_clock.now()));
-    group.bench_function("std_instant", |b| b.iter(|| black_box(Instant::now())));
+    group.bench_function(ids::CLOCK_GOVERNOR, |b| b.iter(|| governor_clock.now()));
+    group.bench_function(ids::CLOCK_STD_INSTANT, |b| {
+        b.iter(|| black_box(Instant::now()))
+    });
     group.finish();
 }

@@ -11,30 +11,12 @@ use tollgate::{
     TokenBucket,
 };
 
+use crate::ids::{MUTEX, TOLLGATE};
 use crate::reference::{
     RefFixedWindow, RefSlidingWindowCounter, RefSlidingWindowLog, RefTokenBucket,
 };
 
-/// What most attempts in a measurement get.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Workload {
-    /// A rule so generous that no attempt is denied: the cost of an admission.
-    AllowHeavy,
-    /// A limiter exhausted for an hour: the cost of a denial.
-    DenyHeavy,
-}
-
-impl Workload {
-    pub(crate) const ALL: [Workload; 2] = [Workload::AllowHeavy, Workload::DenyHeavy];
-
-    /// The word used in benchmark ids and tables.
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Workload::AllowHeavy => "allow",
-            Workload::DenyHeavy => "deny",
-        }
-    }
-}
+pub(crate) use crate::ids::Workload;
 
 /// One permit per nanosecond, with a burst of a full second's worth: no thread here can ask
 /// faster than the bucket refills, and the fixed window's count (30 bits for this limit) still
@@ -137,7 +119,7 @@ impl<C: Clock + Sync> TryAcquireOne for RefSlidingWindowLog<C> {
 /// Receives each limiter under test, one concrete type at a time (so the timed loop is
 /// monomorphised, with no virtual call in it).
 pub(crate) trait VisitLimiter {
-    /// `implementation` is `tollgate` or `mutex`.
+    /// `implementation` is [`TOLLGATE`] or [`MUTEX`].
     fn visit<L: TryAcquireOne>(&mut self, implementation: &str, limiter: &L);
 }
 
@@ -156,41 +138,31 @@ pub(crate) fn visit_limiters<C: Clock + Clone + Sync>(
         Algorithm::TokenBucket => {
             visit_prepared(
                 workload,
-                "tollgate",
+                TOLLGATE,
                 &TokenBucket::new(rule, clock.clone()).expect("valid rule"),
                 visitor,
             );
-            visit_prepared(
-                workload,
-                "mutex",
-                &RefTokenBucket::new(rule, clock),
-                visitor,
-            );
+            visit_prepared(workload, MUTEX, &RefTokenBucket::new(rule, clock), visitor);
         }
         Algorithm::FixedWindow => {
             visit_prepared(
                 workload,
-                "tollgate",
+                TOLLGATE,
                 &FixedWindow::new(rule, clock.clone()).expect("valid rule"),
                 visitor,
             );
-            visit_prepared(
-                workload,
-                "mutex",
-                &RefFixedWindow::new(rule, clock),
-                visitor,
-            );
+            visit_prepared(workload, MUTEX, &RefFixedWindow::new(rule, clock), visitor);
         }
         Algorithm::SlidingWindowLog => {
             visit_prepared(
                 workload,
-                "tollgate",
+                TOLLGATE,
                 &SlidingWindowLog::new(rule, clock.clone()).expect("valid rule"),
                 visitor,
             );
             visit_prepared(
                 workload,
-                "mutex",
+                MUTEX,
                 &RefSlidingWindowLog::new(rule, clock),
                 visitor,
             );
@@ -198,13 +170,13 @@ pub(crate) fn visit_limiters<C: Clock + Clone + Sync>(
         Algorithm::SlidingWindowCounter => {
             visit_prepared(
                 workload,
-                "tollgate",
+                TOLLGATE,
                 &SlidingWindowCounter::new(rule, clock.clone()).expect("valid rule"),
                 visitor,
             );
             visit_prepared(
                 workload,
-                "mutex",
+                MUTEX,
                 &RefSlidingWindowCounter::new(rule, clock),
                 visitor,
             );

@@ -1,67 +1,42 @@
-//! Writes `BENCHMARKS.md` from the results of `cargo bench`: criterion's estimates under
-//! `target/criterion` (or `$CARGO_TARGET_DIR/criterion`, or `$CRITERION_HOME`) and the tables the
-//! suite writes beside them (`memory.json`, `run.json`).
-//!
-//! ```text
-//! cargo bench
-//! cargo bench --bench report [-- <criterion dir> [<output>]]
-//! ```
+//! The part of BENCHMARKS.md that criterion's figures fill, written from the results of `cargo
+//! bench --bench tollgate`: criterion's estimates under its output directory and the tables the
+//! suite writes beside them (`memory.json`, `run.json`). The ids it reads are the suite's own
+//! (`benches/tollgate/ids.rs`).
 //!
 //! Every figure is criterion's median over its samples (the machine this runs on is shared and
 //! noisy; the median shrugs off the samples a neighbour disturbed). Ratios compare figures from
 //! the same run. The targets at the end are the project's performance goals; each is checked
 //! against this run's figures.
 //!
-//! It refuses (a failing exit status, the file left as it was) when the directory lacks any
-//! result it reports, `memory.json` or `run.json`: after another bench alone (`--bench tower`),
-//! say, it would otherwise write a file of empty cells.
+//! It refuses (an error, the file left as it was) when the directory lacks any result it
+//! reports, `memory.json` or `run.json`: after another bench alone (`--bench tower`), say, it
+//! would otherwise write a file of empty cells. It rewrites the file but for the sections the
+//! other harnesses' figures fill, which it keeps.
 
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
-use std::process::ExitCode;
+use std::path::Path;
 
 use serde_json::Value;
+use tollgate::Algorithm;
 
-const METHODS: [(&str, &str); 4] = [
-    ("token_bucket", "token bucket"),
-    ("fixed_window", "fixed window"),
-    ("sliding_window_log", "sliding window log"),
-    ("sliding_window_counter", "sliding window counter"),
-];
-const THREAD_COUNTS: [u64; 3] = [1, 2, 4];
-const CLIENT_COUNTS: [u64; 2] = [10_000, 1_000_000];
+use crate::ids::{
+    self, CONTENDED_THREADS, GOVERNOR, LOOKUP_CLIENTS, MUTEX, SHARED_LOOKUP_CLIENTS,
+    SHARED_LOOKUP_THREADS, TOLLGATE, TOLLGATE_COARSE, TOLLGATE_DECISION, Workload,
+};
+use crate::results::{MEMORY_JSON, RUN_JSON};
+use crate::section::{self, Error};
 
-type Error = Box<dyn std::error::Error>;
+use targets::DISTURBED_BELOW;
+
+mod targets;
 
 /// The command that produces every result the report needs.
 const PRODUCING_COMMAND: &str = "cargo bench --bench tollgate";
 
-fn main() -> ExitCode {
-    // `cargo bench` passes its own flags (`--bench`) to a harness-less target: skip them.
-    let mut args = std::env::args()
-        .skip(1)
-        .filter(|arg| !arg.starts_with("--"));
-    let criterion_dir = args
-        .next()
-        .map_or_else(default_criterion_dir, PathBuf::from);
-    let output = args
-        .next()
-        .map_or_else(|| PathBuf::from("BENCHMARKS.md"), PathBuf::from);
-    match write_report(&criterion_dir, &output) {
-        Ok(benchmarks) => {
-            println!("wrote {} from {benchmarks} benchmarks", output.display());
-            ExitCode::SUCCESS
-        }
-        Err(error) => {
-            eprintln!("error: {error}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
 /// The ids of every criterion result the report reads.
+#[cfg(test)]
 pub(crate) fn needed_results() -> BTreeSet<String> {
     let report = Report {
         results: &Results {
@@ -75,20 +50,10 @@ pub(crate) fn needed_results() -> BTreeSet<String> {
     report.missing.into_inner()
 }
 
-/// Where criterion wrote its results, found as the benchmarks find it (`benches/tollgate`'s
-/// `output_directory`): `CRITERION_HOME`, else `criterion` in `CARGO_TARGET_DIR` or `target`.
-fn default_criterion_dir() -> PathBuf {
-    if let Some(home) = std::env::var_os("CRITERION_HOME") {
-        return PathBuf::from(home);
-    }
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| PathBuf::from("target"), PathBuf::from)
-        .join("criterion")
-}
-
-/// Writes the report of the results under `criterion_dir` to `output` and returns how many
-/// benchmarks it read; refuses, writing nothing, when any result, `memory.json` or `run.json`
-/// the report needs is missing, naming them and [`PRODUCING_COMMAND`].
+/// Writes the report of the results under `criterion_dir` to `output`, keeping the sections of
+/// the other harnesses that `output` holds, and returns how many benchmarks it read; refuses,
+/// writing nothing, when any result, `memory.json` or `run.json` the report needs is missing,
+/// naming them and [`PRODUCING_COMMAND`].
 pub(crate) fn write_report(criterion_dir: &Path, output: &Path) -> Result<usize, Error> {
     let results = Results::load(criterion_dir)?;
     let read_json = |name: &str| -> Result<Option<Value>, Error> {
@@ -98,8 +63,8 @@ pub(crate) fn write_report(criterion_dir: &Path, output: &Path) -> Result<usize,
             .transpose()
             .map_err(|error| format!("{}: {error}", criterion_dir.join(name).display()).into())
     };
-    let memory = read_json("memory.json")?;
-    let conditions = read_json("run.json")?;
+    let memory = read_json(MEMORY_JSON)?;
+    let conditions = read_json(RUN_JSON)?;
 
     let report = Report {
         results: &results,
@@ -109,7 +74,7 @@ pub(crate) fn write_report(criterion_dir: &Path, output: &Path) -> Result<usize,
     };
     let text = report.render();
     let mut missing: Vec<String> = report.missing.into_inner().into_iter().collect();
-    for (name, value) in [("memory.json", &memory), ("run.json", &conditions)] {
+    for (name, value) in [(MEMORY_JSON, &memory), (RUN_JSON, &conditions)] {
         if value.is_none() {
             missing.push(name.to_owned());
         }
@@ -132,7 +97,8 @@ pub(crate) fn write_report(criterion_dir: &Path, output: &Path) -> Result<usize,
         )
         .into());
     }
-    std::fs::write(output, text)?;
+    let kept = std::fs::read_to_string(output).unwrap_or_default();
+    std::fs::write(output, section::with_sections_of(&text, &kept))?;
     Ok(results.by_id.len())
 }
 
@@ -213,53 +179,6 @@ fn read_measurement(benchmark_json: &Path) -> Result<(String, Measurement), Erro
     ))
 }
 
-/// A performance goal, checked against one ratio or figure of the run.
-struct Target {
-    goal: String,
-    measured: Option<f64>,
-    /// How the measured figure reads (`1.23x`, `4.5 ns`...).
-    unit: &'static str,
-    bound: Bound,
-    /// For a multi-threaded target: the lowest share of time on a core among the lock-free
-    /// measurements it rests on (see [`DISTURBED_BELOW`]).
-    on_cpu_share: Option<f64>,
-}
-
-/// Below this share of time on a core, the threads of a lock-free measurement (which never
-/// sleep) were kept off their cores by something else: the figure is flagged as disturbed.
-/// (A mutex's threads sleep while they wait for the lock, so its own share says nothing.)
-const DISTURBED_BELOW: f64 = 0.85;
-
-#[derive(Clone, Copy)]
-enum Bound {
-    AtMost(f64),
-    AtLeast(f64),
-}
-
-impl Target {
-    fn met(&self) -> Option<bool> {
-        Some(match self.bound {
-            Bound::AtMost(bound) => self.measured? <= bound,
-            Bound::AtLeast(bound) => self.measured? >= bound,
-        })
-    }
-
-    fn verdict(&self) -> String {
-        let verdict = match self.met() {
-            None => "not measured",
-            Some(true) => "met",
-            Some(false) => "**missed**",
-        };
-        match self.on_cpu_share {
-            Some(share) if share < DISTURBED_BELOW => format!(
-                "{verdict} (disturbed: threads on a core {:.0}% of the time)",
-                share * 100.0
-            ),
-            _ => verdict.to_owned(),
-        }
-    }
-}
-
 struct Report<'a> {
     results: &'a Results,
     memory: Option<&'a Value>,
@@ -317,8 +236,8 @@ impl Report<'_> {
         let _ = writeln!(
             out,
             "# Benchmarks\n\n\
-             Generated from one run of `cargo bench` by \
-             `cargo bench --bench report`; do not edit by hand.\n\n\
+             Generated from one run of `{PRODUCING_COMMAND}` by \
+             `cargo xtask report criterion`; do not edit by hand.\n\n\
              Machine: {cpu}, {cpus} logical CPUs. Source: {}. Figures are criterion's medians. \
              *tollgate* is this crate, *mutex* the seed design's limiters behind a \
              `std::sync::Mutex` (`tests/support/reference.rs`), *governor* the governor crate \
@@ -358,210 +277,22 @@ impl Report<'_> {
         }
     }
 
-    fn targets(&self, out: &mut String) {
-        let single = |workload: &str, implementation: &str| {
-            self.nanos(&format!(
-                "single_thread_{workload}/token_bucket/{implementation}"
-            ))
-        };
-        let contended = |workload: &str, method: &str, implementation: &str, threads: u64| {
-            self.per_second(&format!(
-                "contended_{workload}/{method}/{implementation}/{threads}"
-            ))
-        };
-        let lookup = |implementation: &str, clients: u64| {
-            self.nanos(&format!(
-                "service_lookup/token_bucket/{implementation}/{clients}"
-            ))
-        };
-        let shared_lookup = |implementation: &str, threads: u64| {
-            self.per_second(&format!(
-                "service_lookup_shared/token_bucket/{implementation}/{threads}"
-            ))
-        };
-        let first_request = |implementation: &str| {
-            self.nanos(&format!(
-                "service_first_request/token_bucket/{implementation}"
-            ))
-        };
-
-        let lowest_share = |ids: &[String]| {
-            ids.iter()
-                .map(|id| self.on_cpu_share(id))
-                .collect::<Option<Vec<f64>>>()
-                .and_then(|shares| shares.into_iter().reduce(f64::min))
-        };
-
-        let mut targets = Vec::new();
-        for workload in ["allow", "deny"] {
-            targets.push(Target {
-                goal: format!("token bucket, one thread, {workload}: time vs governor"),
-                measured: ratio(single(workload, "tollgate"), single(workload, "governor")),
-                unit: "x",
-                bound: Bound::AtMost(1.0),
-                on_cpu_share: None,
-            });
-        }
-        for (workload, speedup) in [("allow", 1.3), ("deny", 2.0)] {
-            targets.push(Target {
-                goal: format!("token bucket, one thread, {workload}: speed-up over mutex"),
-                measured: ratio(single(workload, "mutex"), single(workload, "tollgate")),
-                unit: "x",
-                bound: Bound::AtLeast(speedup),
-                on_cpu_share: None,
-            });
-        }
-        // governor is a token bucket; the fixed window, one `fetch_add` per admission, is held
-        // to more. (The sliding log does more per admission than either, and has no target here.)
-        for ((method, name), over_governor) in METHODS.into_iter().take(2).zip([1.2, 1.5]) {
-            targets.push(Target {
-                goal: format!("{name}, 2 threads, allow: throughput vs governor"),
-                measured: ratio(
-                    contended("allow", method, "tollgate", 2),
-                    contended("allow", "token_bucket", "governor", 2),
-                ),
-                unit: "x",
-                bound: Bound::AtLeast(over_governor),
-                on_cpu_share: lowest_share(&[
-                    format!("contended_allow/{method}/tollgate/2"),
-                    "contended_allow/token_bucket/governor/2".to_owned(),
-                ]),
-            });
-        }
-        // The sliding log's ring is the most contended state (one slot per admission, the head
-        // moved on by every one): held to the mutex reference, where the others are held to more.
-        for threads in [2, 4] {
-            targets.push(Target {
-                goal: format!("sliding window log, {threads} threads, allow: throughput vs mutex"),
-                measured: ratio(
-                    contended("allow", "sliding_window_log", "tollgate", threads),
-                    contended("allow", "sliding_window_log", "mutex", threads),
-                ),
-                unit: "x",
-                bound: Bound::AtLeast(1.0),
-                on_cpu_share: lowest_share(&[format!(
-                    "contended_allow/sliding_window_log/tollgate/{threads}"
-                )]),
-            });
-        }
-        for (method, name) in METHODS {
-            targets.push(Target {
-                goal: format!("{name}, 2 threads, deny: throughput vs its own 1 thread"),
-                measured: ratio(
-                    contended("deny", method, "tollgate", 2),
-                    contended("deny", method, "tollgate", 1),
-                ),
-                unit: "x",
-                bound: Bound::AtLeast(1.8),
-                on_cpu_share: lowest_share(&[format!("contended_deny/{method}/tollgate/2")]),
-            });
-            targets.push(Target {
-                goal: format!("{name}, 2 threads, deny: throughput vs mutex"),
-                measured: ratio(
-                    contended("deny", method, "tollgate", 2),
-                    contended("deny", method, "mutex", 2),
-                ),
-                unit: "x",
-                bound: Bound::AtLeast(10.0),
-                on_cpu_share: lowest_share(&[format!("contended_deny/{method}/tollgate/2")]),
-            });
-        }
-        for clients in CLIENT_COUNTS {
-            targets.push(Target {
-                goal: format!("service lookup, {clients} clients: time vs governor keyed"),
-                measured: ratio(lookup("tollgate", clients), lookup("governor", clients)),
-                unit: "x",
-                bound: Bound::AtMost(1.0),
-                on_cpu_share: None,
-            });
-        }
-        targets.push(Target {
-            goal: "service lookup, 10000 clients, 2 threads: throughput vs governor keyed"
-                .to_owned(),
-            measured: ratio(shared_lookup("tollgate", 2), shared_lookup("governor", 2)),
-            unit: "x",
-            bound: Bound::AtLeast(1.5),
-            on_cpu_share: None,
-        });
-        targets.push(Target {
-            goal: "service first request: time vs governor keyed".to_owned(),
-            measured: ratio(first_request("tollgate"), first_request("governor")),
-            unit: "x",
-            bound: Bound::AtMost(1.0),
-            on_cpu_share: None,
-        });
-        targets.push(Target {
-            goal: "heap requested per idle client, 100 000 clients (token bucket): vs governor \
-                   keyed (resident memory at 1 000 000: see \"A million clients\")"
-                .to_owned(),
-            measured: ratio(
-                self.memory_per_client("token_bucket", "tollgate", "requested_bytes_per_client"),
-                self.memory_per_client("token_bucket", "governor", "requested_bytes_per_client"),
-            ),
-            unit: "x",
-            bound: Bound::AtMost(2.0),
-            on_cpu_share: None,
-        });
-        for (workload, bound) in [("allow", 10.0), ("deny", 2.0)] {
-            targets.push(Target {
-                goal: format!("token bucket, coarse clock, {workload}: ns per decision"),
-                measured: single(workload, "tollgate_coarse"),
-                unit: " ns",
-                bound: Bound::AtMost(bound),
-                on_cpu_share: None,
-            });
-        }
-
-        let met = targets.iter().filter(|t| t.met() == Some(true)).count();
-        let _ = writeln!(
-            out,
-            "## Targets\n\n{met} of {} met in this run. Ratios of time: lower is better; \
-             ratios of throughput and speed-ups: higher is better.\n",
-            targets.len()
-        );
-        let _ = writeln!(
-            out,
-            "| target | measured | goal | verdict |\n|---|---:|---:|---|"
-        );
-        for target in &targets {
-            let (relation, bound) = match target.bound {
-                Bound::AtMost(bound) => ("≤", bound),
-                Bound::AtLeast(bound) => ("≥", bound),
-            };
-            let _ = writeln!(
-                out,
-                "| {} | {} | {relation} {bound}{} | {} |",
-                target.goal,
-                target
-                    .measured
-                    .map_or_else(|| "—".to_owned(), |v| format!("{v:.2}{}", target.unit)),
-                target.unit,
-                target.verdict()
-            );
-        }
-        out.push('\n');
-    }
-
     fn clocks(&self, out: &mut String) {
         let _ = writeln!(
             out,
             "## Clocks\n\nOne reading, the floor under every decision that takes one.\n\n\
              | clock | ns per reading |\n|---|---:|"
         );
-        for (id, name) in [
+        for (clock, name) in [
             (
-                "tollgate_monotonic",
+                ids::CLOCK_MONOTONIC,
                 "tollgate `MonotonicClock` (quanta counter)",
             ),
-            ("tollgate_coarse", "tollgate `CoarseClock` (1 ms upkeep)"),
-            ("governor_quanta", "governor `QuantaClock`"),
-            ("std_instant", "`std::time::Instant::now`"),
+            (ids::CLOCK_COARSE, "tollgate `CoarseClock` (1 ms upkeep)"),
+            (ids::CLOCK_GOVERNOR, "governor `QuantaClock`"),
+            (ids::CLOCK_STD_INSTANT, "`std::time::Instant::now`"),
         ] {
-            let _ = writeln!(
-                out,
-                "| {name} | {} |",
-                ns(self.nanos(&format!("clock/{id}")))
-            );
+            let _ = writeln!(out, "| {name} | {} |", ns(self.nanos(&ids::clock(clock))));
         }
         out.push('\n');
     }
@@ -576,35 +307,35 @@ impl Report<'_> {
              whose counts have at most 31 bits, 2³¹ − 1 per 292 years). *deny*: a limiter exhausted \
              for an hour (100 per hour).\n"
         );
-        for workload in ["allow", "deny"] {
+        for workload in Workload::ALL {
             let _ = writeln!(
                 out,
-                "### {workload}\n\n\
+                "### {}\n\n\
                  | method | tollgate | mutex | governor | speed-up over mutex | time vs governor |\n\
-                 |---|---:|---:|---:|---:|---:|"
+                 |---|---:|---:|---:|---:|---:|",
+                workload.name()
             );
-            for (method, name) in METHODS {
+            for method in Algorithm::ALL {
                 let id = |implementation: &str| {
-                    self.nanos(&format!(
-                        "single_thread_{workload}/{method}/{implementation}"
-                    ))
+                    self.nanos(&ids::single_thread(workload, method, implementation))
                 };
                 // governor has only the token bucket's algorithm.
-                let governor = (method == "token_bucket").then(|| id("governor")).flatten();
-                let (tollgate, mutex) = (id("tollgate"), id("mutex"));
+                let token_bucket = method == Algorithm::TokenBucket;
+                let governor = token_bucket.then(|| id(GOVERNOR)).flatten();
+                let (tollgate, mutex) = (id(TOLLGATE), id(MUTEX));
                 let _ = writeln!(
                     out,
-                    "| {name} | {} | {} | {} | {} | {} |",
+                    "| {method} | {} | {} | {} | {} | {} |",
                     ns(tollgate),
                     ns(mutex),
                     ns(governor),
                     times(ratio(mutex, tollgate)),
                     times(ratio(tollgate, governor)),
                 );
-                if method == "token_bucket" {
+                if token_bucket {
                     for (variant, label) in [
-                        ("tollgate_coarse", "token bucket, coarse clock"),
-                        ("tollgate_decision", "token bucket, full `Decision`"),
+                        (TOLLGATE_COARSE, "token bucket, coarse clock"),
+                        (TOLLGATE_DECISION, "token bucket, full `Decision`"),
                     ] {
                         let value = id(variant);
                         let _ = writeln!(
@@ -633,31 +364,30 @@ impl Report<'_> {
              core (a mutex's threads sleep while they wait, so theirs is lower anyway).\n",
             DISTURBED_BELOW * 100.0
         );
-        for workload in ["allow", "deny"] {
+        for workload in Workload::ALL {
             let _ = writeln!(
                 out,
-                "### {workload}\n\n\
+                "### {}\n\n\
                  | method | implementation | 1 thread | 2 threads | 4 threads | on a core, 2 threads \
                  | 2 threads vs 1 | 2 threads vs mutex | 2 threads vs governor |\n\
-                 |---|---|---:|---:|---:|---:|---:|---:|---:|"
+                 |---|---|---:|---:|---:|---:|---:|---:|---:|",
+                workload.name()
             );
-            let governor_2 =
-                self.per_second(&format!("contended_{workload}/token_bucket/governor/2"));
-            for (method, name) in METHODS {
-                let implementations: &[&str] = if method == "token_bucket" {
-                    &["tollgate", "mutex", "governor"]
+            let per_second = |method: Algorithm, implementation: &str, threads: usize| {
+                self.per_second(&ids::contended(workload, method, implementation, threads))
+            };
+            let governor_2 = per_second(Algorithm::TokenBucket, GOVERNOR, 2);
+            for method in Algorithm::ALL {
+                let implementations: &[&str] = if method == Algorithm::TokenBucket {
+                    &[TOLLGATE, MUTEX, GOVERNOR]
                 } else {
-                    &["tollgate", "mutex"]
+                    &[TOLLGATE, MUTEX]
                 };
-                let mutex_2 = self.per_second(&format!("contended_{workload}/{method}/mutex/2"));
-                for implementation in implementations {
-                    let at = |threads: u64| {
-                        self.per_second(&format!(
-                            "contended_{workload}/{method}/{implementation}/{threads}"
-                        ))
-                    };
-                    let per_thread_count = THREAD_COUNTS.map(|threads| millions(at(threads)));
-                    let (vs_mutex, vs_governor) = if *implementation == "tollgate" {
+                let mutex_2 = per_second(method, MUTEX, 2);
+                for &implementation in implementations {
+                    let at = |threads: usize| per_second(method, implementation, threads);
+                    let per_thread_count = CONTENDED_THREADS.map(|threads| millions(at(threads)));
+                    let (vs_mutex, vs_governor) = if implementation == TOLLGATE {
                         (
                             times(ratio(at(2), mutex_2)),
                             times(ratio(at(2), governor_2)),
@@ -666,11 +396,11 @@ impl Report<'_> {
                         (String::new(), String::new())
                     };
                     let on_cpu = self
-                        .on_cpu_share(&format!("contended_{workload}/{method}/{implementation}/2"))
+                        .on_cpu_share(&ids::contended(workload, method, implementation, 2))
                         .map_or_else(String::new, |share| format!("{:.0}%", share * 100.0));
                     let _ = writeln!(
                         out,
-                        "| {name} | {implementation} | {} | {} | {} | {on_cpu} | {} | {vs_mutex} \
+                        "| {method} | {implementation} | {} | {} | {} | {on_cpu} | {} | {vs_mutex} \
                          | {vs_governor} |",
                         per_thread_count[0],
                         per_thread_count[1],
@@ -695,22 +425,19 @@ impl Report<'_> {
              | case | tollgate | governor | mutex | time vs governor | speed-up over mutex |\n\
              |---|---:|---:|---:|---:|---:|"
         );
-        let mut cases: Vec<(String, String)> = CLIENT_COUNTS
+        type IdOf<'a> = Box<dyn Fn(&str) -> String + 'a>;
+        let mut cases: Vec<(String, IdOf<'_>)> = LOOKUP_CLIENTS
             .iter()
-            .map(|clients| {
-                (
-                    format!("lookup, {clients} clients"),
-                    format!("service_lookup/token_bucket/{{}}/{clients}"),
-                )
+            .map(|&clients| {
+                let id: IdOf<'_> =
+                    Box::new(move |implementation| ids::service_lookup(implementation, clients));
+                (format!("lookup, {clients} clients"), id)
             })
             .collect();
-        cases.push((
-            "first request".to_owned(),
-            "service_first_request/token_bucket/{}".to_owned(),
-        ));
-        for (case, pattern) in cases {
-            let id = |implementation: &str| self.nanos(&pattern.replace("{}", implementation));
-            let (tollgate, governor, mutex) = (id("tollgate"), id("governor"), id("mutex"));
+        cases.push(("first request".to_owned(), Box::new(ids::first_request)));
+        for (case, id_of) in cases {
+            let id = |implementation: &str| self.nanos(&id_of(implementation));
+            let (tollgate, governor, mutex) = (id(TOLLGATE), id(GOVERNOR), id(MUTEX));
             let _ = writeln!(
                 out,
                 "| {case} | {} | {} | {} | {} | {} |",
@@ -723,19 +450,18 @@ impl Report<'_> {
         }
         let _ = writeln!(
             out,
-            "\nShared by threads: aggregate lookups per second (millions) among 10 000 clients, \
+            "\nShared by threads: aggregate lookups per second (millions) among {} clients, \
              every thread on one map with its own random sequence of clients; each sample spawns \
              its threads once, starts them together, and counts the slowest.\n\n\
              | threads | tollgate | governor | mutex | throughput vs governor | vs mutex |\n\
-             |---:|---:|---:|---:|---:|---:|"
+             |---:|---:|---:|---:|---:|---:|",
+            section::thousands(SHARED_LOOKUP_CLIENTS)
         );
-        for threads in [1, 2, 4] {
+        for threads in SHARED_LOOKUP_THREADS {
             let id = |implementation: &str| {
-                self.per_second(&format!(
-                    "service_lookup_shared/token_bucket/{implementation}/{threads}"
-                ))
+                self.per_second(&ids::shared_lookup(implementation, threads))
             };
-            let (tollgate, governor, mutex) = (id("tollgate"), id("governor"), id("mutex"));
+            let (tollgate, governor, mutex) = (id(TOLLGATE), id(GOVERNOR), id(MUTEX));
             let _ = writeln!(
                 out,
                 "| {threads} | {} | {} | {} | {} | {} |",
@@ -749,9 +475,10 @@ impl Report<'_> {
         out.push('\n');
     }
 
-    /// A figure of `memory.json`, recording it as missing when the file is there without it
-    /// (a missing file is reported on its own).
-    fn memory_per_client(&self, method: &str, implementation: &str, field: &str) -> Option<f64> {
+    /// A figure of `memory.json` for the token bucket, recording it as missing when the file is
+    /// there without it (a missing file is reported on its own).
+    fn memory_per_client(&self, implementation: &str, field: &str) -> Option<f64> {
+        let method = Algorithm::TokenBucket.name();
         let memory = self.memory?;
         let figure = memory["rows"].as_array()?.iter().find_map(|row| {
             (row["method"] == method && row["implementation"] == implementation)
@@ -785,10 +512,9 @@ impl Report<'_> {
         );
         for row in memory["rows"].as_array().into_iter().flatten() {
             let method = row["method"].as_str().unwrap_or("?");
-            let name = METHODS
-                .iter()
-                .find(|(id, _)| *id == method)
-                .map_or(method, |(_, name)| name);
+            let name = method
+                .parse::<Algorithm>()
+                .map_or_else(|_| method.to_owned(), |algorithm| algorithm.to_string());
             let _ = writeln!(
                 out,
                 "| {name} | {} | {:.1} | {:.1} | {:.2} |",

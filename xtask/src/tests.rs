@@ -1,0 +1,256 @@
+//! The report against small results laid out as the benchmarks leave them: it writes every part
+//! from a complete set, and refuses an incomplete criterion run, naming what is missing and the
+//! command that produces it, with the file left as it was.
+
+use std::path::{Path, PathBuf};
+
+use crate::{criterion, footprint, instructions, section};
+
+/// A fresh directory under the system's temporary directory, removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let path = std::env::temp_dir().join(format!("tollgate-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).unwrap();
+        TempDir(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Writes a criterion result for `id` (`group/function[/value]`) as criterion lays it out.
+fn write_result(criterion_dir: &Path, id: &str, median_ns: f64) {
+    let dir = criterion_dir.join(id).join("new");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("benchmark.json"),
+        format!(r#"{{"full_id": "{id}", "throughput": null}}"#),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("estimates.json"),
+        format!(r#"{{"median": {{"point_estimate": {median_ns}}}}}"#),
+    )
+    .unwrap();
+}
+
+/// Writes `memory.json` and `run.json` as the suite does.
+fn write_suite_tables(criterion_dir: &Path) {
+    std::fs::write(
+        criterion_dir.join("memory.json"),
+        r#"{"idle_clients": 100000, "rule": "100 per 1s", "rows": [
+            {"method": "token_bucket", "implementation": "tollgate", "requested_bytes_per_client": 48.0,
+             "malloc_bytes_per_client": 56.0, "allocations_per_client": 1.0},
+            {"method": "token_bucket", "implementation": "governor", "requested_bytes_per_client": 24.0,
+             "malloc_bytes_per_client": 24.0, "allocations_per_client": 0.0}
+        ]}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        criterion_dir.join("run.json"),
+        r#"{"source": "commit 0000000", "snapshots": [], "on_cpu_share": {}}"#,
+    )
+    .unwrap();
+}
+
+const PREVIOUS_REPORT: &str = "# Benchmarks\n\nthe previous run's figures\n";
+
+const INSTRUCTIONS_FIGURES: &str = r#"{
+  "source": "commit 0000000",
+  "valgrind": "valgrind-3.19.0",
+  "rustc": "rustc 1.95.0",
+  "loop_per_round": 4.0,
+  "per_decision_rounds": [1000, 11000],
+  "lookup_clients": 10000,
+  "first_request_batch": 10000,
+  "cases": [
+    {"name": "token_bucket_allow/tollgate", "label": "token bucket, allow", "per_decision": 61.04},
+    {"name": "token_bucket_allow/governor", "label": "token bucket, allow", "per_decision": 96.0},
+    {"name": "fixed_window_allow/tollgate", "label": "fixed window, allow", "per_decision": 40.0}
+  ]
+}"#;
+
+const FOOTPRINT_FIGURES: &str = r#"{
+  "source": "commit 0000000",
+  "clients": 1000000,
+  "runs": 3,
+  "subjects": [
+    {"subject": "tollgate", "resident_bytes_per_client": 70.0, "nanos_per_first_request": 700.0},
+    {"subject": "governor", "resident_bytes_per_client": 35.0, "nanos_per_first_request": 350.0}
+  ]
+}"#;
+
+#[test]
+fn after_the_tower_bench_alone_the_report_refuses_and_keeps_the_file() {
+    let dir = TempDir::new("report-tower-only");
+    let criterion_dir = dir.0.join("criterion");
+    write_result(&criterion_dir, "tower/check_alone/tollgate", 36.0);
+    let output = dir.0.join("BENCHMARKS.md");
+    std::fs::write(&output, PREVIOUS_REPORT).unwrap();
+
+    let error = criterion::write_report(&criterion_dir, &output)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("run `cargo bench --bench tollgate`"),
+        "{error}"
+    );
+    assert!(error.contains("clock/"), "names what is missing: {error}");
+    assert!(
+        error.contains("memory.json") || error.contains("more"),
+        "{error}"
+    );
+    assert_eq!(std::fs::read_to_string(&output).unwrap(), PREVIOUS_REPORT);
+}
+
+#[test]
+fn a_run_with_every_result_is_written() {
+    let dir = TempDir::new("report-complete");
+    let criterion_dir = dir.0.join("criterion");
+    let needed = criterion::needed_results();
+    assert!(needed.len() > 50, "{} results needed", needed.len());
+    for id in &needed {
+        write_result(&criterion_dir, id, 10.0);
+    }
+    write_suite_tables(&criterion_dir);
+    let output = dir.0.join("BENCHMARKS.md");
+
+    // One result fewer is refused, naming it.
+    let first = needed.iter().next().unwrap().clone();
+    std::fs::remove_dir_all(criterion_dir.join(&first)).unwrap();
+    let error = criterion::write_report(&criterion_dir, &output)
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains(&first), "{error}");
+    assert!(!output.exists());
+
+    write_result(&criterion_dir, &first, 10.0);
+    assert_eq!(
+        criterion::write_report(&criterion_dir, &output).unwrap(),
+        needed.len()
+    );
+    let written = std::fs::read_to_string(&output).unwrap();
+    assert!(
+        written.contains("| token bucket | 10.0 ns | 10.0 ns | 10.0 ns |"),
+        "{written}"
+    );
+    assert!(
+        written.contains("| sliding window log | tollgate | 100.0 | 100.0 | 100.0 |"),
+        "{written}"
+    );
+    assert!(!written.contains("not measured"), "{written}");
+}
+
+#[test]
+fn the_report_reads_the_ids_the_suite_measures_under() {
+    let needed = criterion::needed_results();
+    for id in [
+        "clock/tollgate_monotonic",
+        "single_thread_allow/token_bucket/tollgate_decision",
+        "single_thread_deny/sliding_window_counter/mutex",
+        "contended_deny/fixed_window/tollgate/4",
+        "contended_allow/token_bucket/governor/2",
+        "service_lookup/token_bucket/governor/1000000",
+        "service_lookup_shared/token_bucket/mutex/4",
+        "service_first_request/token_bucket/tollgate",
+    ] {
+        assert!(needed.contains(id), "{id} not among {needed:?}");
+    }
+}
+
+#[test]
+fn each_part_keeps_the_others() {
+    let dir = TempDir::new("report-parts");
+    let output = dir.0.join("BENCHMARKS.md");
+    std::fs::write(&output, PREVIOUS_REPORT).unwrap();
+    let instructions_json = dir.0.join("instructions.json");
+    std::fs::write(&instructions_json, INSTRUCTIONS_FIGURES).unwrap();
+    let footprint_json = dir.0.join("footprint.json");
+    std::fs::write(&footprint_json, FOOTPRINT_FIGURES).unwrap();
+
+    instructions::write_section(&instructions_json, &output).unwrap();
+    footprint::write_section(&footprint_json, &output).unwrap();
+    let written = std::fs::read_to_string(&output).unwrap();
+    assert!(written.starts_with(PREVIOUS_REPORT), "{written}");
+    assert!(
+        written.contains("| token bucket, allow | 61.0 | 96.0 | 0.64x |\n"),
+        "{written}"
+    );
+    assert!(
+        written.contains("| fixed window, allow | 40.0 | — |  |\n"),
+        "{written}"
+    );
+    assert!(
+        written.contains("the counting loop's own 4.0 per round"),
+        "{written}"
+    );
+    assert!(
+        written.contains("| tollgate | 70.0 | 2.00x | 700 | 2.00x |\n"),
+        "{written}"
+    );
+
+    // The criterion part rewrites the file and keeps both sections, in place.
+    let criterion_dir = dir.0.join("criterion");
+    for id in criterion::needed_results() {
+        write_result(&criterion_dir, &id, 10.0);
+    }
+    write_suite_tables(&criterion_dir);
+    criterion::write_report(&criterion_dir, &output).unwrap();
+    let rewritten = std::fs::read_to_string(&output).unwrap();
+    assert!(!rewritten.contains("the previous run's figures"));
+    let sections = &written[written.find(section::INSTRUCTIONS.begin).unwrap()..];
+    assert!(rewritten.ends_with(sections), "{rewritten}");
+
+    // Rewriting a section replaces it.
+    instructions::write_section(&instructions_json, &output).unwrap();
+    assert_eq!(std::fs::read_to_string(&output).unwrap(), rewritten);
+}
+
+#[test]
+fn figures_that_are_not_there_are_named() {
+    let dir = TempDir::new("report-no-figures");
+    let output = dir.0.join("BENCHMARKS.md");
+    std::fs::write(&output, PREVIOUS_REPORT).unwrap();
+    let error = instructions::write_section(&dir.0.join("instructions.json"), &output)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("run `cargo bench --bench instructions`"),
+        "{error}"
+    );
+    let error = footprint::write_section(&dir.0.join("footprint.json"), &output)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("run `cargo bench --bench footprint`"),
+        "{error}"
+    );
+    assert_eq!(std::fs::read_to_string(&output).unwrap(), PREVIOUS_REPORT);
+}
+
+#[test]
+fn the_sections_of_the_other_harnesses_are_kept() {
+    let dir = TempDir::new("report-keeps-sections");
+    let criterion_dir = dir.0.join("criterion");
+    for id in criterion::needed_results() {
+        write_result(&criterion_dir, &id, 10.0);
+    }
+    write_suite_tables(&criterion_dir);
+    let sections = "<!-- instructions:begin -->\n## Instructions per decision\n\nfigures\n\
+                    <!-- instructions:end -->\n\n<!-- footprint:begin -->\n## A million \
+                    clients\n\nfigures\n<!-- footprint:end -->\n";
+    let output = dir.0.join("BENCHMARKS.md");
+    std::fs::write(&output, format!("{PREVIOUS_REPORT}\n{sections}")).unwrap();
+
+    criterion::write_report(&criterion_dir, &output).unwrap();
+    let written = std::fs::read_to_string(&output).unwrap();
+    assert!(!written.contains("the previous run's figures"), "{written}");
+    assert!(written.contains("## Memory per client"), "{written}");
+    assert!(written.ends_with(&format!("\n\n{sections}")), "{written}");
+}
