@@ -43,6 +43,7 @@ mod addr;
 mod backend;
 mod body;
 mod error;
+mod fields;
 mod forwarded;
 mod future;
 mod key;
@@ -51,6 +52,7 @@ mod response;
 mod service;
 mod stats;
 
+pub use crate::verdict::{Figures, Verdict};
 pub use addr::{Cidr, InvalidCidr};
 pub use backend::RateLimitBackend;
 pub use body::ResponseBody;
