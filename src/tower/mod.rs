@@ -44,6 +44,7 @@
 mod addr;
 mod backend;
 mod body;
+mod client_ip;
 mod error;
 mod fields;
 mod forwarded;
@@ -58,12 +59,12 @@ pub use crate::verdict::{Figures, Verdict};
 pub use addr::{Cidr, InvalidCidr};
 pub use backend::RateLimitBackend;
 pub use body::ResponseBody;
+pub use client_ip::{ClientIp, ConnectionPeer, PeerSource};
 pub use error::{InvalidHeaderName, SetupError};
 pub use forwarded::ForwardedHeader;
 pub use future::ResponseFuture;
 pub use key::{
-    ClientIp, ClientKey, ConnectionPeer, GlobalKey, HeaderKey, HeaderKeyName, KeyExtractor, KeyFn,
-    Or, PeerSource, RequestHead, key_fn,
+    ClientKey, GlobalKey, HeaderKey, HeaderKeyName, KeyExtractor, KeyFn, Or, RequestHead, key_fn,
 };
 pub use layer::{DEFAULT_SWEEP_INTERVAL, RateLimitLayer, RateLimitLayerBuilder, SHADOWED_HEADER};
 pub use response::{BodyFormat, Fallback, Limited, PolicyName};
