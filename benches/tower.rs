@@ -25,7 +25,9 @@ use criterion::Criterion;
 use governor::clock::QuantaInstant;
 use governor::middleware::NoOpMiddleware;
 use http::{Request, Response};
-use tollgate::tower::{ClientIp, ClientKey, PeerSource, RateLimitBackend, RateLimitLayer};
+use tollgate::tower::{
+    ClientIp, ClientKey, Figures, PeerSource, RateLimitBackend, RateLimitLayer, Verdict,
+};
 use tollgate::{Algorithm, MonotonicClock, RateLimiterService, Rule};
 use tower::{Layer, Service};
 use tower_governor::GovernorLayer;
@@ -227,10 +229,10 @@ struct FixedDecision(tollgate::Decision);
 
 impl RateLimitBackend<ClientKey, &'static str> for FixedDecision {
     type Error = tollgate::ServiceError;
-    type Future = std::future::Ready<Result<tollgate::Decision, tollgate::ServiceError>>;
+    type Future = std::future::Ready<Result<Verdict, tollgate::ServiceError>>;
 
-    fn check(&self, _: &ClientKey, _: &&'static str, _: u64) -> Self::Future {
-        std::future::ready(Ok(self.0))
+    fn check(&self, _: &ClientKey, _: &&'static str, _: u64, _: Figures) -> Self::Future {
+        std::future::ready(Ok(Verdict::from(self.0)))
     }
 }
 

@@ -1,6 +1,7 @@
 //! Response header values from a [`Decision`]: `Retry-After` and the IETF `RateLimit` /
 //! `RateLimit-Policy` fields (draft-ietf-httpapi-ratelimit-headers), as plain strings, so no
-//! HTTP crate is needed.
+//! HTTP crate is needed. Their text is written in one place, `RateLimitFields`, into the
+//! strings here and, by the tower layer, straight into its header values.
 //!
 //! The draft's fields are Structured Field lists of one item per policy: the policy's name as a
 //! String, with integer parameters `q` (quota) and `w` (window, seconds) for the policy, and `r`
@@ -16,7 +17,6 @@
 //! a window or reset, at most 2^64 nanoseconds, is at most 11 digits of seconds.
 
 use std::fmt;
-use std::time::Duration;
 
 use crate::Decision;
 
@@ -38,34 +38,174 @@ impl fmt::Display for InvalidPolicyName {
 
 impl std::error::Error for InvalidPolicyName {}
 
-/// `name` as a Structured Field String: quoted, with `"` and `\` escaped.
-fn sf_string(name: &str) -> Result<String, InvalidPolicyName> {
-    if name.is_empty() || !name.bytes().all(|byte| (0x20..=0x7e).contains(&byte)) {
-        return Err(InvalidPolicyName {
-            name: name.to_owned(),
-        });
-    }
-    let mut quoted = String::with_capacity(name.len() + 2);
-    quoted.push('"');
-    for c in name.chars() {
-        if c == '"' || c == '\\' {
-            quoted.push('\\');
-        }
-        quoted.push(c);
-    }
-    quoted.push('"');
-    Ok(quoted)
-}
-
-/// Whole seconds in `d`, rounded up.
-fn seconds_rounded_up(d: Duration) -> u64 {
-    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
+/// Whole seconds in `nanos`, rounded up.
+fn seconds_rounded_up(nanos: u64) -> u64 {
+    nanos.div_ceil(1_000_000_000)
 }
 
 /// `value` as a Structured Field Integer: clamped to the largest one, so the field stays valid
 /// (see the module docs for what a clamped value means).
 fn sf_integer(value: u64) -> u64 {
     value.min(Decision::MAX_FIELD_INTEGER)
+}
+
+/// One limit's figures, as the `RateLimit-Policy` and `RateLimit` fields report them: its quota
+/// and window, and what is left of it after a decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LimitFigures {
+    limit: u64,
+    window_nanos: u64,
+    remaining: u64,
+    reset_after_nanos: u64,
+}
+
+impl LimitFigures {
+    /// What `decision` reports of the limit that made it.
+    #[inline]
+    pub(crate) fn of(decision: &Decision) -> LimitFigures {
+        LimitFigures {
+            limit: decision.limit(),
+            window_nanos: crate::clock::duration_to_nanos(decision.window()),
+            remaining: decision.remaining(),
+            reset_after_nanos: crate::clock::duration_to_nanos(decision.reset_after()),
+        }
+    }
+}
+
+/// The `RateLimit-Policy` and `RateLimit` field values of one plan, one list item per limit:
+/// the one text that both the strings of this module and the tower layer's header values are
+/// written from.
+///
+/// An item is named `plan` when the plan has one limit, and `plan-WINDOW` (`"pro-1s"`,
+/// `"pro-1h"`) when it has several, with the limit's position too should two share a window.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RateLimitFields<'a> {
+    plan: &'a str,
+    limits: &'a [LimitFigures],
+}
+
+impl<'a> RateLimitFields<'a> {
+    /// The fields of the plan named `plan` whose limits stand as `limits` say (at least one).
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidPolicyName`] when `plan` is empty or not printable ASCII, which a Structured
+    /// Field String cannot hold.
+    pub(crate) fn new(
+        plan: &'a str,
+        limits: &'a [LimitFigures],
+    ) -> Result<Self, InvalidPolicyName> {
+        if plan.is_empty() || !plan.bytes().all(|byte| (0x20..=0x7e).contains(&byte)) {
+            return Err(InvalidPolicyName {
+                name: plan.to_owned(),
+            });
+        }
+        Ok(RateLimitFields { plan, limits })
+    }
+
+    /// Writes the `RateLimit-Policy` value: `"name";q=LIMIT;w=WINDOW_SECONDS` per limit.
+    pub(crate) fn write_policy(&self, out: &mut impl fmt::Write) -> fmt::Result {
+        for (position, limit) in self.limits.iter().enumerate() {
+            self.write_item_name(out, position)?;
+            out.write_str(";q=")?;
+            write_integer(out, sf_integer(limit.limit))?;
+            out.write_str(";w=")?;
+            write_integer(
+                out,
+                sf_integer(seconds_rounded_up(limit.window_nanos).max(1)),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Writes the `RateLimit` value: `"name";r=REMAINING;t=RESET_SECONDS` per limit.
+    pub(crate) fn write_state(&self, out: &mut impl fmt::Write) -> fmt::Result {
+        for (position, limit) in self.limits.iter().enumerate() {
+            self.write_item_name(out, position)?;
+            out.write_str(";r=")?;
+            write_integer(out, sf_integer(limit.remaining))?;
+            out.write_str(";t=")?;
+            write_integer(out, sf_integer(seconds_rounded_up(limit.reset_after_nanos)))?;
+        }
+        Ok(())
+    }
+
+    /// Writes the list separator before any item but the first, and the item's name as a
+    /// Structured Field String: quoted, with `"` and `\` escaped.
+    fn write_item_name(&self, out: &mut impl fmt::Write, position: usize) -> fmt::Result {
+        if position > 0 {
+            out.write_str(", ")?;
+        }
+        out.write_char('"')?;
+        let mut rest = self.plan;
+        while let Some(at) = rest.find(['"', '\\']) {
+            out.write_str(&rest[..at])?;
+            out.write_char('\\')?;
+            out.write_str(&rest[at..=at])?;
+            rest = &rest[at + 1..];
+        }
+        out.write_str(rest)?;
+        if self.limits.len() > 1 {
+            let window = self.limits[position].window_nanos;
+            out.write_char('-')?;
+            write_compact_window(out, window)?;
+            if self
+                .limits
+                .iter()
+                .filter(|limit| limit.window_nanos == window)
+                .count()
+                > 1
+            {
+                out.write_char('-')?;
+                write_integer(out, position as u64)?;
+            }
+        }
+        out.write_char('"')
+    }
+}
+
+/// Writes `value` in decimal (without the formatting machinery, which the layer would pay for
+/// on every response that carries the fields).
+fn write_integer(out: &mut impl fmt::Write, mut value: u64) -> fmt::Result {
+    let mut digits = [0u8; 20];
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (value % 10) as u8;
+        value /= 10;
+        if value == 0 {
+            break;
+        }
+    }
+    // ASCII digits only, so always UTF-8.
+    out.write_str(std::str::from_utf8(&digits[start..]).map_err(|_| fmt::Error)?)
+}
+
+/// Writes a window as the shortest whole number of one unit: `1s`, `10s`, `1h`, `1500ms`.
+fn write_compact_window(out: &mut impl fmt::Write, window_nanos: u64) -> fmt::Result {
+    for (unit, name) in [
+        (86_400_000_000_000u64, "d"),
+        (3_600_000_000_000, "h"),
+        (60_000_000_000, "m"),
+        (1_000_000_000, "s"),
+        (1_000_000, "ms"),
+        (1_000, "us"),
+    ] {
+        if window_nanos.is_multiple_of(unit) {
+            write_integer(out, window_nanos / unit)?;
+            return out.write_str(name);
+        }
+    }
+    write_integer(out, window_nanos)?;
+    out.write_str("ns")
+}
+
+/// The text `write` writes.
+fn written(write: impl FnOnce(&mut String) -> fmt::Result) -> String {
+    let mut text = String::new();
+    // Writing to a String does not fail.
+    let _ = write(&mut text);
+    text
 }
 
 impl Decision {
@@ -90,10 +230,17 @@ impl Decision {
     /// # Ok::<(), tollgate::RuleError>(())
     /// ```
     pub fn retry_after_header(&self) -> Option<String> {
+        self.retry_after_seconds()
+            .map(|seconds| seconds.to_string())
+    }
+
+    /// The seconds [`Decision::retry_after_header`] writes.
+    pub(crate) fn retry_after_seconds(&self) -> Option<u64> {
         if self.is_allowed() || self.rejection().is_some() {
             return None;
         }
-        Some(seconds_rounded_up(self.retry_after()).max(1).to_string())
+        let nanos = crate::clock::duration_to_nanos(self.retry_after());
+        Some(seconds_rounded_up(nanos).max(1))
     }
 
     /// The `RateLimit-Policy` value for the rule that decided, named `policy`:
@@ -119,12 +266,9 @@ impl Decision {
     ///
     /// [`InvalidPolicyName`] when `policy` is empty or not printable ASCII.
     pub fn ratelimit_policy_header(&self, policy: &str) -> Result<String, InvalidPolicyName> {
-        Ok(format!(
-            "{};q={};w={}",
-            sf_string(policy)?,
-            sf_integer(self.limit()),
-            sf_integer(seconds_rounded_up(self.window()).max(1))
-        ))
+        let limits = [LimitFigures::of(self)];
+        let fields = RateLimitFields::new(policy, &limits)?;
+        Ok(written(|out| fields.write_policy(out)))
     }
 
     /// The `RateLimit` value after this decision, for the policy named `policy`:
@@ -151,66 +295,21 @@ impl Decision {
     ///
     /// [`InvalidPolicyName`] when `policy` is empty or not printable ASCII.
     pub fn ratelimit_header(&self, policy: &str) -> Result<String, InvalidPolicyName> {
-        Ok(format!(
-            "{};r={};t={}",
-            sf_string(policy)?,
-            sf_integer(self.remaining()),
-            sf_integer(seconds_rounded_up(self.reset_after()))
-        ))
+        let limits = [LimitFigures::of(self)];
+        let fields = RateLimitFields::new(policy, &limits)?;
+        Ok(written(|out| fields.write_state(out)))
     }
 }
 
-/// A window as the shortest whole number of one unit: `1s`, `10s`, `1h`, `1500ms`.
-fn compact_window(window: Duration) -> String {
-    let nanos = window.as_nanos();
-    for (unit, name) in [
-        (86_400_000_000_000u128, "d"),
-        (3_600_000_000_000, "h"),
-        (60_000_000_000, "m"),
-        (1_000_000_000, "s"),
-        (1_000_000, "ms"),
-        (1_000, "us"),
-    ] {
-        if nanos.is_multiple_of(unit) {
-            return format!("{}{name}", nanos / unit);
-        }
-    }
-    format!("{nanos}ns")
-}
-
-/// The name of limit `position` of a plan named `plan` with `count` limits: the plan's own name
-/// when it has one limit, else the plan's name and the limit's window (`"pro-1s"`, `"pro-1h"`),
-/// and the position too should two limits share a window.
-fn policy_name(plan: &str, decisions: &[Decision], position: usize) -> String {
-    if decisions.len() == 1 {
-        return plan.to_owned();
-    }
-    let window = decisions[position].window();
-    if decisions.iter().filter(|d| d.window() == window).count() > 1 {
-        format!("{plan}-{}-{position}", compact_window(window))
-    } else {
-        format!("{plan}-{}", compact_window(window))
-    }
-}
-
-/// The `RateLimit-Policy` and `RateLimit` field values for every limit of one plan, one list item
-/// per limit, from each limit's own decision (see `RateLimiterService::ratelimit_headers`).
-/// Every integer is within a Structured Field Integer's 15 digits: a larger figure is written as
-/// [`Decision::MAX_FIELD_INTEGER`], meaning at least that much (see the module docs).
+/// The `RateLimit-Policy` and `RateLimit` field values for every limit of the plan named `plan`,
+/// one list item per limit (see `RateLimiterService::ratelimit_headers`).
 pub(crate) fn policy_list(
     plan: &str,
-    decisions: &[Decision],
+    limits: &[LimitFigures],
 ) -> Result<(String, String), InvalidPolicyName> {
-    let mut policy = String::new();
-    let mut ratelimit = String::new();
-    for (position, decision) in decisions.iter().enumerate() {
-        let name = policy_name(plan, decisions, position);
-        if position > 0 {
-            policy.push_str(", ");
-            ratelimit.push_str(", ");
-        }
-        policy.push_str(&decision.ratelimit_policy_header(&name)?);
-        ratelimit.push_str(&decision.ratelimit_header(&name)?);
-    }
-    Ok((policy, ratelimit))
+    let fields = RateLimitFields::new(plan, limits)?;
+    Ok((
+        written(|out| fields.write_policy(out)),
+        written(|out| fields.write_state(out)),
+    ))
 }

@@ -94,6 +94,8 @@ mod sync;
 #[cfg(feature = "tower")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod tower;
+#[cfg(feature = "tower")]
+mod verdict;
 
 pub use algorithm::{Algorithm, UnknownAlgorithm};
 pub use clock::{Clock, CoarseClock, FakeClock, MonotonicClock};

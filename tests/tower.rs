@@ -669,14 +669,20 @@ struct Deferred(Backend);
 impl tollgate::tower::RateLimitBackend<ClientKey, &'static str> for Deferred {
     type Error = tollgate::ServiceError;
     type Future = std::pin::Pin<
-        Box<dyn Future<Output = Result<tollgate::Decision, tollgate::ServiceError>> + Send>,
+        Box<dyn Future<Output = Result<tollgate::tower::Verdict, tollgate::ServiceError>> + Send>,
     >;
 
-    fn check(&self, key: &ClientKey, plan: &&'static str, cost: u64) -> Self::Future {
+    fn check(
+        &self,
+        key: &ClientKey,
+        plan: &&'static str,
+        cost: u64,
+        _: tollgate::tower::Figures,
+    ) -> Self::Future {
         let (service, key, plan) = (Arc::clone(&self.0), key.clone(), *plan);
         Box::pin(async move {
             tokio::task::yield_now().await;
-            service.acquire(&key, &plan, cost)
+            service.acquire(&key, &plan, cost).map(Into::into)
         })
     }
 }
@@ -757,7 +763,7 @@ async fn a_plan_of_several_limits_reports_each_in_the_fields() {
 fn a_sliding_log_taken_without_its_remaining_count_keeps_the_limit_and_the_refusal_figures() {
     use std::future::Future;
     use std::task::{Context, Poll, Waker};
-    use tollgate::tower::RateLimitBackend;
+    use tollgate::tower::{Figures, RateLimitBackend};
     use tollgate::{Algorithm, Rule};
 
     fn now<F: Future>(future: F) -> F::Output {
@@ -779,20 +785,23 @@ fn a_sliding_log_taken_without_its_remaining_count_keeps_the_limit_and_the_refus
     )
     .unwrap();
     for step in 0..3u64 {
-        let decision = now(service.check_without_remaining(&7, &"free", 1)).unwrap();
+        let verdict = now(service.check(&7, &"free", 1, Figures::OnRefusal)).unwrap();
+        let decision = verdict.decision();
         assert!(decision.is_allowed(), "permit {step}");
         assert_eq!(decision.remaining(), 0, "not counted");
         clock.advance(Duration::from_millis(100));
     }
-    let refusal = now(service.check_without_remaining(&7, &"free", 1)).unwrap();
+    let verdict = now(service.check(&7, &"free", 1, Figures::OnRefusal)).unwrap();
+    let refusal = verdict.decision();
     assert!(refusal.is_denied());
     // The first admission, at 0, leaves the window at 1 s; the clock reads 300 ms.
     assert_eq!(refusal.retry_after(), Duration::from_millis(700));
     assert_eq!(refusal.limit(), 3);
     clock.advance(Duration::from_millis(700));
     assert!(
-        now(service.check_without_remaining(&7, &"free", 1))
+        now(service.check(&7, &"free", 1, Figures::OnRefusal))
             .unwrap()
+            .decision()
             .is_allowed()
     );
     // The counted path agrees on what is left: the 2nd and 3rd admissions are still in.

@@ -176,6 +176,47 @@ async fn a_plan_of_several_limits_shadowed_sends_no_fields_either() {
     }
 }
 
+/// The mark says what the client would have been told: for a plan of several limits, the
+/// `RateLimit` field an enforced refusal sends, one item per limit (not the deciding limit's
+/// figures alone, under a name that no item of the plan's `RateLimit-Policy` carries).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shadow_mark_of_a_plan_of_several_limits_is_the_refusals_ratelimit_field() {
+    let settings = Settings::from_toml_str(
+        r#"
+        algorithm = "token_bucket"
+        [plans.free]
+        limits = [{ limit = 2, window = "1s" }, { limit = 5, window = "10s" }]
+        "#,
+    )
+    .unwrap();
+    let builder = || {
+        RateLimitLayer::from_settings(
+            &settings,
+            FakeClock::new(),
+            [("free", "free")],
+            GlobalKey,
+            "free",
+        )
+        .unwrap()
+    };
+    let enforced = serve(builder().build(), SHADOWED).await;
+    let shadowed = serve(builder().shadow(Shadow::new(1.0, 0.0)).build(), SHADOWED).await;
+    let client = client();
+    for addr in [enforced, shadowed] {
+        for _ in 0..2 {
+            assert_eq!(send(&client, addr, &[]).await.status, StatusCode::OK);
+        }
+    }
+    let refusal = send(&client, enforced, &[]).await;
+    assert_eq!(refusal.status, StatusCode::TOO_MANY_REQUESTS);
+    // Two of 5 per 10 s taken at 0: 3 left, one token back every 2 s, full again at 4 s.
+    let told = r#""free-1s";r=0;t=1, "free-10s";r=3;t=4"#;
+    assert_eq!(refusal.header("ratelimit"), Some(told));
+    let reply = send(&client, shadowed, &[]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.body, format!("hello (shadowed: {told})"));
+}
+
 /// Every way a request can pass the layer: allowed, shadowed, not sampled, without a key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shadow_mark_written_by_the_client_never_reaches_the_upstream() {

@@ -145,6 +145,7 @@ impl AnyParams {
 
     /// See [`Method::acquire_one_uncounted`].
     #[cfg(feature = "tower")]
+    #[inline]
     pub(crate) fn acquire_one_uncounted(
         &self,
         state: &ClientState,

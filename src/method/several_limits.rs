@@ -297,12 +297,13 @@ impl SeveralLimits {
         Some(combined(first, each))
     }
 
-    /// Each limit's answer to a look at it now, taking nothing, in the plan's order.
-    pub(crate) fn peek_each(
-        &self,
-        limits: &[AnyParams],
+    /// Each limit's answer to a look at it now, taking nothing, in the plan's order; `None`
+    /// when the entry is retired.
+    pub(crate) fn peek_each<'a>(
+        &'a self,
+        limits: &'a [AnyParams],
         clock: &impl Clock,
-    ) -> Option<Vec<Decision>> {
+    ) -> Option<impl Iterator<Item = Decision> + 'a> {
         if self.is_retired() {
             return None;
         }
@@ -311,8 +312,7 @@ impl SeveralLimits {
             limits
                 .iter()
                 .zip(self.states.iter())
-                .map(|(limit, state)| limit.peek(state, &reading))
-                .collect(),
+                .map(move |(limit, state)| limit.peek(state, &reading)),
         )
     }
 

@@ -17,11 +17,25 @@ use crate::method::any::AnyParams;
 use crate::method::client_state::{ClientState, Version};
 use crate::method::several_limits::SeveralLimits;
 use crate::sync::{AtomicWord, Ordering, Word};
+#[cfg(feature = "tower")]
+use crate::verdict::Verdict;
 
-/// What a service call answers: a whole [`Decision`], or only whether one permit was granted
-/// (which builds no figures: `allow` pays for nothing it does not return).
+/// What a service call answers: a whole [`Decision`], only whether one permit was granted
+/// (which builds no figures: `allow` pays for nothing it does not return), or, for the tower
+/// layer, a `Verdict` (`Checked`).
 pub(super) trait Answer: Sized {
     fn acquire(params: &AnyParams, state: &ClientState, n: u64, clock: &impl Clock) -> Self;
+    /// Takes `n` permits from every limit of a plan of several, or from none; `None` when the
+    /// entry is retired.
+    #[inline]
+    fn acquire_several(
+        several: &SeveralLimits,
+        limits: &[AnyParams],
+        n: u64,
+        clock: &impl Clock,
+    ) -> Option<Self> {
+        several.acquire(limits, n, clock).map(Self::from_decision)
+    }
     fn from_decision(decision: Decision) -> Self;
     fn is_retired(&self) -> bool;
     fn is_allowed(&self) -> bool;
@@ -70,29 +84,53 @@ impl Answer for Admit {
     }
 }
 
-/// One permit's whole [`Decision`], except that an allowed one may report 0 permits left where
-/// counting them costs more than the decision (see `ServiceMethod::acquire_one_uncounted`).
+/// A [`Verdict`]: the decision with, for a plan of several limits, each limit's figures read
+/// in the same lookup. An allowed one has them only if `GRANT_FIGURES`; without, as
+/// [`Figures::OnRefusal`](crate::verdict::Figures::OnRefusal) allows, a grant under several
+/// limits lists none, and a sliding log's single permit is taken without counting the permits
+/// left (a search of its ring, which would cost more than the decision).
 #[cfg(feature = "tower")]
-pub(crate) struct Uncounted(pub(crate) Decision);
+pub(super) struct Checked<const GRANT_FIGURES: bool>(pub(super) Verdict);
 
 #[cfg(feature = "tower")]
-impl Answer for Uncounted {
-    /// One permit (`n` is always 1 here).
+impl<const GRANT_FIGURES: bool> Answer for Checked<GRANT_FIGURES> {
     #[inline]
-    fn acquire(params: &AnyParams, state: &ClientState, _n: u64, clock: &impl Clock) -> Self {
-        Uncounted(params.acquire_one_uncounted(state, clock))
+    fn acquire(params: &AnyParams, state: &ClientState, n: u64, clock: &impl Clock) -> Self {
+        let decision = if GRANT_FIGURES || n != 1 {
+            params.acquire(state, n, clock)
+        } else {
+            params.acquire_one_uncounted(state, clock)
+        };
+        Checked(Verdict::from(decision))
+    }
+    fn acquire_several(
+        several: &SeveralLimits,
+        limits: &[AnyParams],
+        n: u64,
+        clock: &impl Clock,
+    ) -> Option<Self> {
+        let decision = several.acquire(limits, n, clock)?;
+        // Read right after the decision, from the same entry. (Should a sweep retire the entry
+        // in between, the decision's own figures stand in for the list.)
+        let each = (GRANT_FIGURES || decision.is_denied())
+            .then(|| several.peek_each(limits, clock))
+            .flatten();
+        Some(Checked(match each {
+            Some(each) => Verdict::with_each_limit(decision, each),
+            None => Verdict::from(decision),
+        }))
     }
     #[inline]
     fn from_decision(decision: Decision) -> Self {
-        Uncounted(decision)
+        Checked(Verdict::from(decision))
     }
     #[inline]
     fn is_retired(&self) -> bool {
-        self.0.is_retired()
+        self.0.decision().is_retired()
     }
     #[inline]
     fn is_allowed(&self) -> bool {
-        self.0.is_allowed()
+        self.0.decision().is_allowed()
     }
 }
 
@@ -166,10 +204,11 @@ where
                         }
                         let fresh = SeveralLimits::fresh(limits.as_slice(), self.made_as_of());
                         if n == 0
-                            && let Some(decision) = fresh.acquire(limits.as_slice(), 0, &self.clock)
+                            && let Some(answer) =
+                                T::acquire_several(&fresh, limits.as_slice(), 0, &self.clock)
                         {
                             self.plans.record(index, true);
-                            return Ok(T::from_decision(decision));
+                            return Ok(answer);
                         }
                         (limits.version(), ClientState::Several(0, Box::new(fresh)))
                     } else {
@@ -228,9 +267,7 @@ where
                         }
                         break;
                     }
-                    several
-                        .acquire(limits.as_slice(), n, &self.clock)
-                        .map(T::from_decision)
+                    T::acquire_several(several, limits.as_slice(), n, &self.clock)
                 }
                 state => Some(T::acquire(params, state, n, &self.clock))
                     .filter(|answer| !answer.is_retired()),

@@ -7,14 +7,17 @@ use std::hash::{BuildHasher, Hash, RandomState};
 use super::builder::{ServiceBuilder, limits_of};
 use super::plan_table::PlanTable;
 #[cfg(feature = "tower")]
-use super::protocol::Uncounted;
+use super::protocol::Checked;
 use crate::clock::Clock;
 use crate::decision::Admit;
 use crate::error::ServiceError;
+use crate::headers::LimitFigures;
 use crate::method::any::AnyParams;
 use crate::method::client_state::{ClientState, Version};
 use crate::method::several_limits::SeveralLimits;
 use crate::sync::Word;
+#[cfg(feature = "tower")]
+use crate::verdict::{Figures, Verdict};
 use crate::{Algorithm, Decision, MonotonicClock, PlanStats, Rule};
 
 /// Rate limits many clients, each by the rule of its plan.
@@ -210,14 +213,6 @@ where
         Ok(())
     }
 
-    /// Whether `plan` has several limits now (false for a plan the service does not have).
-    #[cfg(feature = "tower")]
-    pub(crate) fn has_several_limits(&self, plan: &P) -> bool {
-        self.plans
-            .index_of(plan)
-            .is_some_and(|index| self.plans.read(index).has_several())
-    }
-
     /// The current limits of `plan`, in order, if the service has it.
     pub fn limits(&self, plan: &P) -> Option<Vec<Rule>> {
         let index = self.plans.index_of(plan)?;
@@ -268,21 +263,32 @@ where
         self.decide::<Q, Decision>(client, plan, n)
     }
 
-    /// One permit for `client` under `plan`, as [`RateLimiterService::acquire`] takes it,
-    /// except that an allowed decision may report 0 permits left where counting them costs
-    /// more than the decision (the sliding log): for callers that send no remaining count.
+    /// Takes `n` permits for `client` under `plan`, as [`RateLimiterService::acquire`] does, and
+    /// answers with what a response reports of the decision: for a plan of several limits, each
+    /// limit's figures, read in the same lookup (for a refusal always; for a grant only under
+    /// [`Figures::Always`], as an allowed verdict under [`Figures::OnRefusal`] may leave out
+    /// what it costs work to count).
     #[cfg(feature = "tower")]
-    pub(crate) fn acquire_one_uncounted<Q>(
+    #[inline]
+    pub(crate) fn acquire_verdict<Q>(
         &self,
         client: &Q,
         plan: &P,
-    ) -> Result<Decision, ServiceError>
+        n: u64,
+        figures: Figures,
+    ) -> Result<Verdict, ServiceError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.decide::<Q, Uncounted>(client, plan, 1)
-            .map(|Uncounted(decision)| decision)
+        match figures {
+            Figures::Always => self
+                .decide::<Q, Checked<true>>(client, plan, n)
+                .map(|Checked(verdict)| verdict),
+            Figures::OnRefusal => self
+                .decide::<Q, Checked<false>>(client, plan, n)
+                .map(|Checked(verdict)| verdict),
+        }
     }
 
     /// Reports, taking nothing, what one permit for `client` under `plan` would get now. A client
@@ -358,23 +364,25 @@ where
         let (current, entry) = Self::current_entry(&pinned, client);
         let limits = current.as_slice();
         let several = entry.and_then(|entry| match &entry.state {
-            ClientState::Several(_, several) => several.peek_each(limits, &self.clock),
+            ClientState::Several(_, several) => several
+                .peek_each(limits, &self.clock)
+                .map(|each| each.map(|decision| LimitFigures::of(&decision)).collect()),
             state => {
                 let decision = limits[0].peek(state, &self.clock);
-                (!decision.is_retired()).then(|| vec![decision])
+                (!decision.is_retired()).then(|| vec![LimitFigures::of(&decision)])
             }
         });
-        let decisions = match several {
-            Some(decisions) => decisions,
+        let figures: Vec<LimitFigures> = match several {
+            Some(figures) => figures,
             None => {
                 let since = self.made_as_of();
                 limits
                     .iter()
-                    .map(|limit| limit.fresh_report(false, since, &self.clock))
+                    .map(|limit| LimitFigures::of(&limit.fresh_report(false, since, &self.clock)))
                     .collect()
             }
         };
-        crate::headers::policy_list(policy, &decisions)
+        crate::headers::policy_list(policy, &figures)
             .map_err(|source| ServiceError::InvalidPolicyName { source })
     }
 }

@@ -7,9 +7,11 @@ use std::hash::{BuildHasher, Hash};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::{Algorithm, Clock, Decision, RateLimiterService, ServiceError, Sweeper};
+use crate::verdict::{Figures, Verdict};
+use crate::{Clock, RateLimiterService, ServiceError, Sweeper};
 
-/// A source of decisions: takes `cost` permits for `key` under `plan`.
+/// A source of decisions: takes `cost` permits for `key` under `plan`, and answers with what
+/// the response needs, in one call per request.
 ///
 /// The future must be `Unpin` (box it if it is not): the layer polls it once in place, and only
 /// if it is not ready moves it, with the request, into the response future. A backend whose
@@ -18,27 +20,15 @@ use crate::{Algorithm, Clock, Decision, RateLimiterService, ServiceError, Sweepe
 pub trait RateLimitBackend<K, P> {
     /// Why no decision could be made (an unknown plan; a store that cannot be reached).
     type Error: fmt::Display;
-    /// The decision to come.
-    type Future: Future<Output = Result<Decision, Self::Error>> + Unpin;
+    /// The verdict to come.
+    type Future: Future<Output = Result<Verdict, Self::Error>> + Unpin;
 
-    /// Takes `cost` permits for `key` under `plan`'s rule, all or nothing.
-    fn check(&self, key: &K, plan: &P, cost: u64) -> Self::Future;
-
-    /// As [`check`](RateLimitBackend::check), for a caller that needs nothing of an allowed
-    /// decision but that it was allowed (no `RateLimit` field will be sent): a backend may then
-    /// report 0 permits left and skip the work of counting them. Refusals keep every figure.
-    fn check_without_remaining(&self, key: &K, plan: &P, cost: u64) -> Self::Future {
-        self.check(key, plan, cost)
-    }
-
-    /// For a plan of several limits, the `RateLimit-Policy` and `RateLimit` field values with
-    /// one list item per limit, as they stand after the request's check (asked right after it);
-    /// `None` where the decision's own figures say all (a plan of one limit), or the backend
-    /// cannot tell without another round trip.
-    fn limit_fields(&self, key: &K, plan: &P, policy: &str) -> Option<(String, String)> {
-        let _ = (key, plan, policy);
-        None
-    }
+    /// Takes `cost` permits for `key` under `plan`'s limits, all or nothing. The verdict carries
+    /// the decision and, for a plan of several limits, each limit's figures as they stand after
+    /// it (`Verdict::from(decision)` where the decision says all). `figures` says which verdicts'
+    /// figures the response will report: under [`Figures::OnRefusal`] an allowed verdict's may
+    /// be left incomplete, where counting them is work.
+    fn check(&self, key: &K, plan: &P, cost: u64, figures: Figures) -> Self::Future;
 
     /// Starts sweeping idle clients out of the backend every `interval`, for a backend that keeps
     /// them in this process and can share itself with the sweeping thread; `None` for one with
@@ -74,30 +64,13 @@ where
     S: BuildHasher + Send + Sync + 'static,
 {
     type Error = ServiceError;
-    type Future = Ready<Result<Decision, ServiceError>>;
+    type Future = Ready<Result<Verdict, ServiceError>>;
 
+    /// One lookup, which answers the decision and, for a plan of several limits, reads each
+    /// limit's figures from the client's entry right after it.
     #[inline]
-    fn check(&self, key: &K, plan: &P, cost: u64) -> Self::Future {
-        ready(self.acquire(key, plan, cost))
-    }
-
-    /// Plans of several limits send one list item per limit, from `ratelimit_headers`; one
-    /// limit's fields come from its decision.
-    fn limit_fields(&self, key: &K, plan: &P, policy: &str) -> Option<(String, String)> {
-        if !self.has_several_limits(plan) {
-            return None;
-        }
-        self.ratelimit_headers(key, plan, policy).ok()
-    }
-
-    /// The sliding log counts the permits left by searching its ring, which a caller that sends
-    /// no remaining count need not pay for; the one-word methods report them for free.
-    #[inline]
-    fn check_without_remaining(&self, key: &K, plan: &P, cost: u64) -> Self::Future {
-        if cost != 1 || self.algorithm() != Algorithm::SlidingWindowLog {
-            return self.check(key, plan, cost);
-        }
-        ready(self.acquire_one_uncounted(key, plan))
+    fn check(&self, key: &K, plan: &P, cost: u64, figures: Figures) -> Self::Future {
+        ready(self.acquire_verdict(key, plan, cost, figures))
     }
 
     /// A [`Sweeper`]: the service keeps every client it has seen until swept.
@@ -114,17 +87,8 @@ impl<K, P, B: RateLimitBackend<K, P> + ?Sized> RateLimitBackend<K, P> for Arc<B>
     type Future = B::Future;
 
     #[inline]
-    fn check(&self, key: &K, plan: &P, cost: u64) -> Self::Future {
-        (**self).check(key, plan, cost)
-    }
-
-    #[inline]
-    fn check_without_remaining(&self, key: &K, plan: &P, cost: u64) -> Self::Future {
-        (**self).check_without_remaining(key, plan, cost)
-    }
-
-    fn limit_fields(&self, key: &K, plan: &P, policy: &str) -> Option<(String, String)> {
-        (**self).limit_fields(key, plan, policy)
+    fn check(&self, key: &K, plan: &P, cost: u64, figures: Figures) -> Self::Future {
+        (**self).check(key, plan, cost, figures)
     }
 
     fn start_sweeper(&self, interval: Duration) -> Option<std::io::Result<Sweeper>> {

@@ -89,10 +89,10 @@ impl<Bk: fmt::Debug, X: fmt::Debug, P: fmt::Debug> fmt::Debug for Config<Bk, X, 
 /// ```
 /// use std::sync::Arc;
 /// use tollgate::tower::{ClientIp, ClientKey, RateLimitLayer};
-/// use tollgate::{Algorithm, MonotonicClock, RateLimiterService, Rule};
+/// use tollgate::{MonotonicClock, RateLimiterService, Rule};
 ///
 /// let service = Arc::new(RateLimiterService::<ClientKey, _>::new(
-///     Algorithm::TokenBucket,
+///     "token_bucket".parse()?, // the method, named as a settings file names it
 ///     [("free", Rule::per_second(5)?)],
 ///     MonotonicClock::new(),
 /// )?);
@@ -143,7 +143,7 @@ impl<Bk, X, P> RateLimitLayer<Bk, X, P> {
     /// use std::fmt;
     /// use std::sync::Arc;
     /// use tollgate::tower::{ClientKey, GlobalKey, RateLimitLayer};
-    /// use tollgate::{Algorithm, MonotonicClock, RateLimiterService, Rule};
+    /// use tollgate::{MonotonicClock, RateLimiterService, Rule};
     ///
     /// #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     /// enum Plan { Free, Pro }
@@ -155,7 +155,7 @@ impl<Bk, X, P> RateLimitLayer<Bk, X, P> {
     /// }
     ///
     /// let service = Arc::new(RateLimiterService::<ClientKey, _>::new(
-    ///     Algorithm::TokenBucket,
+    ///     "token_bucket".parse()?, // the method, named as a settings file names it
     ///     [(Plan::Free, Rule::per_second(5)?), (Plan::Pro, Rule::per_second(50)?)],
     ///     MonotonicClock::new(),
     /// )?);

@@ -10,7 +10,9 @@
 //!    address behind trusted proxies, an API key header, a closure, one global key);
 //! 2. picks the plan ([`plan_fn`](RateLimitLayerBuilder::plan_fn), else the default) and the cost
 //!    ([`cost_fn`](RateLimitLayerBuilder::cost_fn), else 1 permit);
-//! 3. asks its [`RateLimitBackend`] (the in-process service answers at once, without allocating);
+//! 3. asks its [`RateLimitBackend`], once: the [`Verdict`] holds the decision and, for a plan of
+//!    several limits, each limit's figures for the header fields (the in-process service answers
+//!    at once, from one lookup, and for a plan of one limit without allocating);
 //! 4. within the limit, calls the inner service; over it, answers `429 Too Many Requests` with
 //!    `Retry-After` (whole seconds rounded up, never 0) and the `RateLimit-Policy` / `RateLimit`
 //!    fields of draft-ietf-httpapi-ratelimit-headers-11, or, for a gRPC call, HTTP 200 with
@@ -42,7 +44,9 @@
 mod addr;
 mod backend;
 mod body;
+mod client_ip;
 mod error;
+mod fields;
 mod forwarded;
 mod future;
 mod key;
@@ -51,15 +55,16 @@ mod response;
 mod service;
 mod stats;
 
+pub use crate::verdict::{Figures, Verdict};
 pub use addr::{Cidr, InvalidCidr};
 pub use backend::RateLimitBackend;
 pub use body::ResponseBody;
+pub use client_ip::{ClientIp, ConnectionPeer, PeerSource};
 pub use error::{InvalidHeaderName, SetupError};
 pub use forwarded::ForwardedHeader;
 pub use future::ResponseFuture;
 pub use key::{
-    ClientIp, ClientKey, ConnectionPeer, GlobalKey, HeaderKey, HeaderKeyName, KeyExtractor, KeyFn,
-    Or, PeerSource, RequestHead, key_fn,
+    ClientKey, GlobalKey, HeaderKey, HeaderKeyName, KeyExtractor, KeyFn, Or, RequestHead, key_fn,
 };
 pub use layer::{DEFAULT_SWEEP_INTERVAL, RateLimitLayer, RateLimitLayerBuilder, SHADOWED_HEADER};
 pub use response::{BodyFormat, Fallback, Limited, PolicyName};

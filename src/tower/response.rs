@@ -1,24 +1,21 @@
-//! What the layer answers: the rate-limit header fields, the over-limit response (HTTP 429 or
-//! gRPC `RESOURCE_EXHAUSTED`), and the answers for a request without a key or a failed check.
+//! What the layer answers: the over-limit response (HTTP 429 or gRPC `RESOURCE_EXHAUSTED`) with
+//! the rate-limit header fields (written by `fields.rs`), and the answers for a request without
+//! a key or a failed check.
 //!
-//! Header values follow draft-ietf-httpapi-ratelimit-headers-11: `RateLimit-Policy:
-//! "free";q=5;w=1` and `RateLimit: "free";r=0;t=1`, the policy named after the plan (a
-//! Structured Field String, `"` and `\` escaped). `Retry-After` is whole seconds rounded *up* and
-//! never 0, so a client that waits as told is not refused again for being early.
+//! The fields' policy is named after the plan (a Structured Field String, `"` and `\` escaped).
+//! `Retry-After` is whole seconds rounded *up* and never 0, so a client that waits as told is not
+//! refused again for being early.
 
 use std::borrow::Cow;
 use std::fmt;
 
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::header::CONTENT_TYPE;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 
+use super::fields::limit_headers;
 use crate::Decision;
-
-/// `RateLimit-Policy` (the plan's quota and window).
-pub(crate) const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-/// `RateLimit` (what is left of the quota, and when it is whole again).
-pub(crate) const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+use crate::verdict::Verdict;
 /// gRPC's status, sent in the headers of a trailers-only response.
 const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
@@ -216,30 +213,25 @@ fn strip_prefix_ignore_case<'v>(value: &'v [u8], prefix: &[u8]) -> Option<&'v [u
 /// A request over its limit, as the response hook sees it.
 #[derive(Debug)]
 pub struct Limited<'a> {
-    decision: &'a Decision,
+    verdict: &'a Verdict,
     policy: &'a str,
     protocol: Protocol,
     headers: HeaderMap,
 }
 
 impl<'a> Limited<'a> {
-    pub(crate) fn new(
-        decision: &'a Decision,
-        policy: &'a str,
-        protocol: Protocol,
-        fields: Option<(String, String)>,
-    ) -> Self {
+    pub(crate) fn new(verdict: &'a Verdict, policy: &'a str, protocol: Protocol) -> Self {
         Limited {
-            decision,
+            verdict,
             policy,
             protocol,
-            headers: limit_headers(decision, policy, fields),
+            headers: limit_headers(verdict, policy),
         }
     }
 
     /// The decision that refused the request.
     pub fn decision(&self) -> &Decision {
-        self.decision
+        self.verdict.decision()
     }
 
     /// The policy's (plan's) name.
@@ -300,10 +292,8 @@ impl<'a> Limited<'a> {
     }
 
     fn text_body(&self) -> String {
-        match (
-            self.decision.rejection(),
-            self.decision.retry_after_header(),
-        ) {
+        let decision = self.decision();
+        match (decision.rejection(), decision.retry_after_seconds()) {
             (Some(rejection), _) => format!("Too Many Requests: {rejection}\n"),
             (None, Some(seconds)) => format!("Too Many Requests: retry in {seconds} s\n"),
             (None, None) => "Too Many Requests\n".to_owned(),
@@ -318,48 +308,6 @@ impl<'a> Limited<'a> {
         json_string(&mut body, self.policy);
         body.push_str("]}");
         body
-    }
-}
-
-/// `Retry-After` (for a denial that waiting can cure), `RateLimit-Policy` and `RateLimit`: the
-/// decision's own, or `fields` (one list item per limit of a plan of several) when given.
-pub(crate) fn limit_headers(
-    decision: &Decision,
-    policy: &str,
-    fields: Option<(String, String)>,
-) -> HeaderMap {
-    let mut headers = HeaderMap::with_capacity(3);
-    if let Some(seconds) = decision.retry_after_header()
-        && let Ok(value) = HeaderValue::try_from(seconds)
-    {
-        headers.insert(RETRY_AFTER, value);
-    }
-    match fields {
-        Some((policy_field, state_field)) => {
-            if let (Ok(policy_value), Ok(state_value)) = (
-                HeaderValue::try_from(policy_field),
-                HeaderValue::try_from(state_field),
-            ) {
-                headers.insert(RATELIMIT_POLICY, policy_value);
-                headers.insert(RATELIMIT, state_value);
-            }
-        }
-        None => append_ratelimit_fields(&mut headers, decision, policy),
-    }
-    headers
-}
-
-/// Adds `RateLimit-Policy` and `RateLimit`, unless the policy's name cannot be sent.
-pub(crate) fn append_ratelimit_fields(headers: &mut HeaderMap, decision: &Decision, policy: &str) {
-    if let (Ok(policy_field), Ok(state_field)) = (
-        decision.ratelimit_policy_header(policy),
-        decision.ratelimit_header(policy),
-    ) && let (Ok(policy_value), Ok(state_value)) = (
-        HeaderValue::try_from(policy_field),
-        HeaderValue::try_from(state_field),
-    ) {
-        headers.insert(RATELIMIT_POLICY, policy_value);
-        headers.insert(RATELIMIT, state_value);
     }
 }
 

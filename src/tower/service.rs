@@ -12,12 +12,13 @@ use tower_service::Service;
 
 use super::backend::RateLimitBackend;
 use super::body::ResponseBody;
+use super::fields::{limit_headers, ratelimit_value};
 use super::future::{ResponseFuture, answer, pass};
 use super::key::{KeyExtractor, RequestHead};
 use super::layer::Config;
-use super::response::{Fallback, Limited, Protocol, limit_headers, refusal};
+use super::response::{Fallback, Limited, Protocol, refusal};
 use super::stats::{Count, RateLimitStats};
-use crate::Decision;
+use crate::verdict::{Figures, Verdict};
 
 /// Rate limits the requests to `S`; made by [`RateLimitLayer`](super::RateLimitLayer).
 ///
@@ -77,7 +78,7 @@ impl<S, Bk, X, P> RateLimit<S, Bk, X, P> {
 }
 
 /// What to do with a request once its check is done.
-enum Verdict {
+enum Action {
     /// Call the inner service, adding these fields to its response.
     Pass(Option<Box<HeaderMap>>),
     /// Answer with this. (Boxed, as the fields: the common path then moves a few words, not
@@ -86,57 +87,61 @@ enum Verdict {
 }
 
 impl<Bk, X, P> Config<Bk, X, P> {
-    /// The verdict on `request` after its check answered `checked`.
-    fn verdict<B, E: fmt::Display>(
+    /// Which verdicts' figures the layer's responses report.
+    fn figures(&self) -> Figures {
+        if self.headers_on_allowed {
+            Figures::Always
+        } else {
+            Figures::OnRefusal
+        }
+    }
+
+    /// What to do with `request` after its check answered `checked`.
+    fn action<B, E: fmt::Display>(
         &self,
-        checked: Result<Decision, E>,
+        checked: Result<Verdict, E>,
         request: &mut Request<B>,
         policy: &str,
-        fields: Option<(String, String)>,
-    ) -> Verdict {
-        let decision = match checked {
-            Ok(decision) => decision,
+    ) -> Action {
+        let verdict = match checked {
+            Ok(verdict) => verdict,
             Err(_) => {
                 self.counters.add(Count::Errors);
                 return self.fall_back(self.on_error, request, "rate limit check failed");
             }
         };
-        if decision.is_allowed() {
+        if verdict.decision().is_allowed() {
             self.counters.add(Count::Allowed);
-            return Verdict::Pass(
+            return Action::Pass(
                 self.headers_on_allowed
-                    .then(|| Box::new(limit_headers(&decision, policy, fields))),
+                    .then(|| Box::new(limit_headers(&verdict, policy))),
             );
         }
         if self.sampler.enforce_next() {
             self.counters.add(Count::Enforced);
-            let limited = Limited::new(&decision, policy, Protocol::of(request.headers()), fields);
+            let limited = Limited::new(&verdict, policy, Protocol::of(request.headers()));
             let response = match &self.on_limited {
                 Some(on_limited) => on_limited(&limited),
                 None => limited.into_default_response(self.body_format),
             };
-            return Verdict::Answer(Box::new(response));
+            return Action::Answer(Box::new(response));
         }
         self.counters.add(Count::Shadowed);
         // Shadow mode: through, but marked for the upstream with what the client would have been
         // told. The client is told nothing: its response carries no `Retry-After` and no
         // `RateLimit` fields, which would announce a refusal it did not get (and make a
         // well-behaved client back off from a limit that is not enforced).
-        let mark = decision
-            .ratelimit_header(policy)
-            .ok()
-            .and_then(|field| HeaderValue::try_from(field).ok())
-            .unwrap_or(HeaderValue::from_static("1"));
+        let mark = ratelimit_value(&verdict, policy).unwrap_or(HeaderValue::from_static("1"));
         request
             .headers_mut()
             .insert(self.shadow_header.clone(), mark);
-        Verdict::Pass(None)
+        Action::Pass(None)
     }
 
-    fn fall_back<B>(&self, fallback: Fallback, request: &Request<B>, message: &str) -> Verdict {
+    fn fall_back<B>(&self, fallback: Fallback, request: &Request<B>, message: &str) -> Action {
         match fallback {
-            Fallback::Allow => Verdict::Pass(None),
-            Fallback::Reject(status) => Verdict::Answer(Box::new(refusal(
+            Fallback::Allow => Action::Pass(None),
+            Fallback::Reject(status) => Action::Answer(Box::new(refusal(
                 status,
                 &Protocol::of(request.headers()),
                 message,
@@ -183,36 +188,30 @@ where
                 &request,
                 "the request does not identify its client",
             ) {
-                Verdict::Pass(_) => ResponseFuture::inner(self.inner.call(request), None),
-                Verdict::Answer(response) => ResponseFuture::answer(response),
+                Action::Pass(_) => ResponseFuture::inner(self.inner.call(request), None),
+                Action::Answer(response) => ResponseFuture::answer(response),
             };
         };
         let chosen = config.plan_fn.as_ref().and_then(|plan_fn| plan_fn(&head));
         let plan = chosen.as_ref().unwrap_or(&config.default_plan);
         let cost = config.cost_fn.as_ref().map_or(1, |cost_fn| cost_fn(&head));
-        let mut check = if config.headers_on_allowed {
-            config.backend.check(&key, plan, cost)
-        } else {
-            config.backend.check_without_remaining(&key, plan, cost)
-        };
+        let mut check = config.backend.check(&key, plan, cost, config.figures());
         // One poll in place: the in-process backend is always ready, and then nothing is boxed
         // and the inner service is called without being cloned.
         let mut noop = Context::from_waker(Waker::noop());
         if let Poll::Ready(checked) = Pin::new(&mut check).poll(&mut noop) {
             // The common case, kept inline: allowed, nothing to add.
             if !config.headers_on_allowed
-                && let Ok(decision) = &checked
-                && decision.is_allowed()
+                && let Ok(verdict) = &checked
+                && verdict.decision().is_allowed()
             {
                 config.counters.add(Count::Allowed);
                 return ResponseFuture::inner(self.inner.call(request), None);
             }
             let policy = config.policy_names.name(plan);
-            // A plan of several limits reports each of them, read right after the decision.
-            let fields = config.backend.limit_fields(&key, plan, &policy);
-            return match config.verdict(checked, &mut request, &policy, fields) {
-                Verdict::Pass(fields) => ResponseFuture::inner(self.inner.call(request), fields),
-                Verdict::Answer(response) => ResponseFuture::answer(response),
+            return match config.action(checked, &mut request, &policy) {
+                Action::Pass(fields) => ResponseFuture::inner(self.inner.call(request), fields),
+                Action::Answer(response) => ResponseFuture::answer(response),
             };
         }
         let policy = config.policy_names.name(plan).into_owned();
@@ -237,7 +236,7 @@ impl<S, Bk, X, P> RateLimit<S, Bk, X, P> {
         S::Error: 'static,
         ReqB: Send + 'static,
         ResB: 'static,
-        F: Future<Output = Result<Decision, E>> + Send + 'static,
+        F: Future<Output = Result<Verdict, E>> + Send + 'static,
         E: fmt::Display,
         Bk: Send + Sync + 'static,
         X: Send + Sync + 'static,
@@ -250,9 +249,9 @@ impl<S, Bk, X, P> RateLimit<S, Bk, X, P> {
         let config = Arc::clone(&self.config);
         ResponseFuture::pending(Box::pin(async move {
             let checked = check.await;
-            match config.verdict(checked, &mut request, &policy, None) {
-                Verdict::Pass(fields) => Ok(pass(inner.call(request).await?, fields)),
-                Verdict::Answer(response) => Ok(answer(*response)),
+            match config.action(checked, &mut request, &policy) {
+                Action::Pass(fields) => Ok(pass(inner.call(request).await?, fields)),
+                Action::Answer(response) => Ok(answer(*response)),
             }
         }))
     }

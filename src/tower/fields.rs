@@ -1,0 +1,118 @@
+//! The rate-limit header values the layer sends, each written once from a [`Verdict`]:
+//! `Retry-After`, and the `RateLimit-Policy` and `RateLimit` fields of
+//! draft-ietf-httpapi-ratelimit-headers-11 (`RateLimit-Policy: "free";q=5;w=1`, `RateLimit:
+//! "free";r=0;t=1`; for a plan of several limits, one list item per limit). Their text is
+//! `crate::headers`'s, the same as [`Decision::ratelimit_header`](crate::Decision::ratelimit_header)
+//! returns, written into a buffer on the stack and from there into the `HeaderValue`.
+
+use std::fmt;
+
+use http::header::RETRY_AFTER;
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+use crate::headers::RateLimitFields;
+use crate::verdict::Verdict;
+
+/// `RateLimit-Policy` (the plan's quota and window).
+pub(crate) const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `RateLimit` (what is left of the quota, and when it is whole again).
+pub(crate) const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+/// `Retry-After` (for a denial that waiting can cure), `RateLimit-Policy` and `RateLimit` (unless
+/// the policy's name cannot be sent: empty, or not printable ASCII).
+pub(crate) fn limit_headers(verdict: &Verdict, policy: &str) -> HeaderMap {
+    let mut headers = HeaderMap::with_capacity(3);
+    if let Some(seconds) = verdict.decision().retry_after_seconds() {
+        headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
+    }
+    verdict.with_limits(|limits| {
+        let Ok(fields) = RateLimitFields::new(policy, limits) else {
+            return;
+        };
+        if let (Some(policy_value), Some(state_value)) = (
+            value(|out| fields.write_policy(out)),
+            value(|out| fields.write_state(out)),
+        ) {
+            headers.insert(RATELIMIT_POLICY, policy_value);
+            headers.insert(RATELIMIT, state_value);
+        }
+    });
+    headers
+}
+
+/// The `RateLimit` value alone (what shadow mode marks a request with), unless the policy's
+/// name cannot be sent.
+pub(crate) fn ratelimit_value(verdict: &Verdict, policy: &str) -> Option<HeaderValue> {
+    verdict.with_limits(|limits| {
+        let fields = RateLimitFields::new(policy, limits).ok()?;
+        value(|out| fields.write_state(out))
+    })
+}
+
+/// The header value `write` writes. (Always a valid one: the fields are printable ASCII.)
+fn value(write: impl FnOnce(&mut ValueBuffer) -> fmt::Result) -> Option<HeaderValue> {
+    let mut buffer = ValueBuffer::new();
+    write(&mut buffer).ok()?;
+    HeaderValue::from_bytes(buffer.as_bytes()).ok()
+}
+
+/// A header value being written: on the stack while it fits in `INLINE` bytes (four limits
+/// under a name of some 30 characters), then on the heap.
+struct ValueBuffer {
+    inline: [u8; ValueBuffer::INLINE],
+    len: usize,
+    spilled: Vec<u8>,
+}
+
+impl ValueBuffer {
+    const INLINE: usize = 256;
+
+    fn new() -> Self {
+        ValueBuffer {
+            inline: [0; ValueBuffer::INLINE],
+            len: 0,
+            spilled: Vec::new(),
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        if self.spilled.is_empty() {
+            &self.inline[..self.len]
+        } else {
+            &self.spilled
+        }
+    }
+}
+
+impl fmt::Write for ValueBuffer {
+    fn write_str(&mut self, text: &str) -> fmt::Result {
+        let end = self.len + text.len();
+        if self.spilled.is_empty() && end <= ValueBuffer::INLINE {
+            self.inline[self.len..end].copy_from_slice(text.as_bytes());
+            self.len = end;
+        } else {
+            if self.spilled.is_empty() {
+                self.spilled.extend_from_slice(&self.inline[..self.len]);
+            }
+            self.spilled.extend_from_slice(text.as_bytes());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fmt::Write;
+
+    use super::*;
+
+    #[test]
+    fn a_value_longer_than_the_stack_buffer_moves_to_the_heap_whole() {
+        let mut buffer = ValueBuffer::new();
+        let long = "x".repeat(ValueBuffer::INLINE - 1);
+        buffer.write_str(&long).unwrap();
+        buffer.write_str("yz").unwrap();
+        buffer.write_str("!").unwrap();
+        assert_eq!(buffer.as_bytes(), format!("{long}yz!").as_bytes());
+    }
+}
