@@ -183,11 +183,13 @@ where
         let head = RequestHead::of(&request);
         let Some(key) = config.extractor.extract(&head) else {
             config.counters.add(Count::Unkeyed);
-            return match config.fall_back(
-                config.on_missing_key,
-                &request,
-                "the request does not identify its client",
-            ) {
+            // Where the cause is the server's setup (an address it does not record), the answer
+            // says what was looked for, so that the mistake shows on the first request.
+            let why = config
+                .extractor
+                .why_no_key()
+                .unwrap_or("the request does not identify its client");
+            return match config.fall_back(config.on_missing_key, &request, why) {
                 Action::Pass(_) => ResponseFuture::inner(self.inner.call(request), None),
                 Action::Answer(response) => ResponseFuture::answer(response),
             };
