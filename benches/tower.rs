@@ -109,7 +109,10 @@ fn tollgate_layer(rule: Rule) -> TollgateLayer {
     )
     .expect("a valid rule");
     let key = ClientIp::peer().peer_from(ConnectInfoPeer);
-    RateLimitLayer::builder(Arc::new(service), key, "bench").build()
+    // No sweeper thread: tower_governor's layer runs none either, and the clients here stay.
+    RateLimitLayer::builder(Arc::new(service), key, "bench")
+        .without_sweep()
+        .build()
 }
 
 /// tollgate's rule for a case: always limited after the first request (1 per hour), or never
