@@ -194,12 +194,20 @@ impl SeveralLimits {
         // this reading is refused without a write, so a refusal leaves every limit exactly as
         // it was (a grant followed by a give-back could leave a window rolled forward, where an
         // older reading would then count afresh).
+        // Every limit's look is kept: a refusal reports the longest wait over all of them.
+        let mut looked = [None; SeveralLimits::MAX_LIMITS];
+        for (at, (limit, state)) in limits.iter().zip(self.states.iter()).enumerate() {
+            looked[at] = Some(limit.dry_run(state, n, &reading));
+        }
+        let each_look = looked.iter().flatten().copied();
+        if let Some(refused) = each_look.clone().find(Decision::is_denied) {
+            if refused.rejection().is_some() {
+                return Some(refused);
+            }
+            return Some(combined(refused, each_look));
+        }
         let mut rolls = [false; SeveralLimits::MAX_LIMITS];
         for (at, (limit, state)) in limits.iter().zip(self.states.iter()).enumerate() {
-            let looked = limit.dry_run(state, n, &reading);
-            if looked.is_denied() {
-                return Some(self.refusal(limits, n, looked, &reading));
-            }
             rolls[at] = limit.would_roll(state, &reading);
         }
         // Then the takings, those that move a window forward last. Once another request's
