@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::Algorithm;
+use crate::{Algorithm, PlanError};
 
 /// A rule that cannot be made, or that a method cannot honour.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -134,53 +134,8 @@ pub enum ServiceError {
         /// The plan, as its `Debug` form.
         plan: String,
     },
-    /// A plan's rule cannot be honoured by the service's method.
-    InvalidRule {
-        /// The plan, as its `Debug` form.
-        plan: String,
-        /// Why.
-        source: RuleError,
-    },
-    /// The same plan was given two rules.
-    DuplicatePlan {
-        /// The plan, as its `Debug` form.
-        plan: String,
-    },
-    /// A service was built with no plans at all.
-    NoPlans,
-    /// A service was built with more plans than it can tell apart.
-    TooManyPlans {
-        /// Plans given.
-        count: usize,
-        /// The most allowed.
-        max: usize,
-    },
-    /// A plan was given no limits, or more than a plan may have.
-    LimitCount {
-        /// The plan, as its `Debug` form.
-        plan: String,
-        /// Limits given.
-        count: usize,
-        /// The most allowed.
-        max: usize,
-    },
-    /// One limit of a plan with several cannot be honoured by the service's method.
-    InvalidLimit {
-        /// The plan, as its `Debug` form.
-        plan: String,
-        /// The limit's position in the plan's list, from 0.
-        position: usize,
-        /// Why.
-        source: RuleError,
-    },
-    /// A plan was given several limits under a method that cannot enforce them together (the
-    /// sliding window log cannot give back a claimed slot).
-    SeveralLimitsUnsupported {
-        /// The plan, as its `Debug` form.
-        plan: String,
-        /// The service's method.
-        algorithm: Algorithm,
-    },
+    /// A mistake in the plans or their limits: the same one for every backend and the settings.
+    Plan(PlanError),
     /// A policy name for the response headers that cannot be written in them.
     InvalidPolicyName {
         /// Why.
@@ -220,36 +175,7 @@ impl fmt::Display for ServiceError {
                     "plan {plan} has no rule: every plan needs one rule in the settings"
                 )
             }
-            ServiceError::InvalidRule { plan, source } => {
-                write!(f, "plan {plan}: {source}")
-            }
-            ServiceError::DuplicatePlan { plan } => {
-                write!(f, "plan {plan} is given two rules: one rule per plan")
-            }
-            ServiceError::NoPlans => {
-                write!(
-                    f,
-                    "no plans given: a service needs at least one plan with a rule"
-                )
-            }
-            ServiceError::TooManyPlans { count, max } => {
-                write!(f, "{count} plans given: a service holds at most {max}")
-            }
-            ServiceError::LimitCount { plan, count, max } => write!(
-                f,
-                "plan {plan} has {count} limits: a plan has at least 1 and at most {max}"
-            ),
-            ServiceError::InvalidLimit {
-                plan,
-                position,
-                source,
-            } => write!(f, "plan {plan}: limits[{position}]: {source}"),
-            ServiceError::SeveralLimitsUnsupported { plan, algorithm } => write!(
-                f,
-                "plan {plan} has several limits, which the {algorithm} cannot enforce together \
-                 (a granted permit cannot be given back): use one limit, or the token bucket, \
-                 the fixed window or the sliding window counter"
-            ),
+            ServiceError::Plan(error) => write!(f, "{error}"),
             ServiceError::InvalidPolicyName { source } => write!(f, "{source}"),
             ServiceError::TooManyRuleChanges { plan, max } => write!(
                 f,
@@ -277,9 +203,14 @@ impl fmt::Display for ServiceError {
 impl std::error::Error for ServiceError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            ServiceError::InvalidRule { source, .. }
-            | ServiceError::InvalidLimit { source, .. } => Some(source),
+            ServiceError::Plan(error) => Some(error),
             _ => None,
         }
+    }
+}
+
+impl From<PlanError> for ServiceError {
+    fn from(error: PlanError) -> Self {
+        ServiceError::Plan(error)
     }
 }

@@ -55,8 +55,9 @@
 //!
 //! ## Bad input
 //!
-//! A rule a method cannot honour is a [`RuleError`] when the limiter or service is made; a plan
-//! without a rule is a [`ServiceError`]; asking for more permits at once than the limit is a
+//! A rule a method cannot honour is a [`RuleError`] when the limiter is made; a mistake in a
+//! service's plans (none, one twice, a limit the method cannot honour) is a [`PlanError`], the
+//! same whether the in-process service, the Redis service or the settings are given it; asking for more permits at once than the limit is a
 //! decision with a [`Rejection`]. No call on the decision path panics.
 //!
 //! ## Features
@@ -85,6 +86,7 @@ mod factory;
 mod headers;
 mod limiter;
 mod method;
+mod plans;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
@@ -110,6 +112,7 @@ pub use method::fixed_window::FixedWindow;
 pub use method::sliding_window_counter::SlidingWindowCounter;
 pub use method::sliding_window_log::SlidingWindowLog;
 pub use method::token_bucket::TokenBucket;
+pub use plans::PlanError;
 pub use rule::Rule;
 pub use service::{PlanStats, RateLimiterService, ServiceBuilder, Sweeper};
 

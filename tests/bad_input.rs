@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate::{
-    Algorithm, FakeClock, RateLimiterService, Rule, ServiceBuilder, ServiceError, Sweeper,
+    Algorithm, FakeClock, PlanError, RateLimiterService, Rule, ServiceBuilder, ServiceError,
+    Sweeper,
 };
 
 fn service() -> Arc<RateLimiterService<u64, u32, FakeClock>> {
@@ -56,10 +57,10 @@ fn more_plans_than_a_service_can_tell_apart_is_an_error() {
         .unwrap_err();
     assert_eq!(
         error,
-        ServiceError::TooManyPlans {
+        ServiceError::Plan(PlanError::TooManyPlans {
             count: 65_537,
             max: 65_536
-        }
+        })
     );
 }
 

@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use tollgate::{
-    Algorithm, AnyLimiter, FakeClock, Limiter, LimiterFactory, RateLimiterService, Rejection, Rule,
-    RuleError, ServiceError, TokenBucket,
+    Algorithm, AnyLimiter, FakeClock, Limiter, LimiterFactory, PlanError, RateLimiterService,
+    Rejection, Rule, RuleError, ServiceError, TokenBucket,
 };
 
 fn limiter(algorithm: Algorithm, rule: Rule, clock: &FakeClock) -> AnyLimiter<FakeClock> {
@@ -344,7 +344,10 @@ fn a_plan_without_a_rule_is_an_error() {
 fn bad_service_settings_are_errors_that_name_the_plan() {
     let no_plans =
         RateLimiterService::<u64, Tier, _>::new(Algorithm::TokenBucket, [], FakeClock::new());
-    assert_eq!(no_plans.unwrap_err(), ServiceError::NoPlans);
+    assert_eq!(
+        no_plans.unwrap_err(),
+        ServiceError::Plan(PlanError::NoPlans)
+    );
 
     let twice = RateLimiterService::<u64, Tier, _>::new(
         Algorithm::TokenBucket,
@@ -356,7 +359,7 @@ fn bad_service_settings_are_errors_that_name_the_plan() {
     );
     assert_eq!(
         twice.unwrap_err(),
-        ServiceError::DuplicatePlan { plan: "Pro".into() }
+        ServiceError::Plan(PlanError::DuplicatePlan { plan: "Pro".into() })
     );
 
     let too_large = RateLimiterService::<u64, Tier, _>::new(
@@ -368,7 +371,9 @@ fn bad_service_settings_are_errors_that_name_the_plan() {
         FakeClock::new(),
     )
     .unwrap_err();
-    assert!(matches!(&too_large, ServiceError::InvalidRule { plan, .. } if plan == "Pro"));
+    assert!(
+        matches!(&too_large, ServiceError::Plan(PlanError::InvalidRule { plan, position: None, .. }) if plan == "Pro")
+    );
     assert!(too_large.to_string().starts_with("plan Pro: limit 1000000"));
 }
 

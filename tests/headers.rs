@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use tollgate::{
-    Algorithm, Decision, FakeClock, FixedWindow, Limiter, LimiterFactory, Rule, ServiceBuilder,
-    ServiceError, SlidingWindowLog, TokenBucket,
+    Algorithm, Decision, FakeClock, FixedWindow, Limiter, LimiterFactory, PlanError, Rule,
+    ServiceBuilder, ServiceError, SlidingWindowLog, TokenBucket,
 };
 
 #[test]
@@ -401,7 +401,7 @@ fn a_services_fields_for_plans_of_several_huge_limits_are_valid() {
         {
             Ok(service) => service,
             // This method keeps one limit per plan: the single-limit plan is checked below.
-            Err(ServiceError::SeveralLimitsUnsupported { .. }) => {
+            Err(ServiceError::Plan(PlanError::SeveralLimitsUnsupported { .. })) => {
                 ServiceBuilder::new(algorithm, FakeClock::new())
                     .plan("huge", limits[0])
                     .plan("one", limits[limits.len() - 1])

@@ -14,7 +14,7 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use redis_support::RedisServer;
 use tollgate::redis::{CircuitBreaker, FailurePolicy, RedisError, RedisRateLimiter, Source};
 use tollgate::{
-    Algorithm, Decision, FakeClock, FixedWindow, Limiter, Rule, SlidingWindowCounter,
+    Algorithm, Decision, FakeClock, FixedWindow, Limiter, PlanError, Rule, SlidingWindowCounter,
     SlidingWindowLog, TokenBucket,
 };
 
@@ -685,11 +685,17 @@ async fn rules_the_scripts_cannot_keep_exact_are_refused_by_name() {
     assert!(error.to_string().contains("1125899906842624"), "{error}");
     let huge_log = Rule::per_hour(1 << 20).unwrap();
     let error = build(Algorithm::SlidingWindowLog, huge_log).unwrap_err();
-    assert!(matches!(error, RedisError::InvalidRule { .. }), "{error:?}");
+    assert!(
+        matches!(error, RedisError::Plan(PlanError::InvalidRule { .. })),
+        "{error:?}"
+    );
     // The counter's bound on its limit (below 2^31) keeps its script's products exact.
     let huge_counter = Rule::per_hour(1 << 31).unwrap();
     let error = build(Algorithm::SlidingWindowCounter, huge_counter).unwrap_err();
-    assert!(matches!(error, RedisError::InvalidRule { .. }), "{error:?}");
+    assert!(
+        matches!(error, RedisError::Plan(PlanError::InvalidRule { .. })),
+        "{error:?}"
+    );
     let error = build(Algorithm::SlidingWindowCounter, sub_micro).unwrap_err();
     assert!(
         matches!(error, RedisError::WindowNotMicroseconds { .. }),

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tollgate::{
-    Algorithm, FakeClock, PlanStats, RateLimiterService, Rule, ServiceBuilder, ServiceError,
-    Sweeper,
+    Algorithm, FakeClock, PlanError, PlanStats, RateLimiterService, Rule, ServiceBuilder,
+    ServiceError, Sweeper,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,7 +169,9 @@ fn a_rule_change_is_checked_against_the_method() {
     let error = service
         .set_rule(&Plan::Free, Rule::per_second(1 << 20).unwrap())
         .unwrap_err();
-    assert!(matches!(error, ServiceError::InvalidRule { ref plan, .. } if plan == "Free"));
+    assert!(
+        matches!(error, ServiceError::Plan(PlanError::InvalidRule { ref plan, .. }) if plan == "Free")
+    );
     assert_eq!(
         service.rule(&Plan::Free),
         Some(Rule::per_second(5).unwrap())

@@ -7,8 +7,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tollgate::{
-    Algorithm, FakeClock, RateLimiterService, Rule, RuleError, ServiceError, Settings,
-    SettingsError,
+    Algorithm, FakeClock, PlanError, RateLimiterService, Rule, RuleError, Settings, SettingsError,
 };
 
 const EXAMPLE_TOML: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/settings/plans.toml");
@@ -409,15 +408,15 @@ fn a_rule_the_method_cannot_honour_names_the_plan() {
     );
     assert_eq!(
         error,
-        SettingsError::InvalidRule {
-            plan: Some("bulk".into()),
-            index: None,
+        SettingsError::Plan(PlanError::InvalidRule {
+            plan: "\"bulk\"".into(),
+            position: None,
             source: RuleError::LimitTooLarge {
                 algorithm: Algorithm::SlidingWindowLog,
                 limit: 1_000_000,
                 max: 65_536
             }
-        }
+        })
     );
     assert!(
         error
@@ -449,7 +448,7 @@ fn missing_plans_and_fields_are_named() {
     );
     assert_eq!(
         toml_error("algorithm = \"token_bucket\"\n[plans]"),
-        SettingsError::NoPlans
+        SettingsError::Plan(PlanError::NoPlans)
     );
     assert_eq!(
         toml_error("[plans.free]\nlimit = 5\nwindow = \"1s\""),
@@ -517,9 +516,7 @@ fn a_plan_the_program_lacks_or_does_not_know_is_named() {
     assert!(
         matches!(
             same_value,
-            SettingsError::Service {
-                source: ServiceError::DuplicatePlan { .. }
-            }
+            SettingsError::Plan(PlanError::DuplicatePlan { .. })
         ),
         "{same_value:?}"
     );
@@ -599,9 +596,9 @@ fn a_key_repeated_in_json_is_refused_as_in_toml() {
     );
     assert_eq!(
         plan,
-        SettingsError::DuplicatePlan {
-            plan: "free".into()
-        }
+        SettingsError::Plan(PlanError::DuplicatePlan {
+            plan: "\"free\"".into()
+        })
     );
     assert_eq!(
         plan.to_string(),
@@ -719,7 +716,7 @@ fn a_service_refuses_a_plan_with_several_limits_naming_it() {
         .build_service::<u64, _>(FakeClock::new())
         .unwrap_err();
     assert!(
-        matches!(&error, SettingsError::Service { source: ServiceError::SeveralLimitsUnsupported { plan, .. } } if plan == "\"pro\""),
+        matches!(&error, SettingsError::Plan(PlanError::SeveralLimitsUnsupported { plan, .. }) if plan == "\"pro\""),
         "{error:?}"
     );
     assert!(
@@ -805,11 +802,11 @@ fn a_mistake_in_a_list_of_limits_names_its_position() {
     assert!(
         matches!(
             too_large,
-            SettingsError::InvalidRule {
-                index: Some(1),
+            SettingsError::Plan(PlanError::InvalidRule {
+                position: Some(1),
                 source: RuleError::LimitTooLarge { .. },
                 ..
-            }
+            })
         ),
         "{too_large:?}"
     );

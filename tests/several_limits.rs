@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use tollgate::{
-    Algorithm, Clock, FakeClock, RateLimiterService, Rule, ServiceBuilder, ServiceError,
+    Algorithm, Clock, FakeClock, PlanError, RateLimiterService, Rule, ServiceBuilder, ServiceError,
 };
 
 #[path = "support/reference.rs"]
@@ -230,11 +230,11 @@ fn a_plan_cannot_have_no_limits_too_many_or_several_under_the_sliding_log() {
     assert!(
         matches!(
             none,
-            ServiceError::LimitCount {
+            ServiceError::Plan(PlanError::LimitCount {
                 count: 0,
                 max: 4,
                 ..
-            }
+            })
         ),
         "{none:?}"
     );
@@ -252,14 +252,20 @@ fn a_plan_cannot_have_no_limits_too_many_or_several_under_the_sliding_log() {
         .build::<u64>()
         .unwrap_err();
     assert!(
-        matches!(log, ServiceError::SeveralLimitsUnsupported { .. }),
+        matches!(
+            log,
+            ServiceError::Plan(PlanError::SeveralLimitsUnsupported { .. })
+        ),
         "{log:?}"
     );
     let bad = ServiceBuilder::new(Algorithm::SlidingWindowLog, FakeClock::new())
         .plan_limits("pro", [Rule::per_second(1 << 20).unwrap()])
         .build::<u64>()
         .unwrap_err();
-    assert!(matches!(bad, ServiceError::InvalidRule { .. }), "{bad:?}");
+    assert!(
+        matches!(bad, ServiceError::Plan(PlanError::InvalidRule { .. })),
+        "{bad:?}"
+    );
 }
 
 #[test]

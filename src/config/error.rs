@@ -4,7 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use super::window::format_window;
-use crate::{RuleError, ServiceError};
+use crate::{PlanError, RuleError, ServiceError};
 
 /// A mistake in settings, or settings that cannot make the service asked for.
 ///
@@ -92,19 +92,13 @@ pub enum SettingsError {
         /// The field.
         field: String,
     },
-    /// A plan given twice in the `plans` table.
-    DuplicatePlan {
-        /// The plan.
-        plan: String,
-    },
     /// A plan with both a single limit (`limit` and `window`) and a `limits` list.
     BothForms {
         /// The plan.
         plan: String,
     },
-    /// The `plans` table is empty.
-    NoPlans,
-    /// A rule that cannot be made, or that the chosen method cannot honour.
+    /// A rule that cannot be made (a window of `"0s"`); a rule the method cannot honour is a
+    /// [`SettingsError::Plan`].
     InvalidRule {
         /// The plan; `None` for a rule read on its own.
         plan: Option<String>,
@@ -135,7 +129,11 @@ pub enum SettingsError {
         /// How many limits it has.
         count: usize,
     },
-    /// The service refused the plans (two of the program's plan values are equal, say).
+    /// A mistake in the plans or their limits (none, one twice, a limit the method cannot
+    /// honour), found when the settings are read or when a service is built from them: the same
+    /// [`PlanError`] every backend gives for it.
+    Plan(PlanError),
+    /// The service refused the settings for another reason than their plans.
     Service {
         /// What the service said.
         source: ServiceError,
@@ -211,17 +209,10 @@ impl fmt::Display for SettingsError {
                 place(f, plan, index)?;
                 write!(f, "field {field:?} is given twice: give each field once")
             }
-            SettingsError::DuplicatePlan { plan } => {
-                write!(f, "plan {plan:?} is given twice: give each plan once")
-            }
             SettingsError::BothForms { plan } => write!(
                 f,
                 "plan {plan:?} has both \"limit\"/\"window\" and \"limits\": give either one \
                  limit and window, or a list of limits"
-            ),
-            SettingsError::NoPlans => write!(
-                f,
-                "field \"plans\" is empty: give at least one plan with a limit and a window"
             ),
             SettingsError::InvalidRule {
                 plan,
@@ -244,6 +235,7 @@ impl fmt::Display for SettingsError {
                 f,
                 "plan {plan:?} has {count} limits, not one: read them with `Settings::plans`"
             ),
+            SettingsError::Plan(error) => write!(f, "{error}"),
             SettingsError::Service { source } => write!(f, "{source}"),
         }
     }
@@ -253,8 +245,25 @@ impl std::error::Error for SettingsError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             SettingsError::InvalidRule { source, .. } => Some(source),
+            SettingsError::Plan(error) => Some(error),
             SettingsError::Service { source } => Some(source),
             _ => None,
+        }
+    }
+}
+
+impl From<PlanError> for SettingsError {
+    fn from(error: PlanError) -> Self {
+        SettingsError::Plan(error)
+    }
+}
+
+/// A plan mistake as [`SettingsError::Plan`], whichever backend found it.
+impl From<ServiceError> for SettingsError {
+    fn from(error: ServiceError) -> Self {
+        match error {
+            ServiceError::Plan(error) => SettingsError::Plan(error),
+            source => SettingsError::Service { source },
         }
     }
 }

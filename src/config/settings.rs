@@ -13,7 +13,8 @@ use super::error::SettingsError;
 use super::found::{Any, At, Expect, Found, Report, Scalar, Table};
 use super::rule::{RuleFields, RuleShape, check_algorithm};
 use crate::clock::Clock;
-use crate::{Algorithm, LimiterFactory, RateLimiterService, Rule, ServiceBuilder};
+use crate::plans::{Plans, Together};
+use crate::{Algorithm, RateLimiterService, Rule, ServiceBuilder};
 
 const SETTINGS_EXPECTED: &str = "a table with \"algorithm\" and \"plans\"";
 const SETTINGS_FIELDS: &str = "algorithm, plans";
@@ -24,8 +25,9 @@ const PLAN_FIELDS: &str = "limit, window, limits";
 const LIMITS_EXPECTED: &str =
     "a list of at least one limit, like [{ limit = 10, window = \"1s\" }]";
 
-/// The method and the limits of each plan, read from settings and checked: every rule is valid
-/// and honoured by the method.
+/// The method and the limits of each plan, read from settings and checked as every backend
+/// checks its plans: at least one plan, each with 1 to 4 limits the method honours, none given
+/// twice (a mistake there is a [`SettingsError::Plan`]).
 ///
 /// Written in TOML (or JSON, or any format serde reads), a plan has one limit, or a list of
 /// them:
@@ -95,9 +97,8 @@ const LIMITS_EXPECTED: &str =
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
-    algorithm: Algorithm,
-    /// Sorted by name; every list has at least one rule.
-    plans: Vec<(String, Vec<Rule>)>,
+    /// Sorted by name, checked as every backend checks its plans.
+    plans: Plans<String>,
 }
 
 impl Settings {
@@ -205,12 +206,13 @@ impl Settings {
 
     /// The method.
     pub fn algorithm(&self) -> Algorithm {
-        self.algorithm
+        self.plans.algorithm()
     }
 
     /// Each plan's name and limits (at least one), sorted by name.
     pub fn plans(&self) -> impl Iterator<Item = (&str, &[Rule])> {
         self.plans
+            .as_slice()
             .iter()
             .map(|(name, rules)| (name.as_str(), rules.as_slice()))
     }
@@ -232,19 +234,17 @@ impl Settings {
     ///
     /// # Errors
     ///
-    /// [`SettingsError::Service`] when the service refuses a plan's limits (several limits under
-    /// the sliding window log, say).
+    /// [`SettingsError::Plan`] when the in-process service refuses a plan's limits (several
+    /// limits under the sliding window log).
     pub fn build_service<K: Hash + Eq, C: Clock>(
         &self,
         clock: C,
     ) -> Result<RateLimiterService<K, String, C>, SettingsError> {
-        let mut builder = ServiceBuilder::new(self.algorithm, clock);
-        for (name, plan_rules) in &self.plans {
+        let mut builder = ServiceBuilder::new(self.algorithm(), clock);
+        for (name, plan_rules) in self.plans.as_slice() {
             builder = builder.plan_limits(name.clone(), plan_rules.iter().copied());
         }
-        builder
-            .build()
-            .map_err(|source| SettingsError::Service { source })
+        builder.build().map_err(SettingsError::from)
     }
 
     /// A service whose plans are the program's own values (an enum, say), each named in
@@ -256,8 +256,8 @@ impl Settings {
     /// [`SettingsError::PlanListedTwice`] when `plans` names a plan twice,
     /// [`SettingsError::UnexpectedPlan`] for a plan in the settings that `plans` does not name,
     /// [`SettingsError::MissingPlan`] for one `plans` names that the settings lack,
-    /// and [`SettingsError::Service`] when the service refuses the plans (two names given equal
-    /// values, or several limits under the sliding window log, say).
+    /// and [`SettingsError::Plan`] when the service refuses the plans (two names given equal
+    /// values, or several limits under the sliding window log).
     pub fn build_service_with_plans<'n, K, P, C>(
         &self,
         clock: C,
@@ -278,30 +278,29 @@ impl Settings {
         }
         if let Some((name, _)) = self
             .plans
+            .as_slice()
             .iter()
             .find(|(name, _)| !named.contains(name.as_str()))
         {
             return Err(SettingsError::UnexpectedPlan { plan: name.clone() });
         }
-        let mut builder = ServiceBuilder::new(self.algorithm, clock);
+        let mut builder = ServiceBuilder::new(self.algorithm(), clock);
         for (name, plan) in wanted {
             let plan_rules = self.rules(name).ok_or_else(|| SettingsError::MissingPlan {
                 plan: name.to_owned(),
             })?;
             builder = builder.plan_limits(plan, plan_rules.iter().copied());
         }
-        builder
-            .build()
-            .map_err(|source| SettingsError::Service { source })
+        builder.build().map_err(SettingsError::from)
     }
 
     /// The rules of `plan`, found by binary search in the sorted plans.
     fn rules(&self, plan: &str) -> Option<&[Rule]> {
-        let position = self
-            .plans
+        let plans = self.plans.as_slice();
+        let position = plans
             .binary_search_by(|(name, _)| name.as_str().cmp(plan))
             .ok()?;
-        Some(&self.plans[position].1)
+        Some(&plans[position].1)
     }
 }
 
@@ -329,10 +328,10 @@ impl<'de> Deserialize<'de> for Settings {
 /// several as `limits`.
 impl Serialize for Settings {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        struct Plans<'a>(&'a [(String, Vec<Rule>)]);
+        struct PlanTable<'a>(&'a [(String, Vec<Rule>)]);
         struct Limits<'a>(&'a [Rule]);
 
-        impl Serialize for Plans<'_> {
+        impl Serialize for PlanTable<'_> {
             fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
                 let mut plans = serializer.serialize_map(Some(self.0.len()))?;
                 for (name, rules) in self.0 {
@@ -354,8 +353,8 @@ impl Serialize for Settings {
         }
 
         let mut settings = serializer.serialize_struct("Settings", 2)?;
-        settings.serialize_field("algorithm", &self.algorithm)?;
-        settings.serialize_field("plans", &Plans(&self.plans))?;
+        settings.serialize_field("algorithm", &self.algorithm())?;
+        settings.serialize_field("plans", &PlanTable(self.plans.as_slice()))?;
         settings.end()
     }
 }
@@ -401,96 +400,65 @@ impl<'de> Expect<'de> for SettingsShape<'_> {
     }
 }
 
-/// Checks every rule against the method and sorts the plans by name.
-fn check_plans(algorithm: Algorithm, plans: Vec<ReadPlan>) -> Result<Settings, SettingsError> {
-    let factory = LimiterFactory::new(algorithm);
-    let mut checked = Vec::with_capacity(plans.len());
-    for plan in plans {
-        for (position, rule) in plan.rules.iter().enumerate() {
-            factory
-                .check(*rule)
-                .map_err(|source| SettingsError::InvalidRule {
-                    plan: Some(plan.name.clone()),
-                    index: plan.listed.then_some(position),
-                    source,
-                })?;
-        }
-        checked.push((plan.name, plan.rules));
-    }
-    checked.sort_by(|(a, _), (b, _)| a.cmp(b));
-    Ok(Settings {
-        algorithm,
-        plans: checked,
-    })
+/// Sorts the plans by name and checks them as every backend checks its plans.
+fn check_plans(
+    algorithm: Algorithm,
+    mut plans: Vec<(String, Vec<Rule>)>,
+) -> Result<Settings, SettingsError> {
+    // Stable: a name given twice (JSON allows it) is reported as the check finds it.
+    plans.sort_by(|(a, _), (b, _)| a.cmp(b));
+    let plans = Plans::new(algorithm, Together::Atomically, plans)?;
+    Ok(Settings { plans })
 }
 
-/// A plan as read, before its rules are checked against the method.
-struct ReadPlan {
-    name: String,
-    rules: Vec<Rule>,
-    /// Written as a `limits` list, so that a mistake names the position.
-    listed: bool,
-}
-
-/// The `plans` table: a plan per name, each name once.
+/// The `plans` table: each plan's name and rules, as read (a name given twice and an empty
+/// table are plan mistakes, found by [`check_plans`]).
 struct PlansShape<'a> {
     at: At<'a>,
 }
 
 impl<'de> Expect<'de> for PlansShape<'_> {
-    type Value = Vec<ReadPlan>;
+    type Value = Vec<(String, Vec<Rule>)>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(PLANS_EXPECTED)
     }
 
-    fn other<E: de::Error>(self, found: Found) -> Result<Vec<ReadPlan>, E> {
+    fn other<E: de::Error>(self, found: Found) -> Result<Self::Value, E> {
         Err(self
             .at
             .fail(self.at.invalid("plans", &found, PLANS_EXPECTED)))
     }
 
-    fn table<A: MapAccess<'de>>(self, mut table: Table<A>) -> Result<Vec<ReadPlan>, A::Error> {
-        let mut plans: Vec<ReadPlan> = Vec::new();
-        let mut names = HashSet::new();
+    fn table<A: MapAccess<'de>>(self, mut table: Table<A>) -> Result<Self::Value, A::Error> {
+        let mut plans = Vec::new();
         while let Some(name) = table.next_key()? {
-            if !names.insert(name.clone()) {
-                return Err(self.at.fail(SettingsError::DuplicatePlan { plan: name }));
-            }
-            let (rules, listed) = table.next_value(Any(PlanShape {
+            let rules = table.next_value(Any(PlanShape {
                 at: self.at.plan(&name),
             }))?;
-            plans.push(ReadPlan {
-                name,
-                rules,
-                listed,
-            });
-        }
-        if plans.is_empty() {
-            return Err(self.at.fail(SettingsError::NoPlans));
+            plans.push((name, rules));
         }
         Ok(plans)
     }
 }
 
-/// One plan: `limit` and `window`, or `limits`, a list of tables with both. Its rules, and
-/// whether they were written as a list.
+/// One plan: `limit` and `window`, or `limits`, a list of tables with both. Its rules.
 struct PlanShape<'a> {
     at: At<'a>,
 }
 
 impl<'de> Expect<'de> for PlanShape<'_> {
-    type Value = (Vec<Rule>, bool);
+    type Value = Vec<Rule>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(PLAN_EXPECTED)
     }
 
-    fn other<E: de::Error>(self, found: Found) -> Result<(Vec<Rule>, bool), E> {
+    fn other<E: de::Error>(self, found: Found) -> Result<Vec<Rule>, E> {
         Err(self.at.fail(self.at.not_a_table(&found, PLAN_EXPECTED)))
     }
 
-    fn table<A: MapAccess<'de>>(self, mut table: Table<A>) -> Result<(Vec<Rule>, bool), A::Error> {
+    fn table<A: MapAccess<'de>>(self, mut table: Table<A>) -> Result<Vec<Rule>, A::Error> {
         let at = self.at;
         let mut fields = RuleFields::default();
         let mut limits = None;
@@ -509,9 +477,9 @@ impl<'de> Expect<'de> for PlanShape<'_> {
             Some(_) if !fields.is_empty() => {
                 Err(at.fail(SettingsError::BothForms { plan: plan() }))
             }
-            Some(rules) => Ok((rules, true)),
+            Some(rules) => Ok(rules),
             None => match fields.finish(at) {
-                Ok(rule) => Ok((vec![rule], false)),
+                Ok(rule) => Ok(vec![rule]),
                 Err(error) => Err(at.fail(error)),
             },
         }

@@ -14,6 +14,7 @@ use super::policy::{Breaker, CircuitBreaker, FailurePolicy};
 use super::script::{self, LimitSpec};
 use super::stats::Counters;
 use super::url::redact;
+use crate::plans::{Plans, Together};
 use crate::{Algorithm, Rule};
 
 impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
@@ -73,16 +74,13 @@ impl<P: Eq + fmt::Debug> RedisRateLimiterBuilder<P> {
     /// Adds `plan` with several limits (say 10 per second and 1000 per hour), decided together
     /// in one round trip: a request is granted only if every limit grants it, and then taken
     /// from all of them; a denial takes from none. The decision reported is the denial with the
-    /// longest wait, or the allowance with the fewest permits left.
+    /// longest wait, or the allowance with the fewest permits left. At most
+    /// [`RateLimiterService::MAX_LIMITS`](crate::RateLimiterService::MAX_LIMITS), as in process,
+    /// so that a plan moves between the backends unchanged; unlike in process, the sliding window
+    /// log may have several.
     pub fn plan_limits(mut self, plan: P, limits: impl IntoIterator<Item = Rule>) -> Self {
         self.plans.push((plan, limits.into_iter().collect()));
         self
-    }
-
-    /// [`RedisRateLimiterBuilder::plan_limits`], under the name it had first.
-    #[deprecated(note = "use `plan_limits`, the name `ServiceBuilder` uses too")]
-    pub fn plan_with_limits(self, plan: P, limits: impl IntoIterator<Item = Rule>) -> Self {
-        self.plan_limits(plan, limits)
     }
 
     /// Adds each plan with its rule.
@@ -207,16 +205,12 @@ impl<P: Eq + fmt::Debug> RedisRateLimiterBuilder<P> {
             }
             _ => None,
         };
-        if self.plans.is_empty() {
-            return Err(RedisError::NoPlans);
-        }
-
-        let mut plans: Vec<PlanEntry<P>> = Vec::with_capacity(self.plans.len());
-        for (plan, rules) in self.plans {
+        // Redis's own bounds first (key names, whole microseconds, integers Lua keeps exact), so
+        // that a rule Redis cannot represent is named as such; then the plans as every backend
+        // checks them, which bound the in-process fallback and the scripts' counts.
+        let mut entries = Vec::with_capacity(self.plans.len());
+        for (plan, rules) in &self.plans {
             let debug = format!("{plan:?}");
-            if plans.iter().any(|entry| entry.plan == plan) {
-                return Err(RedisError::DuplicatePlan { plan: debug });
-            }
             let name = debug.trim_matches('"').to_owned();
             if !is_valid_name(&name) {
                 return Err(RedisError::InvalidName {
@@ -224,26 +218,22 @@ impl<P: Eq + fmt::Debug> RedisRateLimiterBuilder<P> {
                     name,
                 });
             }
-            if rules.is_empty() {
-                return Err(RedisError::InvalidLimits {
-                    plan: debug,
-                    reason: "no rule given: a plan needs at least one",
-                });
-            }
-            let mut limits: Vec<(LimitSpec, String)> = Vec::with_capacity(rules.len());
-            for rule in rules {
-                let spec = LimitSpec::new(self.algorithm, rule, &debug)?;
-                let suffix = spec.key_suffix();
-                if limits.iter().any(|(_, existing)| *existing == suffix) {
-                    return Err(RedisError::InvalidLimits {
-                        plan: debug,
-                        reason: "the same rule is given twice",
-                    });
-                }
-                limits.push((spec, suffix));
-            }
-            plans.push(PlanEntry { plan, name, limits });
+            let limits = rules
+                .iter()
+                .map(|&rule| {
+                    let spec = LimitSpec::new(self.algorithm, rule, &debug)?;
+                    Ok((spec, spec.key_suffix()))
+                })
+                .collect::<Result<Vec<_>, RedisError>>()?;
+            entries.push((name, limits));
         }
+        let checked = Plans::new(self.algorithm, Together::Atomically, self.plans)?;
+        let plans: Vec<PlanEntry<P>> = checked
+            .into_vec()
+            .into_iter()
+            .zip(entries)
+            .map(|((plan, _), (name, limits))| PlanEntry { plan, name, limits })
+            .collect();
 
         let local = match share {
             Some(share) => Some(LocalFallback::new(self.algorithm, &plans, share)?),

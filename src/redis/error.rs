@@ -4,7 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use super::script::{NOT_EXACT_BURST, NOT_EXACT_LIMIT, NOT_EXACT_WINDOW};
-use crate::{Rule, RuleError};
+use crate::{PlanError, Rule};
 
 /// An error from a [`RedisRateLimiter`](super::RedisRateLimiter): a setting it cannot honour
 /// (when it is built), or a request Redis could not answer (under
@@ -65,28 +65,8 @@ pub enum RedisError {
         /// The plan, as `Debug` shows it.
         plan: String,
     },
-    /// No plan was given to the builder.
-    NoPlans,
-    /// A plan was given twice.
-    DuplicatePlan {
-        /// The plan, as `Debug` shows it.
-        plan: String,
-    },
-    /// A plan was given no rule, or the same rule twice.
-    InvalidLimits {
-        /// The plan, as `Debug` shows it.
-        plan: String,
-        /// What is wrong.
-        reason: &'static str,
-    },
-    /// A plan's rule is one the method cannot honour in process (the local fallback, and the
-    /// sliding log's and counter's bounds on their limits, follow the in-process limiters).
-    InvalidRule {
-        /// The plan, as `Debug` shows it.
-        plan: String,
-        /// Why.
-        source: RuleError,
-    },
+    /// A mistake in the plans or their limits: the same one for every backend and the settings.
+    Plan(PlanError),
     /// A plan's rule cannot be kept exact in the scripts' integers: Lua numbers are doubles,
     /// exact only up to 2^53. The bounds: a token bucket's full bucket of at most
     /// [`MAX_BURST_TICKS`](super::RedisRateLimiter::MAX_BURST_TICKS) ticks, a window of at most
@@ -166,15 +146,7 @@ impl fmt::Display for RedisError {
                     "plan {plan} has no rule: give it to the builder with .plan()"
                 )
             }
-            RedisError::NoPlans => write!(
-                f,
-                "no plans given: a limiter needs at least one plan with a rule"
-            ),
-            RedisError::DuplicatePlan { plan } => {
-                write!(f, "plan {plan} is given twice: one entry per plan")
-            }
-            RedisError::InvalidLimits { plan, reason } => write!(f, "plan {plan}: {reason}"),
-            RedisError::InvalidRule { plan, source } => write!(f, "plan {plan}: {source}"),
+            RedisError::Plan(error) => write!(f, "{error}"),
             RedisError::NotExact {
                 plan,
                 rule,
@@ -220,8 +192,14 @@ impl std::error::Error for RedisError {
             | RedisError::Connect { source, .. }
             | RedisError::Authentication { source, .. }
             | RedisError::Command { source } => Some(source),
-            RedisError::InvalidRule { source, .. } => Some(source),
+            RedisError::Plan(error) => Some(error),
             _ => None,
         }
+    }
+}
+
+impl From<PlanError> for RedisError {
+    fn from(error: PlanError) -> Self {
+        RedisError::Plan(error)
     }
 }

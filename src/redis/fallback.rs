@@ -6,9 +6,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::RedisError;
 use super::limiter::{Mode, PlanEntry};
-use super::script;
 use crate::method::several_limits::combined;
-use crate::{Algorithm, Decision, MonotonicClock, RateLimiterService, Rule};
+use crate::{
+    Algorithm, Decision, LimiterFactory, MonotonicClock, PlanError, RateLimiterService, Rule,
+};
 
 /// The local fallback sweeps idle clients every this many of its decisions, so an outage with
 /// many distinct clients does not grow its memory without bound.
@@ -45,12 +46,14 @@ impl LocalFallback {
                 // The share is a setting, not state: rounding it down keeps the fleet within the
                 // limit; at least 1 keeps every plan usable.
                 let limit = ((rule.limit() as f64 * share) as u64).max(1);
-                let invalid = |source| RedisError::InvalidRule {
-                    plan: format!("{:?}", entry.plan),
-                    source,
+                // A plan mistake as the plans' own check words it, naming the local rule.
+                let invalid = |source| {
+                    PlanError::invalid_rule(&entry.plan, entry.limits.len(), position, source)
                 };
                 let local_rule = Rule::new(limit, rule.window()).map_err(invalid)?;
-                script::check_in_process(algorithm, local_rule).map_err(invalid)?;
+                LimiterFactory::new(algorithm)
+                    .check(local_rule)
+                    .map_err(invalid)?;
                 rules.push((index, local_rule));
             }
             let service = RateLimiterService::new(algorithm, rules, MonotonicClock::new())

@@ -11,7 +11,9 @@
 //!   `NOSCRIPT`) that reads the state, decides and commits in one step; no other command runs
 //!   in between, so nodes never race. A denial writes nothing. A plan with several limits
 //!   ([`RedisRateLimiterBuilder::plan_limits`]) is one call that checks every limit, then
-//!   takes from all or none.
+//!   takes from all or none. The plans are checked as the in-process service checks them (the
+//!   same [`PlanError`](crate::PlanError), up to 4 limits a plan), but for the sliding window
+//!   log, which may have several limits here.
 //! - **The in-process decisions, exactly.** The token bucket is the same exact GCRA as
 //!   [`TokenBucket`](crate::TokenBucket), in integer ticks of `1/(N/gcd(N, W))` µs that Lua's
 //!   doubles hold exactly (a rule whose full bucket would reach 2^50 ticks is refused with

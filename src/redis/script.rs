@@ -15,10 +15,8 @@ use ::redis::{Script, ScriptInvocation};
 
 use super::RedisError;
 use crate::decision::Rejection;
-use crate::method::token_bucket::{GcraParams, gcd};
-use crate::{
-    Algorithm, Decision, FixedWindow, Rule, RuleError, SlidingWindowCounter, SlidingWindowLog,
-};
+use crate::method::token_bucket::gcd;
+use crate::{Algorithm, Decision, Rule};
 
 pub(super) static TOKEN_BUCKET: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
@@ -107,7 +105,9 @@ pub(super) enum LimitSpec {
 }
 
 impl LimitSpec {
-    /// The script's parameters for `rule`, or why the script cannot keep it exact.
+    /// The script's parameters for `rule`, or why the script cannot keep it exact. The sliding
+    /// log's and counter's limits are bounded as the scripts need by the in-process bounds,
+    /// which the builder checks with the plans before it makes a limiter.
     pub(super) fn new(algorithm: Algorithm, rule: Rule, plan: &str) -> Result<Self, RedisError> {
         let window_nanos = rule.window_nanos();
         if !window_nanos.is_multiple_of(1_000) {
@@ -117,10 +117,6 @@ impl LimitSpec {
             });
         }
         let window_us = window_nanos / 1_000;
-        let invalid = |source: RuleError| RedisError::InvalidRule {
-            plan: plan.to_owned(),
-            source,
-        };
         let not_exact = |what, value, max| RedisError::NotExact {
             plan: plan.to_owned(),
             rule,
@@ -156,10 +152,8 @@ impl LimitSpec {
                         MAX_WINDOW_MICROS,
                     ));
                 }
-                let clock = crate::FakeClock::new();
                 match algorithm {
                     Algorithm::FixedWindow => {
-                        FixedWindow::new(rule, clock).map_err(invalid)?;
                         // The in-process bound is near 2^63; the script's count is a double.
                         if rule.limit() > MAX_FIXED_WINDOW_LIMIT {
                             return Err(not_exact(
@@ -170,17 +164,13 @@ impl LimitSpec {
                         }
                         Ok(LimitSpec::FixedWindow { rule, window_us })
                     }
+                    // One sorted-set member per admission: the in-process bound on the limit.
                     Algorithm::SlidingWindowLog => {
-                        // One sorted-set member per admission: the in-process bound on the limit.
-                        SlidingWindowLog::new(rule, clock).map_err(invalid)?;
                         Ok(LimitSpec::SlidingWindowLog { rule, window_us })
                     }
-                    _ => {
-                        // The in-process bound keeps the limit below 2^31: the script's exact
-                        // quotients of a count times a time need counts below 2^32.
-                        SlidingWindowCounter::new(rule, clock).map_err(invalid)?;
-                        Ok(LimitSpec::SlidingWindowCounter { rule, window_us })
-                    }
+                    // The in-process bound keeps the limit below 2^31: the script's exact
+                    // quotients of a count times a time need counts below 2^32.
+                    _ => Ok(LimitSpec::SlidingWindowCounter { rule, window_us }),
                 }
             }
         }
@@ -308,21 +298,6 @@ impl LimitSpec {
             Decision::allowed(rule, remaining, reset_after)
         } else {
             Decision::denied(rule, remaining, retry_after, reset_after)
-        }
-    }
-}
-
-/// The in-process token bucket's parameters for `rule`, to check at build time that the local
-/// fallback can honour it.
-pub(super) fn check_in_process(algorithm: Algorithm, rule: Rule) -> Result<(), RuleError> {
-    match algorithm {
-        Algorithm::TokenBucket => GcraParams::new(rule).map(|_| ()),
-        Algorithm::FixedWindow => FixedWindow::new(rule, crate::FakeClock::new()).map(|_| ()),
-        Algorithm::SlidingWindowLog => {
-            SlidingWindowLog::new(rule, crate::FakeClock::new()).map(|_| ())
-        }
-        Algorithm::SlidingWindowCounter => {
-            SlidingWindowCounter::new(rule, crate::FakeClock::new()).map(|_| ())
         }
     }
 }

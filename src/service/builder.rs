@@ -5,14 +5,14 @@ use std::hash::{BuildHasher, Hash, RandomState};
 
 use papaya::ResizeMode;
 
-use super::plan_table::{MAX_PLANS, PlanTable};
+use super::plan_table::PlanTable;
 use super::rate_limiter::RateLimiterService;
 use crate::clock::Clock;
 use crate::error::ServiceError;
 use crate::method::any::AnyParams;
-use crate::method::several_limits::SeveralLimits;
+use crate::plans::{Plans, Together, limits_of};
 use crate::sync::Word;
-use crate::{Algorithm, Rule, RuleError};
+use crate::{Algorithm, PlanError, Rule};
 
 /// Builds a [`RateLimiterService`] with a chosen hasher or initial capacity.
 ///
@@ -138,9 +138,9 @@ impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher + Clone> ServiceBuilder<P, C, 
     ///
     /// # Errors
     ///
-    /// [`ServiceError::NoPlans`], [`ServiceError::TooManyPlans`],
-    /// [`ServiceError::DuplicatePlan`], [`ServiceError::InvalidRule`] (naming the plan) or
-    /// [`ServiceError::CapacityTooLarge`].
+    /// [`ServiceError::CapacityTooLarge`], or [`ServiceError::Plan`] with the first mistake in
+    /// the plans (none, more than the service can tell apart, one twice, a plan's limits too
+    /// few, too many, repeated, or not honoured by the method, naming the plan).
     pub fn build<K: Hash + Eq>(self) -> Result<RateLimiterService<K, P, C, S>, ServiceError> {
         if self.capacity.saturating_mul(self.plans.len().max(1)) > Self::MAX_CAPACITY {
             return Err(ServiceError::CapacityTooLarge {
@@ -148,30 +148,20 @@ impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher + Clone> ServiceBuilder<P, C, 
                 max: Self::MAX_CAPACITY / self.plans.len().max(1),
             });
         }
-        if self.plans.is_empty() {
-            return Err(ServiceError::NoPlans);
-        }
-        if self.plans.len() > MAX_PLANS {
-            return Err(ServiceError::TooManyPlans {
-                count: self.plans.len(),
-                max: MAX_PLANS,
-            });
-        }
+        let checked = Plans::new(self.algorithm, Together::GivingBack, self.plans)?;
         // Every rule's timeline starts here, so that a limiter's horizon is counted from the
         // service's start, wherever the clock's origin lies.
         let start_nanos = self.clock.now_nanos();
-        let mut plans: Vec<(P, Vec<AnyParams>)> = Vec::with_capacity(self.plans.len());
-        for (plan, rules) in self.plans {
-            if plans.iter().any(|(existing, _)| *existing == plan) {
-                return Err(ServiceError::DuplicatePlan {
-                    plan: format!("{plan:?}"),
-                });
-            }
-            let limits = limits_of(&plan, &rules, |rule| {
-                AnyParams::new(self.algorithm, rule, start_nanos)
-            })?;
-            plans.push((plan, limits));
-        }
+        let plans = checked
+            .into_vec()
+            .into_iter()
+            .map(|(plan, rules)| {
+                let limits = limits_of(&plan, &rules, Together::GivingBack, |rule| {
+                    AnyParams::new(self.algorithm, rule, start_nanos)
+                })?;
+                Ok((plan, limits))
+            })
+            .collect::<Result<Vec<_>, PlanError>>()?;
         // Blocking resizes: the default incremental mode, filled by inserts, was measured to leave
         // lookups about ten times slower and to collapse multi-threaded throughput.
         let hasher = self.hasher;
@@ -195,49 +185,4 @@ impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher + Clone> ServiceBuilder<P, C, 
             clock: self.clock,
         })
     }
-}
-
-/// The constants of `plan`'s `rules`, made by `params`, or why they cannot be a plan's limits.
-pub(super) fn limits_of<P: fmt::Debug>(
-    plan: &P,
-    rules: &[Rule],
-    params: impl Fn(Rule) -> Result<AnyParams, RuleError>,
-) -> Result<Vec<AnyParams>, ServiceError> {
-    let plan_name = || format!("{plan:?}");
-    if rules.is_empty() || rules.len() > SeveralLimits::MAX_LIMITS {
-        return Err(ServiceError::LimitCount {
-            plan: plan_name(),
-            count: rules.len(),
-            max: SeveralLimits::MAX_LIMITS,
-        });
-    }
-    let limits = rules
-        .iter()
-        .enumerate()
-        .map(|(position, &rule)| {
-            params(rule).map_err(|source| {
-                if rules.len() == 1 {
-                    ServiceError::InvalidRule {
-                        plan: plan_name(),
-                        source,
-                    }
-                } else {
-                    ServiceError::InvalidLimit {
-                        plan: plan_name(),
-                        position,
-                        source,
-                    }
-                }
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    if limits.len() > 1
-        && let Some(first) = limits.iter().find(|limit| !limit.can_undo())
-    {
-        return Err(ServiceError::SeveralLimitsUnsupported {
-            plan: plan_name(),
-            algorithm: first.algorithm(),
-        });
-    }
-    Ok(limits)
 }

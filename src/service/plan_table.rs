@@ -29,9 +29,6 @@ use crate::method::several_limits::SeveralLimits;
 use crate::sync::Ordering;
 use crate::{Algorithm, Rule, RuleError};
 
-/// The most plans a service may have.
-pub(crate) const MAX_PLANS: usize = 1 << 16;
-
 /// One version of a plan's limits, never changed once published.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct PlanVersion {
@@ -201,7 +198,8 @@ impl<K, P: std::fmt::Debug, S> std::fmt::Debug for PlanTable<K, P, S> {
 
 impl<K, P, S> PlanTable<K, P, S> {
     /// A table of `plans`, each already checked against `algorithm` with timelines starting at
-    /// `start_nanos`, each with an empty client map from `new_map`. At most [`MAX_PLANS`].
+    /// `start_nanos`, each with an empty client map from `new_map`. At most
+    /// [`MAX_PLANS`](crate::plans::MAX_PLANS).
     pub(crate) fn new(
         algorithm: Algorithm,
         start_nanos: u64,

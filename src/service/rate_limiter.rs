@@ -4,7 +4,7 @@ use std::borrow::Borrow;
 use std::fmt;
 use std::hash::{BuildHasher, Hash, RandomState};
 
-use super::builder::{ServiceBuilder, limits_of};
+use super::builder::ServiceBuilder;
 use super::plan_table::PlanTable;
 #[cfg(feature = "tower")]
 use super::protocol::Checked;
@@ -15,6 +15,7 @@ use crate::headers::LimitFigures;
 use crate::method::any::AnyParams;
 use crate::method::client_state::{ClientState, Version};
 use crate::method::several_limits::SeveralLimits;
+use crate::plans::{Together, limits_of};
 use crate::sync::Word;
 #[cfg(feature = "tower")]
 use crate::verdict::{Figures, Verdict};
@@ -103,9 +104,8 @@ where
     ///
     /// # Errors
     ///
-    /// [`ServiceError::NoPlans`] when no plan is given, [`ServiceError::DuplicatePlan`] when a
-    /// plan is given twice, [`ServiceError::InvalidRule`] (naming the plan) when the method
-    /// cannot honour a plan's rule.
+    /// [`ServiceError::Plan`] when no plan is given, a plan is given twice, or the method
+    /// cannot honour a plan's rule (naming the plan).
     pub fn new(
         algorithm: Algorithm,
         rules: impl IntoIterator<Item = (P, Rule)>,
@@ -178,7 +178,7 @@ where
     /// # Errors
     ///
     /// [`ServiceError::UnknownPlan`] when the service has no such plan,
-    /// [`ServiceError::InvalidRule`] when its method cannot honour `rule` (the old rule stays),
+    /// [`ServiceError::Plan`] when its method cannot honour `rule` (the old rule stays),
     /// [`ServiceError::TooManyRuleChanges`] when the plan's limits have already changed
     /// `u32::MAX` times (each client's state records the version it was made under in 32 bits,
     /// which keeps a client's entry small).
@@ -192,8 +192,8 @@ where
     ///
     /// # Errors
     ///
-    /// As [`set_rule`], and [`ServiceError::LimitCount`], [`ServiceError::InvalidLimit`] or
-    /// [`ServiceError::SeveralLimitsUnsupported`] for limits a plan cannot have.
+    /// As [`set_rule`], and [`ServiceError::Plan`] for limits a plan cannot have (too few, too
+    /// many, one twice, or several under the sliding window log).
     ///
     /// [`set_rule`]: RateLimiterService::set_rule
     pub fn set_limits(
@@ -203,7 +203,9 @@ where
     ) -> Result<(), ServiceError> {
         let index = self.plan_index(plan)?;
         let rules: Vec<Rule> = limits.into_iter().collect();
-        let limits = limits_of(plan, &rules, |rule| self.plans.params_for(rule))?;
+        let limits = limits_of(plan, &rules, Together::GivingBack, |rule| {
+            self.plans.params_for(rule)
+        })?;
         self.plans
             .set_limits(index, &limits)
             .map_err(|_| ServiceError::TooManyRuleChanges {
