@@ -13,7 +13,7 @@
 
 use crossbeam_utils::Backoff;
 
-use crate::decision::Decision;
+use crate::decision::{Decision, Retired};
 use crate::sync::{AtomicWord, Ordering};
 
 /// The ordering of a retiring exchange. Release: a service writes the instant it retired at
@@ -79,19 +79,18 @@ impl Reservation {
 }
 
 /// A decision on `word` from `decide` (the pure step: the answer, and the word to store if it
-/// must change), run until its write lands; a retired word (`is_retired`) answers `retired`.
+/// must change), run until its write lands; a retired word (`is_retired`) answers `Retired`.
 /// Returns the decision, and what a write changed (see [`Reservation`]).
 #[inline]
 pub(crate) fn decide<A: AtomicWord>(
     word: &A,
     current: u64,
     is_retired: impl Fn(u64) -> bool,
-    retired: impl Fn() -> Decision,
     decide: impl Fn(u64) -> (Decision, Option<u64>),
-) -> (Decision, Option<Reservation>) {
+) -> Result<(Decision, Option<Reservation>), Retired> {
     update(word, current, |current| {
         if is_retired(current) {
-            return Step::Answer((retired(), None));
+            return Step::Answer(Err(Retired));
         }
         match decide(current) {
             (decision, Some(after)) => {
@@ -99,9 +98,9 @@ pub(crate) fn decide<A: AtomicWord>(
                     before: current,
                     after,
                 };
-                Step::Store(after, (decision, Some(reservation)))
+                Step::Store(after, Ok((decision, Some(reservation))))
             }
-            (decision, None) => Step::Answer((decision, None)),
+            (decision, None) => Step::Answer(Ok((decision, None))),
         }
     })
 }
@@ -122,23 +121,22 @@ pub(crate) fn restore<A: AtomicWord>(word: &A, reservation: Reservation) -> bool
 }
 
 /// What one permit would get now from `word`, taking nothing: `decide(word, n)` for `n = 0`
-/// (the permits available) when one is, for `n = 1` (the wait) when none is; `retired` for a
+/// (the permits available) when one is, for `n = 1` (the wait) when none is; `Retired` for a
 /// retired word.
 #[inline]
 pub(crate) fn peek<A: AtomicWord>(
     word: &A,
     is_retired: impl Fn(u64) -> bool,
-    retired: impl FnOnce() -> Decision,
     decide: impl Fn(u64, u64) -> Decision,
-) -> Decision {
+) -> Result<Decision, Retired> {
     // Relaxed: a snapshot of one word.
     let current = word.load(Ordering::Relaxed);
     if is_retired(current) {
-        return retired();
+        return Err(Retired);
     }
     let available = decide(current, 0);
     let one = decide(current, 1);
-    if one.is_allowed() { available } else { one }
+    Ok(if one.is_allowed() { available } else { one })
 }
 
 /// Retires `word` whatever it holds: `retired` gives the retired form of a live word, `None`
