@@ -13,13 +13,13 @@ use crate::clock::Clock;
 use crate::decision::{Admit, Decision, Rejection, Retired};
 use crate::error::RuleError;
 use crate::method::Method;
-use crate::method::standalone::{Standalone, Wraps};
+use crate::method::standalone::{Standalone, public_limiter};
 use crate::method::word::{self, Reservation, Step};
 use crate::sync::{AtomicWord, Ordering};
 use crate::{Algorithm, Rule};
 
 /// Set on a word retired for eviction; no permit is granted from it.
-const RETIRED: u64 = 1 << 63;
+const RETIRED: u64 = word::RETIRED_FLAG;
 
 /// Room above N in the count field for the fast path's overshoot. A `fetch_add` that finds the
 /// count already at N still adds 1 (and is denied); only threads that saw the count below N just
@@ -221,6 +221,14 @@ impl WindowParams {
         )
     }
 
+    /// Whether one permit at `now` (counted from window 0) may take the fast path on the word
+    /// `current`: it is live, its window is the reading's, and it has room for one more.
+    #[inline]
+    fn has_room_now(&self, current: u64, now: u64) -> bool {
+        let (index, count) = self.unpack(current);
+        current & RETIRED == 0 && count < self.rule.limit() && self.is_within(index, now)
+    }
+
     /// The fast path: one `fetch_add` instead of a CAS loop, which never retries under
     /// contention. Exact: the add is granted iff the count it replaced was below N, and an add
     /// that lands in a newer window (another thread rolled it over) counts in that window.
@@ -306,20 +314,9 @@ impl<C: Clock> FixedWindow<C> {
             limiter: Standalone::new(rule, clock)?,
         })
     }
-
-    /// The clock this limiter reads.
-    pub fn clock(&self) -> &C {
-        self.limiter.clock()
-    }
 }
 
-impl<C: Clock> Wraps for FixedWindow<C> {
-    type Method = WindowParams;
-    type Clock = C;
-    fn standalone(&self) -> &Standalone<WindowParams, C> {
-        &self.limiter
-    }
-}
+public_limiter!(FixedWindow, WindowParams);
 
 impl Method for WindowParams {
     type State<A: AtomicWord> = A;
@@ -354,11 +351,8 @@ impl Method for WindowParams {
         // one. No other memory is published through it.
         let current = word.load(Ordering::Relaxed);
         let now = self.elapsed(clock.now_nanos());
-        if n == 1 && current & RETIRED == 0 {
-            let (index, count) = self.unpack(current);
-            if count < self.rule.limit() && self.is_within(index, now) {
-                return self.acquire_one_in_current_window(word, now);
-            }
+        if n == 1 && self.has_room_now(current, now) {
+            return self.acquire_one_in_current_window(word, now);
         }
         // One clock reading per attempt, kept on a retry (see `GcraParams`' `acquire`).
         Ok(self.decide_on(word, current, now, n)?.0)
@@ -385,19 +379,16 @@ impl Method for WindowParams {
         let current = word.load(Ordering::Relaxed);
         let now = self.elapsed(clock.now_nanos());
         let limit = self.rule.limit();
-        if current & RETIRED == 0 {
-            let (index, count) = self.unpack(current);
-            if count < limit && self.is_within(index, now) {
-                // The fast path, as `acquire_one_in_current_window` takes it.
-                let previous = word.fetch_add(1, Ordering::Relaxed);
-                return if previous & RETIRED != 0 {
-                    Err(Retired)
-                } else if self.unpack(previous).1 < limit {
-                    Ok(Admit::Granted)
-                } else {
-                    Ok(Admit::Denied)
-                };
-            }
+        if self.has_room_now(current, now) {
+            // The fast path, as `acquire_one_in_current_window` takes it.
+            let previous = word.fetch_add(1, Ordering::Relaxed);
+            return if previous & RETIRED != 0 {
+                Err(Retired)
+            } else if self.unpack(previous).1 < limit {
+                Ok(Admit::Granted)
+            } else {
+                Ok(Admit::Denied)
+            };
         }
         word::update(word, current, |current| {
             if current & RETIRED != 0 {
@@ -469,11 +460,7 @@ impl Method for WindowParams {
         n: u64,
         clock: &impl Clock,
     ) -> Result<Decision, Retired> {
-        // Relaxed: a snapshot of one word.
-        let current = word.load(Ordering::Relaxed);
-        if current & RETIRED != 0 {
-            return Err(Retired);
-        }
+        let current = word::load_live(word)?;
         Ok(self
             .decide_elapsed(current, self.elapsed(clock.now_nanos()), n)
             .0)
@@ -491,9 +478,7 @@ impl Method for WindowParams {
 
     /// Retires the word whatever its state (for a client that moved to another rule).
     fn retire_now<A: AtomicWord>(&self, word: &A) -> bool {
-        word::retire_now(word, |current| {
-            (current & RETIRED == 0).then_some(current | RETIRED)
-        })
+        word::retire_flagged_now(word)
     }
 
     /// Retires the word if its window is over at `now_nanos` (so it is indistinguishable from a

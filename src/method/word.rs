@@ -165,3 +165,27 @@ pub(crate) fn retire_if<A: AtomicWord>(word: &A, idle: impl Fn(u64) -> Option<u6
             .is_ok()
     })
 }
+
+/// The flag the fixed window and the sliding window counter retire their packed word with: the
+/// top bit, which their layouts leave free, set over whatever the word holds.
+pub(crate) const RETIRED_FLAG: u64 = 1 << 63;
+
+/// Retires a word that carries [`RETIRED_FLAG`], whatever it holds. Returns whether this call
+/// retired it (false if it already was).
+pub(crate) fn retire_flagged_now<A: AtomicWord>(word: &A) -> bool {
+    retire_now(word, |current| {
+        (current & RETIRED_FLAG == 0).then_some(current | RETIRED_FLAG)
+    })
+}
+
+/// A snapshot of a word that carries [`RETIRED_FLAG`]: what it holds, or `Retired`.
+#[inline]
+pub(crate) fn load_live<A: AtomicWord>(word: &A) -> Result<u64, Retired> {
+    // Relaxed: a snapshot of one word.
+    let current = word.load(Ordering::Relaxed);
+    if current & RETIRED_FLAG != 0 {
+        Err(Retired)
+    } else {
+        Ok(current)
+    }
+}

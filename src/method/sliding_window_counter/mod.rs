@@ -19,14 +19,14 @@ use crate::clock::Clock;
 use crate::decision::{Admit, Decision, Rejection, Retired};
 use crate::error::RuleError;
 use crate::method::Method;
-use crate::method::standalone::{Standalone, Wraps};
+use crate::method::standalone::{Standalone, public_limiter};
 use crate::method::word::{self, Reservation, Step};
 use crate::sync::{AtomicWord, Ordering};
 use crate::{Algorithm, Rule};
 use weighting::Rolled;
 
 /// Set on a word retired for eviction; no permit is granted from it.
-const RETIRED: u64 = 1 << 63;
+const RETIRED: u64 = word::RETIRED_FLAG;
 
 /// The widest count field: two of them must leave at least one bit of window index below the
 /// retired flag (`1 + 1 + 2 * 31 = 64`).
@@ -306,20 +306,9 @@ impl<C: Clock> SlidingWindowCounter<C> {
             limiter: Standalone::new(rule, clock)?,
         })
     }
-
-    /// The clock this limiter reads.
-    pub fn clock(&self) -> &C {
-        self.limiter.clock()
-    }
 }
 
-impl<C: Clock> Wraps for SlidingWindowCounter<C> {
-    type Method = CounterParams;
-    type Clock = C;
-    fn standalone(&self) -> &Standalone<CounterParams, C> {
-        &self.limiter
-    }
-}
+public_limiter!(SlidingWindowCounter, CounterParams);
 
 impl Method for CounterParams {
     type State<A: AtomicWord> = A;
@@ -448,11 +437,7 @@ impl Method for CounterParams {
         n: u64,
         clock: &impl Clock,
     ) -> Result<Decision, Retired> {
-        // Relaxed: a snapshot of one word.
-        let current = word.load(Ordering::Relaxed);
-        if current & RETIRED != 0 {
-            return Err(Retired);
-        }
+        let current = word::load_live(word)?;
         Ok(self
             .decide_elapsed(current, self.elapsed(clock.now_nanos()), n)
             .0)
@@ -470,9 +455,7 @@ impl Method for CounterParams {
 
     /// Retires the word whatever its state (for a client that moved to another rule).
     fn retire_now<A: AtomicWord>(&self, word: &A) -> bool {
-        word::retire_now(word, |current| {
-            (current & RETIRED == 0).then_some(current | RETIRED)
-        })
+        word::retire_flagged_now(word)
     }
 
     /// Retires the word if its estimate is 0 at `now_nanos`: nothing granted in the window of
