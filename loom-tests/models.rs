@@ -288,6 +288,7 @@ impl LinearRace {
             let observed: Vec<Decision> = threads
                 .into_iter()
                 .map(|thread| thread.join().expect("an acquiring thread panicked"))
+                .map(|decided| decided.expect("nothing retires this word"))
                 .collect();
             // Relaxed: the joins order every thread's exchange before this load.
             let last = word.load(Ordering::Relaxed);

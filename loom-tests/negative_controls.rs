@@ -28,7 +28,7 @@
 //! | several limits, eviction | the gate retired by a check and a blind store | `several_limits::check_gate_racing_a_sweep` |
 
 use loom::sync::atomic::{AtomicU64, Ordering};
-use tollgate::loom_support::{CounterParams, GcraParams, WindowParams};
+use tollgate::loom_support::{CounterParams, GcraParams, Retired, WindowParams};
 use tollgate::{Decision, Rule};
 
 use crate::fixed_window::{self, window};
@@ -36,8 +36,8 @@ use crate::service::{self, CasSlot, ClientSlot, Fence};
 use crate::sliding_window_counter::{self, counter};
 use crate::sliding_window_log::{self, Reports};
 use crate::support::{
-    Admission, Answer, Bound, Evictable, Method, OneWord, WINDOW, answer, counted_time,
-    counter_counted_time, rule,
+    Admission, Answer, Bound, Evictable, Method, OneWord, WINDOW, answer, answer_or_retired,
+    counted_time, counter_counted_time, rule,
 };
 use crate::token_bucket::{self, bucket};
 
@@ -59,19 +59,19 @@ impl Method for BlindWriteTokenBucket {
     }
 
     fn acquire(&self, state: &AtomicU64, n: u64, now: u64) -> Answer {
-        answer(&self.acquire_decision(state, n, now), n, now)
+        answer_or_retired(self.acquire_decision(state, n, now), n, |_| now)
     }
 }
 
 impl OneWord for BlindWriteTokenBucket {
-    fn acquire_decision(&self, tat: &AtomicU64, n: u64, now: u64) -> Decision {
+    fn acquire_decision(&self, tat: &AtomicU64, n: u64, now: u64) -> Result<Decision, Retired> {
         let current = tat.load(Ordering::Relaxed);
         let (decision, new) = self.0.decide(current, now, n);
         if let Some(new) = new {
             // The racy step: a blind write where `acquire` has a compare-and-swap.
             tat.swap(new, Ordering::Relaxed);
         }
-        decision
+        Ok(decision)
     }
 
     fn decide(&self, tat: u64, now: u64, n: u64) -> (Decision, Option<u64>) {

@@ -22,7 +22,7 @@ use loom::thread;
 use std::time::Duration;
 
 use tollgate::Rule;
-use tollgate::loom_support::{Gate, GcraParams, WindowParams};
+use tollgate::loom_support::{Gate, GcraParams, Method, WindowParams};
 
 use crate::support::{FixedClock, WINDOW, explore, rule};
 
@@ -61,7 +61,9 @@ pub(crate) fn check_two_limits(threads: usize, undo: Undo) {
                     }
                     let mut reservations = Vec::new();
                     for (taken, limit) in limits.iter().enumerate() {
-                        let (decision, reservation) = limit.reserve(&states[taken], 1, &clock);
+                        let (decision, reservation) = limit
+                            .reserve(&states[taken], 1, &clock)
+                            .expect("nothing retires these states");
                         if let (true, Some(reservation)) = (decision.is_allowed(), reservation) {
                             reservations.push((decision, reservation));
                             continue;
@@ -101,7 +103,8 @@ pub(crate) fn check_two_limits(threads: usize, undo: Undo) {
             // least as far in debt as `granted` grants alone leave it.
             let alone = AtomicU64::new(0);
             for _ in 0..granted {
-                assert!(limit.acquire(&alone, 1, &FixedClock(0)).is_allowed());
+                let decided = limit.acquire(&alone, 1, &FixedClock(0));
+                assert!(decided.is_ok_and(|decision| decision.is_allowed()));
             }
             let (held, expected) = (state.load(Ordering::Relaxed), alone.load(Ordering::Relaxed));
             assert!(
@@ -220,7 +223,9 @@ pub(crate) fn check_a_refusal_leaves_no_window_moved(order: Order) {
             };
             let mut taken = Vec::new();
             for at in order {
-                let (decision, reservation) = limits[at].reserve(&states[at], 1, &clock);
+                let (decision, reservation) = limits[at]
+                    .reserve(&states[at], 1, &clock)
+                    .expect("nothing retires these states");
                 match reservation {
                     Some(reservation) if decision.is_allowed() => {
                         taken.push((at, decision, reservation));

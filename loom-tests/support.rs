@@ -8,7 +8,9 @@
 use std::time::Duration;
 
 use loom::sync::atomic::AtomicU64;
-use tollgate::loom_support::{CounterParams, GcraParams, LogParams, LogRing, WindowParams};
+use tollgate::loom_support::{
+    CounterParams, GcraParams, LogParams, LogRing, Method as Core, Retired, WindowParams,
+};
 use tollgate::{Clock, Decision, Rule};
 
 /// The window of every rule in the models: one second. The fixed window refuses windows whose
@@ -75,11 +77,6 @@ impl Answer {
             Answer::Denied | Answer::Retired => None,
         }
     }
-}
-
-/// Whether `decision` comes from a retired state.
-pub(crate) fn is_retired(decision: &Decision) -> bool {
-    tollgate::loom_support::is_retired(decision)
 }
 
 /// The guarantee a method makes over the times its admissions were counted at.
@@ -210,7 +207,7 @@ pub(crate) trait Evictable: Method {
 /// history can be replayed without any atomics.
 pub(crate) trait OneWord: Method<State = AtomicU64> {
     /// The full decision of an attempt, as `acquire` takes it.
-    fn acquire_decision(&self, word: &AtomicU64, n: u64, now: u64) -> Decision;
+    fn acquire_decision(&self, word: &AtomicU64, n: u64, now: u64) -> Result<Decision, Retired>;
 
     /// The pure step: the decision from `word`, and the word to store if it changes.
     fn decide(&self, word: u64, now: u64, n: u64) -> (Decision, Option<u64>);
@@ -220,10 +217,21 @@ pub(crate) trait OneWord: Method<State = AtomicU64> {
 pub(crate) fn answer(decision: &Decision, n: u64, time: u64) -> Answer {
     if decision.is_allowed() {
         Answer::Admitted(Admission { time, permits: n })
-    } else if is_retired(decision) {
-        Answer::Retired
     } else {
         Answer::Denied
+    }
+}
+
+/// The answer for what an attempt on a state that may be retired got: [`Answer::Retired`], or
+/// as [`answer`] says, counted at `counted_at` of the decision when allowed.
+pub(crate) fn answer_or_retired(
+    decided: Result<Decision, Retired>,
+    n: u64,
+    counted_at: impl FnOnce(&Decision) -> u64,
+) -> Answer {
+    match decided {
+        Ok(decision) => answer(&decision, n, counted_at(&decision)),
+        Err(Retired) => Answer::Retired,
     }
 }
 
@@ -242,7 +250,7 @@ impl Method for GcraParams {
     const BOUND: Bound = Bound::RefillRate;
 
     fn rule(&self) -> Rule {
-        GcraParams::rule(self)
+        Core::rule(self)
     }
 
     fn fresh_state(&self) -> AtomicU64 {
@@ -252,17 +260,17 @@ impl Method for GcraParams {
     fn acquire(&self, state: &AtomicU64, n: u64, now: u64) -> Answer {
         // The bucket's bound holds over the clock readings themselves: a reading behind the TAT
         // is only more debt.
-        answer(&self.acquire_decision(state, n, now), n, now)
+        answer_or_retired(self.acquire_decision(state, n, now), n, |_| now)
     }
 }
 
 impl Evictable for GcraParams {
     fn retire_if_idle(&self, state: &AtomicU64, now: u64) -> bool {
-        self.retire_if_full(state, now)
+        Core::retire_if_idle(self, state, now)
     }
 
     fn retire_now(&self, state: &AtomicU64) -> bool {
-        GcraParams::retire_now(state)
+        Core::retire_now(self, state)
     }
 
     fn fresh_state_since(&self, since: u64) -> AtomicU64 {
@@ -270,13 +278,13 @@ impl Evictable for GcraParams {
     }
 
     fn state_is_retired(&self, state: &AtomicU64, now: u64) -> bool {
-        is_retired(&self.peek(state, &FixedClock(now)))
+        Core::peek(self, state, &FixedClock(now)).is_err()
     }
 }
 
 impl OneWord for GcraParams {
-    fn acquire_decision(&self, word: &AtomicU64, n: u64, now: u64) -> Decision {
-        GcraParams::acquire(self, word, n, &FixedClock(now))
+    fn acquire_decision(&self, word: &AtomicU64, n: u64, now: u64) -> Result<Decision, Retired> {
+        Core::acquire(self, word, n, &FixedClock(now))
     }
 
     fn decide(&self, word: u64, now: u64, n: u64) -> (Decision, Option<u64>) {
@@ -289,7 +297,7 @@ impl Method for WindowParams {
     const BOUND: Bound = Bound::PerAlignedWindow;
 
     fn rule(&self) -> Rule {
-        WindowParams::rule(self)
+        Core::rule(self)
     }
 
     fn fresh_state(&self) -> AtomicU64 {
@@ -297,18 +305,18 @@ impl Method for WindowParams {
     }
 
     fn acquire(&self, state: &AtomicU64, n: u64, now: u64) -> Answer {
-        let decision = self.acquire_decision(state, n, now);
-        answer(&decision, n, counted_time(&decision, now))
+        let decided = self.acquire_decision(state, n, now);
+        answer_or_retired(decided, n, |decision| counted_time(decision, now))
     }
 }
 
 impl Evictable for WindowParams {
     fn retire_if_idle(&self, state: &AtomicU64, now: u64) -> bool {
-        WindowParams::retire_if_idle(self, state, now)
+        Core::retire_if_idle(self, state, now)
     }
 
     fn retire_now(&self, state: &AtomicU64) -> bool {
-        WindowParams::retire_now(state)
+        Core::retire_now(self, state)
     }
 
     fn fresh_state_since(&self, since: u64) -> AtomicU64 {
@@ -316,13 +324,13 @@ impl Evictable for WindowParams {
     }
 
     fn state_is_retired(&self, state: &AtomicU64, now: u64) -> bool {
-        is_retired(&self.peek(state, &FixedClock(now)))
+        Core::peek(self, state, &FixedClock(now)).is_err()
     }
 }
 
 impl OneWord for WindowParams {
-    fn acquire_decision(&self, word: &AtomicU64, n: u64, now: u64) -> Decision {
-        WindowParams::acquire(self, word, n, &FixedClock(now))
+    fn acquire_decision(&self, word: &AtomicU64, n: u64, now: u64) -> Result<Decision, Retired> {
+        Core::acquire(self, word, n, &FixedClock(now))
     }
 
     fn decide(&self, word: u64, now: u64, n: u64) -> (Decision, Option<u64>) {
@@ -344,7 +352,7 @@ impl Method for CounterParams {
     const BOUND: Bound = Bound::WeightedEstimate;
 
     fn rule(&self) -> Rule {
-        CounterParams::rule(self)
+        Core::rule(self)
     }
 
     fn fresh_state(&self) -> AtomicU64 {
@@ -352,18 +360,18 @@ impl Method for CounterParams {
     }
 
     fn acquire(&self, state: &AtomicU64, n: u64, now: u64) -> Answer {
-        let decision = self.acquire_decision(state, n, now);
-        answer(&decision, n, counter_counted_time(&decision, now))
+        let decided = self.acquire_decision(state, n, now);
+        answer_or_retired(decided, n, |decision| counter_counted_time(decision, now))
     }
 }
 
 impl Evictable for CounterParams {
     fn retire_if_idle(&self, state: &AtomicU64, now: u64) -> bool {
-        CounterParams::retire_if_idle(self, state, now)
+        Core::retire_if_idle(self, state, now)
     }
 
     fn retire_now(&self, state: &AtomicU64) -> bool {
-        CounterParams::retire_now(state)
+        Core::retire_now(self, state)
     }
 
     fn fresh_state_since(&self, since: u64) -> AtomicU64 {
@@ -371,13 +379,13 @@ impl Evictable for CounterParams {
     }
 
     fn state_is_retired(&self, state: &AtomicU64, now: u64) -> bool {
-        is_retired(&self.peek(state, &FixedClock(now)))
+        Core::peek(self, state, &FixedClock(now)).is_err()
     }
 }
 
 impl OneWord for CounterParams {
-    fn acquire_decision(&self, word: &AtomicU64, n: u64, now: u64) -> Decision {
-        CounterParams::acquire(self, word, n, &FixedClock(now))
+    fn acquire_decision(&self, word: &AtomicU64, n: u64, now: u64) -> Result<Decision, Retired> {
+        Core::acquire(self, word, n, &FixedClock(now))
     }
 
     fn decide(&self, word: u64, now: u64, n: u64) -> (Decision, Option<u64>) {
@@ -390,7 +398,7 @@ impl Method for LogParams {
     const BOUND: Bound = Bound::EverySpanOfOneWindow;
 
     fn rule(&self) -> Rule {
-        LogParams::rule(self)
+        Core::rule(self)
     }
 
     fn fresh_state(&self) -> LogRing<AtomicU64> {
@@ -398,18 +406,18 @@ impl Method for LogParams {
     }
 
     fn acquire(&self, state: &LogRing<AtomicU64>, n: u64, now: u64) -> Answer {
-        let decision = LogParams::acquire(self, state, n, &FixedClock(now));
-        answer(&decision, n, counted_time(&decision, now))
+        let decided = Core::acquire(self, state, n, &FixedClock(now));
+        answer_or_retired(decided, n, |decision| counted_time(decision, now))
     }
 }
 
 impl Evictable for LogParams {
     fn retire_if_idle(&self, state: &LogRing<AtomicU64>, now: u64) -> bool {
-        LogParams::retire_if_idle(self, state, now)
+        Core::retire_if_idle(self, state, now)
     }
 
     fn retire_now(&self, state: &LogRing<AtomicU64>) -> bool {
-        state.retire(None)
+        Core::retire_now(self, state)
     }
 
     fn fresh_state_since(&self, since: u64) -> LogRing<AtomicU64> {
@@ -417,25 +425,26 @@ impl Evictable for LogParams {
     }
 
     fn state_is_retired(&self, state: &LogRing<AtomicU64>, now: u64) -> bool {
-        is_retired(&self.peek(state, &FixedClock(now)))
+        Core::peek(self, state, &FixedClock(now)).is_err()
     }
 }
 
 #[test]
 fn retired_decisions_are_told_from_denials() {
-    // `is_retired` reads the outcome from `Debug`: check that it tells a retired state from a
-    // denial, so that no model silently treats one as the other.
+    // Check that a retired state answers `Retired` and a denial a denied decision, so that no
+    // model silently treats one as the other.
     loom::model(|| {
         let params = GcraParams::new(rule(1)).expect("the bucket accepts the rule");
-        let clock = FixedClock(0);
         let retired = AtomicU64::new(0);
-        assert!(params.retire_if_full(&retired, 0));
-        let decision = params.acquire(&retired, 1, &clock);
-        assert!(is_retired(&decision) && !decision.is_allowed());
+        assert!(Core::retire_if_idle(&params, &retired, 0));
+        assert_eq!(Method::acquire(&params, &retired, 1, 0), Answer::Retired);
 
         let emptied = AtomicU64::new(0);
-        assert!(params.acquire(&emptied, 1, &clock).is_allowed());
-        let decision = params.acquire(&emptied, 1, &clock);
-        assert!(!is_retired(&decision) && !decision.is_allowed());
+        assert!(
+            Method::acquire(&params, &emptied, 1, 0)
+                .admission()
+                .is_some()
+        );
+        assert_eq!(Method::acquire(&params, &emptied, 1, 0), Answer::Denied);
     });
 }

@@ -1,7 +1,7 @@
 //! [`Decision`]: the answer to one attempt, with what a response header needs.
 
 use std::fmt;
-use std::num::NonZeroU64;
+use std::num::{NonZeroU32, NonZeroU64};
 use std::time::Duration;
 
 use crate::Rule;
@@ -13,6 +13,13 @@ use crate::Rule;
 /// long until the quota is whole again (the `Retry-After` header and the IETF `RateLimit` /
 /// `RateLimit-Policy` fields; see [`Decision::retry_after_header`] and
 /// [`Decision::ratelimit_header`]).
+///
+/// # Size
+///
+/// 64 bytes, one cache line, returned by value: the rule (16 bytes), the three figures (24),
+/// the deciding limiter's units (12: the token bucket keeps its figures in ticks and token
+/// parts, and they are divided only when read), a rejection's limit (8; its request shares the
+/// word of the wait a rejection has no use for) and the outcome (1).
 ///
 /// # Examples
 ///
@@ -31,42 +38,57 @@ use crate::Rule;
 #[derive(Clone, Copy)]
 #[must_use = "a decision says whether the request may proceed"]
 pub struct Decision {
-    outcome: Outcome,
     rule: Rule,
     // The figures below are kept in the deciding limiter's own units and divided only when asked
     // for: a caller that only checks `is_allowed` pays for no division (a division can panic on
     // a zero divisor, so the compiler could not drop an unused one; the divisors here are
-    // `NonZeroU64`, and the divisions happen in the accessors).
-    /// Permits left, times `scale.permit`.
+    // non-zero, and the divisions happen in the accessors).
+    /// Permits left, times `permit`.
     remaining: u64,
-    /// In ticks of `scale.ticks_per_nano`.
+    /// In ticks of `ticks_per_nano`. A rejected decision waits for ever and keeps here the
+    /// permits it was asked for instead (see [`Decision::rejection`]).
     retry_after: u64,
-    /// In ticks of `scale.ticks_per_nano`.
+    /// In ticks of `ticks_per_nano`.
     reset_after: u64,
-    scale: Scale,
+    /// How many units of `remaining` make a permit (see [`Scale`]).
+    permit: NonZeroU64,
+    /// The limit a rejected request exceeded: the deciding rule's, except where a backend
+    /// reports one limit's rejection with another limit's quota (a plan of several limits).
+    rejected_limit: u64,
+    /// How many ticks make a nanosecond (see [`Scale`]).
+    ticks_per_nano: NonZeroU32,
+    outcome: Outcome,
 }
+
+// Every field above is one a caller can read back (the rule, the three figures, a rejection's
+// two numbers) or the units they are kept in; a rejection's request shares the word of the wait
+// it has no use for. 61 bytes of fields, so 64 with alignment: one cache line, where the
+// straightforward layout (an outcome enum carrying the `Rejection`, a 16-byte `Scale`) took 80.
+const _: () = assert!(size_of::<Decision>() <= 64);
 
 /// The units a limiter reports in: how many ticks make a nanosecond, and how many units of
 /// `remaining` make a permit. Both 1 for the window methods.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Scale {
-    pub(crate) ticks_per_nano: NonZeroU64,
+    /// At most 29 (the token bucket's finest tick, see `GcraParams`), so 32 bits are plenty.
+    pub(crate) ticks_per_nano: NonZeroU32,
     pub(crate) permit: NonZeroU64,
 }
 
 impl Scale {
     /// Nanoseconds and whole permits.
     pub(crate) const UNIT: Scale = Scale {
-        ticks_per_nano: NonZeroU64::MIN,
+        ticks_per_nano: NonZeroU32::MIN,
         permit: NonZeroU64::MIN,
     };
 }
 
 impl PartialEq for Decision {
-    /// Decisions are equal when they report the same: the same outcome, rule and figures, in
-    /// whatever units each limiter keeps them.
+    /// Decisions are equal when they report the same: the same outcome, rejection, rule and
+    /// figures, in whatever units each limiter keeps them.
     fn eq(&self, other: &Self) -> bool {
         self.outcome == other.outcome
+            && self.rejection() == other.rejection()
             && self.rule == other.rule
             && self.remaining() == other.remaining()
             && self.retry_after() == other.retry_after()
@@ -80,6 +102,7 @@ impl fmt::Debug for Decision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Decision")
             .field("outcome", &self.outcome)
+            .field("rejection", &self.rejection())
             .field("rule", &self.rule)
             .field("remaining", &self.remaining())
             .field("retry_after", &self.retry_after())
@@ -92,23 +115,30 @@ impl fmt::Debug for Decision {
 enum Outcome {
     Allowed,
     Denied,
-    Rejected(Rejection),
-    /// The limiter was retired for eviction; the service retries on a fresh one. Public limiters
-    /// are never retired, so users never see this outcome.
-    Retired,
+    /// Denied for good: see [`Decision::rejection`].
+    Rejected,
 }
+
+/// What a decision on a client's state answers when the state has been retired: by the
+/// service's sweep (an idle state) or by a rule change. The caller (the service) moves to a
+/// fresh state and decides there; the retired state granted nothing. Public limiters are never
+/// retired, and no [`Decision`] ever says it was: this is the one encoding of it, as the error
+/// of a `Result`.
+#[doc(hidden)]
+#[cfg_attr(not(feature = "loom"), allow(unreachable_pub))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retired;
 
 /// The answer to one permit, for callers that ask only whether it was granted: no figures, so
 /// nothing to compute or build beyond the decision itself.
 #[doc(hidden)]
+#[cfg_attr(not(feature = "loom"), allow(unreachable_pub))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Admit {
+pub enum Admit {
     /// The permit was taken.
     Granted,
     /// It was not (and nothing was taken).
     Denied,
-    /// The state was retired for eviction (see [`Outcome::Retired`]).
-    Retired,
 }
 
 /// Why a request can never be granted as asked, whatever the wait.
@@ -153,14 +183,7 @@ impl Decision {
         remaining: u64,
         reset_after: u64,
     ) -> Decision {
-        Decision {
-            outcome: Outcome::Allowed,
-            rule,
-            remaining,
-            retry_after: 0,
-            reset_after,
-            scale,
-        }
+        Decision::with(Outcome::Allowed, rule, scale, [remaining, 0, reset_after])
     }
 
     /// Denied, with figures in nanoseconds and whole permits.
@@ -189,14 +212,24 @@ impl Decision {
         retry_after: u64,
         reset_after: u64,
     ) -> Decision {
+        // A denial always asks for a wait: a zero would invite a tight retry loop.
+        let figures = [remaining, retry_after.max(1), reset_after];
+        Decision::with(Outcome::Denied, rule, scale, figures)
+    }
+
+    /// `outcome`, with `[remaining, retry_after, reset_after]` in `scale`'s units.
+    #[inline]
+    fn with(outcome: Outcome, rule: Rule, scale: Scale, figures: [u64; 3]) -> Decision {
+        let [remaining, retry_after, reset_after] = figures;
         Decision {
-            outcome: Outcome::Denied,
             rule,
             remaining,
-            // A denial always asks for a wait: a zero would invite a tight retry loop.
-            retry_after: retry_after.max(1),
+            retry_after,
             reset_after,
-            scale,
+            permit: scale.permit,
+            rejected_limit: 0,
+            ticks_per_nano: scale.ticks_per_nano,
+            outcome,
         }
     }
 
@@ -206,36 +239,20 @@ impl Decision {
     #[cfg(feature = "redis")]
     #[inline]
     pub(crate) fn rejected(rule: Rule, rejection: Rejection) -> Decision {
-        Decision {
-            outcome: Outcome::Rejected(rejection),
-            rule,
-            remaining: 0,
-            retry_after: 0,
-            reset_after: 0,
-            scale: Scale::UNIT,
-        }
+        Decision::allowed(rule, 0, 0).into_rejected(rejection)
     }
 
     /// The same figures (what the limiter holds), rejected for good with `rejection`: a request
     /// that can never be granted still reports the real quota.
     #[inline]
     pub(crate) fn into_rejected(self, rejection: Rejection) -> Decision {
+        let Rejection::ExceedsLimit { requested, limit } = rejection;
         Decision {
-            outcome: Outcome::Rejected(rejection),
-            retry_after: 0,
+            outcome: Outcome::Rejected,
+            // A rejection waits for ever (see `retry_after`), so its word holds the request.
+            retry_after: requested,
+            rejected_limit: limit,
             ..self
-        }
-    }
-
-    #[inline]
-    pub(crate) fn retired(rule: Rule) -> Decision {
-        Decision {
-            outcome: Outcome::Retired,
-            rule,
-            remaining: 0,
-            retry_after: 0,
-            reset_after: 0,
-            scale: Scale::UNIT,
         }
     }
 
@@ -245,16 +262,10 @@ impl Decision {
         self.reset_after
     }
 
-    /// Whether the limiter that decided was retired (see [`Outcome::Retired`]).
-    #[inline]
-    pub(crate) fn is_retired(&self) -> bool {
-        matches!(self.outcome, Outcome::Retired)
-    }
-
     /// Whether the permits were granted.
     #[inline]
     pub fn is_allowed(&self) -> bool {
-        matches!(self.outcome, Outcome::Allowed)
+        self.outcome == Outcome::Allowed
     }
 
     /// Whether the permits were refused (for now, or for good: see [`Decision::rejection`]).
@@ -265,10 +276,10 @@ impl Decision {
 
     /// Why the request can never be granted as asked, if that is the case.
     pub fn rejection(&self) -> Option<Rejection> {
-        match self.outcome {
-            Outcome::Rejected(rejection) => Some(rejection),
-            _ => None,
-        }
+        (self.outcome == Outcome::Rejected).then_some(Rejection::ExceedsLimit {
+            requested: self.retry_after,
+            limit: self.rejected_limit,
+        })
     }
 
     /// The limit of the rule that decided.
@@ -283,18 +294,18 @@ impl Decision {
 
     /// Permits left right after this decision (a snapshot: other threads may take them).
     pub fn remaining(&self) -> u64 {
-        self.remaining / self.scale.permit
+        self.remaining / self.permit
     }
 
     /// Ticks to nanoseconds, rounded up (a client told to wait must not come back early).
     fn nanos(&self, ticks: u64) -> Duration {
-        Duration::from_nanos(ticks.div_ceil(self.scale.ticks_per_nano.get()))
+        Duration::from_nanos(ticks.div_ceil(u64::from(self.ticks_per_nano.get())))
     }
 
     /// How long to wait before the same request could be granted: zero when allowed,
     /// [`Duration::MAX`] when rejected for good.
     pub fn retry_after(&self) -> Duration {
-        if let Outcome::Rejected(_) = self.outcome {
+        if self.outcome == Outcome::Rejected {
             return Duration::MAX;
         }
         self.nanos(self.retry_after)

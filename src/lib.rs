@@ -123,18 +123,14 @@ pub use service::{PlanStats, RateLimiterService, ServiceBuilder, Sweeper};
 #[cfg(feature = "loom")]
 #[doc(hidden)]
 pub mod loom_support {
+    pub use crate::decision::{Admit, Retired};
+    pub use crate::method::Method;
     pub use crate::method::fixed_window::WindowParams;
     pub use crate::method::several_limits::Gate;
     pub use crate::method::sliding_window_counter::CounterParams;
     pub use crate::method::sliding_window_log::{LogParams, LogRing};
     pub use crate::method::token_bucket::GcraParams;
     pub use crate::sync::AtomicWord;
-
-    /// Whether `decision` came from a retired state (which the service answers by moving to a
-    /// fresh one; public limiters are never retired).
-    pub fn is_retired(decision: &crate::Decision) -> bool {
-        decision.is_retired()
-    }
 }
 
 // The README's examples are compiled and run as doc tests, all of them, so only with the

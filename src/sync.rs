@@ -17,7 +17,7 @@ pub(crate) type Word = portable_atomic::AtomicU64;
 ///
 /// Implemented for the production word and, with the `loom` feature, for loom's `AtomicU64`.
 #[doc(hidden)]
-pub trait AtomicWord: Send + Sync {
+pub trait AtomicWord: Send + Sync + std::fmt::Debug {
     /// A word holding `value`.
     fn new(value: u64) -> Self;
     /// Atomic load.

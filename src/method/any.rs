@@ -4,7 +4,7 @@
 //!
 //! Each operation matches the constants (and the state's shape) to the method's own [`Method`]
 //! impl. A state of another shape than the method keeps (left from before a rule change) answers
-//! as retired, so that the service replaces it.
+//! as retired ([`Retired`]), so that the service replaces it.
 
 use super::Method;
 use super::client_state::ClientState;
@@ -14,7 +14,7 @@ use super::sliding_window_log::LogParams;
 use super::token_bucket::GcraParams;
 use super::word::Reservation;
 use crate::clock::Clock;
-use crate::decision::Admit;
+use crate::decision::{Admit, Retired};
 use crate::error::RuleError;
 use crate::{Algorithm, Decision, Rule};
 
@@ -131,16 +131,25 @@ impl AnyParams {
 
     /// See [`Method::acquire`].
     #[inline]
-    pub(crate) fn acquire(&self, state: &ClientState, n: u64, clock: &impl Clock) -> Decision {
+    pub(crate) fn acquire(
+        &self,
+        state: &ClientState,
+        n: u64,
+        clock: &impl Clock,
+    ) -> Result<Decision, Retired> {
         on_state!(self, state, params, state => Method::acquire(params, state, n, clock),
-            else Decision::retired(self.rule()))
+            else Err(Retired))
     }
 
     /// See [`Method::acquire_one`].
     #[inline(always)]
-    pub(crate) fn acquire_one(&self, state: &ClientState, clock: &impl Clock) -> Admit {
+    pub(crate) fn acquire_one(
+        &self,
+        state: &ClientState,
+        clock: &impl Clock,
+    ) -> Result<Admit, Retired> {
         on_state!(self, state, params, state => Method::acquire_one(params, state, clock),
-            else Admit::Retired)
+            else Err(Retired))
     }
 
     /// See [`Method::acquire_one_uncounted`].
@@ -150,22 +159,31 @@ impl AnyParams {
         &self,
         state: &ClientState,
         clock: &impl Clock,
-    ) -> Decision {
+    ) -> Result<Decision, Retired> {
         on_state!(self, state, params, state => Method::acquire_one_uncounted(params, state, clock),
-            else Decision::retired(self.rule()))
+            else Err(Retired))
     }
 
     /// See [`Method::peek`].
     #[inline]
-    pub(crate) fn peek(&self, state: &ClientState, clock: &impl Clock) -> Decision {
+    pub(crate) fn peek(
+        &self,
+        state: &ClientState,
+        clock: &impl Clock,
+    ) -> Result<Decision, Retired> {
         on_state!(self, state, params, state => Method::peek(params, state, clock),
-            else Decision::retired(self.rule()))
+            else Err(Retired))
     }
 
     /// See [`Method::dry_run`].
-    pub(crate) fn dry_run(&self, state: &ClientState, n: u64, clock: &impl Clock) -> Decision {
+    pub(crate) fn dry_run(
+        &self,
+        state: &ClientState,
+        n: u64,
+        clock: &impl Clock,
+    ) -> Result<Decision, Retired> {
         on_state!(self, state, params, state => Method::dry_run(params, state, n, clock),
-            else Decision::retired(self.rule()))
+            else Err(Retired))
     }
 
     /// See [`Method::would_roll`].
@@ -181,9 +199,9 @@ impl AnyParams {
         state: &ClientState,
         n: u64,
         clock: &impl Clock,
-    ) -> (Decision, Option<Reservation>) {
+    ) -> Result<(Decision, Option<Reservation>), Retired> {
         on_state!(self, state, params, state => Method::reserve(params, state, n, clock),
-            else (Decision::retired(self.rule()), None))
+            else Err(Retired))
     }
 
     /// See [`Method::undo`].
@@ -216,7 +234,9 @@ impl AnyParams {
             several.retire_now();
             return;
         }
-        on_state!(self, state, params, state => Method::retire_now(params, state), else ())
+        on_state!(self, state, params, state => {
+            Method::retire_now(params, state);
+        }, else ())
     }
 
     /// Retires `state` if it is indistinguishable from a fresh one at `now_nanos`.

@@ -10,16 +10,16 @@
 #![cfg_attr(not(feature = "loom"), allow(unreachable_pub))]
 
 use crate::clock::Clock;
-use crate::decision::{Admit, Decision, Rejection};
+use crate::decision::{Admit, Decision, Rejection, Retired};
 use crate::error::RuleError;
 use crate::method::Method;
-use crate::method::standalone::Standalone;
+use crate::method::standalone::{Standalone, public_limiter};
 use crate::method::word::{self, Reservation, Step};
-use crate::sync::{AtomicWord, Ordering, Word};
-use crate::{Algorithm, Limiter, Rule};
+use crate::sync::{AtomicWord, Ordering};
+use crate::{Algorithm, Rule};
 
 /// Set on a word retired for eviction; no permit is granted from it.
-const RETIRED: u64 = 1 << 63;
+const RETIRED: u64 = word::RETIRED_FLAG;
 
 /// Room above N in the count field for the fast path's overshoot. A `fetch_add` that finds the
 /// count already at N still adds 1 (and is denied); only threads that saw the count below N just
@@ -95,12 +95,6 @@ impl WindowParams {
             max_index,
             origin_nanos: 0,
         })
-    }
-
-    /// The rule these parameters enforce.
-    #[cfg(feature = "loom")]
-    pub fn rule(&self) -> Rule {
-        self.rule
     }
 
     #[inline]
@@ -210,38 +204,6 @@ impl WindowParams {
         (decision, (n > 0).then(|| self.pack(index, used + n)))
     }
 
-    /// Takes `n` permits from the window word `word`, if all are available now.
-    #[inline]
-    pub fn acquire<A: AtomicWord>(&self, word: &A, n: u64, clock: &impl Clock) -> Decision {
-        // Relaxed, for every access to the word: the decision depends on this one word only, and
-        // read-modify-writes of one word are totally ordered, so each grant sees every earlier
-        // one. No other memory is published through it.
-        let current = word.load(Ordering::Relaxed);
-        let now = self.elapsed(clock.now_nanos());
-        if n == 1 && current & RETIRED == 0 {
-            let (index, count) = self.unpack(current);
-            if count < self.rule.limit() && self.is_within(index, now) {
-                return self.acquire_one_in_current_window(word, now);
-            }
-        }
-        // One clock reading per attempt, kept on a retry (see `GcraParams::acquire`).
-        self.decide_on(word, current, now, n).0
-    }
-
-    /// [`WindowParams::acquire`], also returning what a grant changed, so that a plan of several
-    /// limits can undo it exactly (see [`WindowParams::undo`]).
-    #[inline]
-    pub fn reserve<A: AtomicWord>(
-        &self,
-        word: &A,
-        n: u64,
-        clock: &impl Clock,
-    ) -> (Decision, Option<Reservation>) {
-        let now = self.elapsed(clock.now_nanos());
-        // Relaxed: see `acquire`.
-        self.decide_on(word, word.load(Ordering::Relaxed), now, n)
-    }
-
     /// The compare-and-swap loop of a decision at `now` (counted from window 0), from `current`.
     #[inline]
     fn decide_on<A: AtomicWord>(
@@ -250,161 +212,46 @@ impl WindowParams {
         current: u64,
         now: u64,
         n: u64,
-    ) -> (Decision, Option<Reservation>) {
+    ) -> Result<(Decision, Option<Reservation>), Retired> {
         word::decide(
             word,
             current,
             |current| current & RETIRED != 0,
-            || Decision::retired(self.rule),
             |current| self.decide_elapsed(current, now, n),
         )
     }
 
-    /// Takes one permit if one is available now: [`WindowParams::acquire`] for `n = 1`,
-    /// answering only whether (no [`Decision`] is built), for callers that ask nothing more.
+    /// Whether one permit at `now` (counted from window 0) may take the fast path on the word
+    /// `current`: it is live, its window is the reading's, and it has room for one more.
     #[inline]
-    pub(crate) fn acquire_one<A: AtomicWord>(&self, word: &A, clock: &impl Clock) -> Admit {
-        // Relaxed, for every access to the word: see `acquire`.
-        let current = word.load(Ordering::Relaxed);
-        let now = self.elapsed(clock.now_nanos());
-        let limit = self.rule.limit();
-        if current & RETIRED == 0 {
-            let (index, count) = self.unpack(current);
-            if count < limit && self.is_within(index, now) {
-                // The fast path, as `acquire_one_in_current_window` takes it.
-                let previous = word.fetch_add(1, Ordering::Relaxed);
-                return if previous & RETIRED != 0 {
-                    Admit::Retired
-                } else if self.unpack(previous).1 < limit {
-                    Admit::Granted
-                } else {
-                    Admit::Denied
-                };
-            }
-        }
-        word::update(word, current, |current| {
-            if current & RETIRED != 0 {
-                return Step::Answer(Admit::Retired);
-            }
-            // As `decide_elapsed` for n = 1.
-            let (stored_index, count) = self.unpack(current);
-            let (index, used) = match self.newer_index(stored_index, now) {
-                Some(now_index) => (now_index, 0),
-                None => (stored_index, count.min(limit)),
-            };
-            if used >= limit {
-                Step::Answer(Admit::Denied)
-            } else {
-                Step::Store(self.pack(index, used + 1), Admit::Granted)
-            }
-        })
-    }
-
-    /// Undoes the grant that made `reservation` (a reservation across several limits that
-    /// another limit refused, `granted` its decision, made at `now_nanos`).
-    ///
-    /// While the word is still the one the grant stored, the word it replaced is stored again:
-    /// exact for every reading, even where the grant had rolled the window forward (a reading of
-    /// the window before is then counted in that window again, as it was). Once another decision
-    /// has landed, the `n` permits are taken off the window the grant was counted in (the one
-    /// where its `reset_after` ends), if that is still the stored one; a window that has rolled
-    /// over since has nothing to give back.
-    pub fn undo<A: AtomicWord>(
-        &self,
-        word: &A,
-        n: u64,
-        granted: &Decision,
-        reservation: Reservation,
-        now_nanos: u64,
-    ) {
-        if word::restore(word, reservation) {
-            return;
-        }
-        let end = self
-            .elapsed(now_nanos)
-            .saturating_add(granted.reset_after_units());
-        let Some(index) = (end / self.rule.window_nanos()).checked_sub(1) else {
-            return;
-        };
-        // Relaxed: see `word::update`.
-        word::update(word, word.load(Ordering::Relaxed), |current| {
-            let (stored, count) = self.unpack(current);
-            if current & RETIRED != 0 || stored != index.min(self.max_index) {
-                return Step::Answer(());
-            }
-            Step::Store(self.pack(stored, count.saturating_sub(n)), ())
-        });
-    }
-
-    /// See [`Method::would_roll`]: whether the reading lies past the stored window.
-    pub fn would_roll<A: AtomicWord>(&self, word: &A, clock: &impl Clock) -> bool {
-        // Relaxed: a snapshot of one word; the caller orders its takings by it, and a word that
-        // moves meanwhile only makes the order less useful, never a decision wrong.
-        let (stored, _) = self.unpack(word.load(Ordering::Relaxed) & !RETIRED);
-        self.newer_index(stored, self.elapsed(clock.now_nanos()))
-            .is_some()
-    }
-
-    /// What taking `n` permits at the clock's reading would answer, taking nothing.
-    #[inline]
-    pub(crate) fn dry_run<A: AtomicWord>(&self, word: &A, n: u64, clock: &impl Clock) -> Decision {
-        // Relaxed: a snapshot of one word.
-        let current = word.load(Ordering::Relaxed) & !RETIRED;
-        self.decide_elapsed(current, self.elapsed(clock.now_nanos()), n)
-            .0
+    fn has_room_now(&self, current: u64, now: u64) -> bool {
+        let (index, count) = self.unpack(current);
+        current & RETIRED == 0 && count < self.rule.limit() && self.is_within(index, now)
     }
 
     /// The fast path: one `fetch_add` instead of a CAS loop, which never retries under
     /// contention. Exact: the add is granted iff the count it replaced was below N, and an add
     /// that lands in a newer window (another thread rolled it over) counts in that window.
     #[inline]
-    fn acquire_one_in_current_window<A: AtomicWord>(&self, word: &A, now_nanos: u64) -> Decision {
+    fn acquire_one_in_current_window<A: AtomicWord>(
+        &self,
+        word: &A,
+        now_nanos: u64,
+    ) -> Result<Decision, Retired> {
         // Relaxed: see `acquire`.
         let previous = word.fetch_add(1, Ordering::Relaxed);
         if previous & RETIRED != 0 {
-            return Decision::retired(self.rule);
+            return Err(Retired);
         }
         let (index, count) = self.unpack(previous);
         let limit = self.rule.limit();
         // As `decide` reports it: the end of the window the permit was counted in, from this
         // reading (so both paths answer alike for the same word and reading).
         let until_end = self.until_end_of(index, now_nanos);
-        if count < limit {
+        Ok(if count < limit {
             Decision::allowed(self.rule, limit - count - 1, until_end)
         } else {
             Decision::denied(self.rule, 0, until_end, until_end)
-        }
-    }
-
-    /// What one permit would get now, taking nothing.
-    #[inline]
-    pub fn peek<A: AtomicWord>(&self, word: &A, clock: &impl Clock) -> Decision {
-        let now = self.elapsed(clock.now_nanos());
-        word::peek(
-            word,
-            |current| current & RETIRED != 0,
-            || Decision::retired(self.rule),
-            |current, n| self.decide_elapsed(current, now, n).0,
-        )
-    }
-
-    /// Retires the word whatever its state (for a client that moved to another rule). Returns
-    /// whether this call did it (false if it already was).
-    pub fn retire_now<A: AtomicWord>(word: &A) -> bool {
-        word::retire_now(word, |current| {
-            (current & RETIRED == 0).then_some(current | RETIRED)
-        })
-    }
-
-    /// Retires the word if its window is over at `now_nanos` (so it is indistinguishable from a
-    /// fresh one). Returns whether it did. Retiring and acquiring are read-modify-writes of the
-    /// same word, so exactly one of them wins.
-    pub fn retire_if_idle<A: AtomicWord>(&self, word: &A, now_nanos: u64) -> bool {
-        let now_index = self.index_at(self.elapsed(now_nanos));
-        word::retire_if(word, |current| {
-            let (index, count) = self.unpack(current);
-            (current & RETIRED == 0 && (index < now_index || count == 0))
-                .then_some(current | RETIRED)
         })
     }
 }
@@ -467,36 +314,12 @@ impl<C: Clock> FixedWindow<C> {
             limiter: Standalone::new(rule, clock)?,
         })
     }
-
-    /// The clock this limiter reads.
-    pub fn clock(&self) -> &C {
-        self.limiter.clock()
-    }
 }
 
-impl<C: Clock> Limiter for FixedWindow<C> {
-    #[inline]
-    fn try_acquire(&self) -> bool {
-        self.limiter.try_acquire()
-    }
-
-    #[inline]
-    fn try_acquire_n(&self, n: u64) -> Decision {
-        self.limiter.try_acquire_n(n)
-    }
-
-    #[inline]
-    fn peek(&self) -> Decision {
-        self.limiter.peek()
-    }
-
-    fn rule(&self) -> Rule {
-        self.limiter.rule()
-    }
-}
+public_limiter!(FixedWindow, WindowParams);
 
 impl Method for WindowParams {
-    type State = Word;
+    type State<A: AtomicWord> = A;
 
     const CAN_UNDO: bool = true;
 
@@ -512,54 +335,162 @@ impl Method for WindowParams {
         self.origin_nanos
     }
 
-    fn fresh(&self, since_nanos: u64) -> Word {
-        Word::new(self.empty_since(since_nanos))
+    fn fresh<A: AtomicWord>(&self, since_nanos: u64) -> A {
+        A::new(self.empty_since(since_nanos))
     }
 
     #[inline]
-    fn acquire(&self, state: &Word, n: u64, clock: &impl Clock) -> Decision {
-        WindowParams::acquire(self, state, n, clock)
-    }
-
-    #[inline]
-    fn acquire_one(&self, state: &Word, clock: &impl Clock) -> Admit {
-        WindowParams::acquire_one(self, state, clock)
-    }
-
-    #[inline]
-    fn peek(&self, state: &Word, clock: &impl Clock) -> Decision {
-        WindowParams::peek(self, state, clock)
-    }
-
-    fn dry_run(&self, state: &Word, n: u64, clock: &impl Clock) -> Decision {
-        WindowParams::dry_run(self, state, n, clock)
-    }
-
-    fn would_roll(&self, state: &Word, clock: &impl Clock) -> bool {
-        WindowParams::would_roll(self, state, clock)
-    }
-
-    fn reserve(&self, state: &Word, n: u64, clock: &impl Clock) -> (Decision, Option<Reservation>) {
-        WindowParams::reserve(self, state, n, clock)
-    }
-
-    fn undo(
+    fn acquire<A: AtomicWord>(
         &self,
-        state: &Word,
+        word: &A,
+        n: u64,
+        clock: &impl Clock,
+    ) -> Result<Decision, Retired> {
+        // Relaxed, for every access to the word: the decision depends on this one word only, and
+        // read-modify-writes of one word are totally ordered, so each grant sees every earlier
+        // one. No other memory is published through it.
+        let current = word.load(Ordering::Relaxed);
+        let now = self.elapsed(clock.now_nanos());
+        if n == 1 && self.has_room_now(current, now) {
+            return self.acquire_one_in_current_window(word, now);
+        }
+        // One clock reading per attempt, kept on a retry (see `GcraParams`' `acquire`).
+        Ok(self.decide_on(word, current, now, n)?.0)
+    }
+
+    /// [`Method::acquire`], also returning what a grant changed, so that a plan of several
+    /// limits can undo it exactly (see [`Method::undo`]).
+    #[inline]
+    fn reserve<A: AtomicWord>(
+        &self,
+        word: &A,
+        n: u64,
+        clock: &impl Clock,
+    ) -> Result<(Decision, Option<Reservation>), Retired> {
+        let now = self.elapsed(clock.now_nanos());
+        // Relaxed: see `acquire`.
+        self.decide_on(word, word.load(Ordering::Relaxed), now, n)
+    }
+
+    /// [`Method::acquire`] for `n = 1`, answering only whether (no [`Decision`] is built).
+    #[inline]
+    fn acquire_one<A: AtomicWord>(&self, word: &A, clock: &impl Clock) -> Result<Admit, Retired> {
+        // Relaxed, for every access to the word: see `acquire`.
+        let current = word.load(Ordering::Relaxed);
+        let now = self.elapsed(clock.now_nanos());
+        let limit = self.rule.limit();
+        if self.has_room_now(current, now) {
+            // The fast path, as `acquire_one_in_current_window` takes it.
+            let previous = word.fetch_add(1, Ordering::Relaxed);
+            return if previous & RETIRED != 0 {
+                Err(Retired)
+            } else if self.unpack(previous).1 < limit {
+                Ok(Admit::Granted)
+            } else {
+                Ok(Admit::Denied)
+            };
+        }
+        word::update(word, current, |current| {
+            if current & RETIRED != 0 {
+                return Step::Answer(Err(Retired));
+            }
+            // As `decide_elapsed` for n = 1.
+            let (stored_index, count) = self.unpack(current);
+            let (index, used) = match self.newer_index(stored_index, now) {
+                Some(now_index) => (now_index, 0),
+                None => (stored_index, count.min(limit)),
+            };
+            if used >= limit {
+                Step::Answer(Ok(Admit::Denied))
+            } else {
+                Step::Store(self.pack(index, used + 1), Ok(Admit::Granted))
+            }
+        })
+    }
+
+    /// Undoes the grant that made `reservation` (a reservation across several limits that
+    /// another limit refused, `granted` its decision, made at `now_nanos`).
+    ///
+    /// While the word is still the one the grant stored, the word it replaced is stored again:
+    /// exact for every reading, even where the grant had rolled the window forward (a reading of
+    /// the window before is then counted in that window again, as it was). Once another decision
+    /// has landed, the `n` permits are taken off the window the grant was counted in (the one
+    /// where its `reset_after` ends), if that is still the stored one; a window that has rolled
+    /// over since has nothing to give back.
+    fn undo<A: AtomicWord>(
+        &self,
+        word: &A,
         n: u64,
         granted: &Decision,
         reservation: Reservation,
         now_nanos: u64,
     ) {
-        WindowParams::undo(self, state, n, granted, reservation, now_nanos);
+        if word::restore(word, reservation) {
+            return;
+        }
+        let end = self
+            .elapsed(now_nanos)
+            .saturating_add(granted.reset_after_units());
+        let Some(index) = (end / self.rule.window_nanos()).checked_sub(1) else {
+            return;
+        };
+        // Relaxed: see `word::update`.
+        word::update(word, word.load(Ordering::Relaxed), |current| {
+            let (stored, count) = self.unpack(current);
+            if current & RETIRED != 0 || stored != index.min(self.max_index) {
+                return Step::Answer(());
+            }
+            Step::Store(self.pack(stored, count.saturating_sub(n)), ())
+        });
     }
 
-    fn retire_now(&self, state: &Word) {
-        WindowParams::retire_now(state);
+    /// Whether the reading lies past the stored window.
+    fn would_roll<A: AtomicWord>(&self, word: &A, clock: &impl Clock) -> bool {
+        // Relaxed: a snapshot of one word; the caller orders its takings by it, and a word that
+        // moves meanwhile only makes the order less useful, never a decision wrong.
+        let (stored, _) = self.unpack(word.load(Ordering::Relaxed) & !RETIRED);
+        self.newer_index(stored, self.elapsed(clock.now_nanos()))
+            .is_some()
     }
 
-    fn retire_if_idle(&self, state: &Word, now_nanos: u64) -> bool {
-        self.retire_if_idle(state, now_nanos)
+    #[inline]
+    fn dry_run<A: AtomicWord>(
+        &self,
+        word: &A,
+        n: u64,
+        clock: &impl Clock,
+    ) -> Result<Decision, Retired> {
+        let current = word::load_live(word)?;
+        Ok(self
+            .decide_elapsed(current, self.elapsed(clock.now_nanos()), n)
+            .0)
+    }
+
+    #[inline]
+    fn peek<A: AtomicWord>(&self, word: &A, clock: &impl Clock) -> Result<Decision, Retired> {
+        let now = self.elapsed(clock.now_nanos());
+        word::peek(
+            word,
+            |current| current & RETIRED != 0,
+            |current, n| self.decide_elapsed(current, now, n).0,
+        )
+    }
+
+    /// Retires the word whatever its state (for a client that moved to another rule).
+    fn retire_now<A: AtomicWord>(&self, word: &A) -> bool {
+        word::retire_flagged_now(word)
+    }
+
+    /// Retires the word if its window is over at `now_nanos` (so it is indistinguishable from a
+    /// fresh one). Retiring and acquiring are read-modify-writes of the same word, so exactly
+    /// one of them wins.
+    fn retire_if_idle<A: AtomicWord>(&self, word: &A, now_nanos: u64) -> bool {
+        let now_index = self.index_at(self.elapsed(now_nanos));
+        word::retire_if(word, |current| {
+            let (index, count) = self.unpack(current);
+            (current & RETIRED == 0 && (index < now_index || count == 0))
+                .then_some(current | RETIRED)
+        })
     }
 }
 

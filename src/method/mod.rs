@@ -28,17 +28,26 @@ pub(crate) mod word;
 use crate::{FixedWindow, SlidingWindowCounter, SlidingWindowLog, TokenBucket};
 
 use crate::clock::Clock;
-use crate::decision::{Admit, Decision};
+use crate::decision::{Admit, Decision, Retired};
 use crate::error::RuleError;
 use crate::rule::Rule;
+use crate::sync::{AtomicWord, Word};
 use word::Reservation;
 
 /// A method: its constants for one rule, deciding on one client's state. Each method's file
-/// writes out its impl; the public limiters (`standalone.rs`) and the service's dispatch
-/// (`any.rs`) both run it.
-pub(crate) trait Method: Copy + Sized {
-    /// One client's state (an atomic word, or a ring of them).
-    type State: std::fmt::Debug + Send + Sync;
+/// writes out its impl, the method's whole logic; the public limiters (`standalone.rs`) and the
+/// service's dispatch (`any.rs`) both run it, on the crate's atomic word, and the `loom`
+/// feature's models run the very same impl on loom's.
+///
+/// A decision on a state that has been retired (by a service's sweep or a rule change) answers
+/// `Err(Retired)`, and the caller moves to a fresh state; a public limiter's state is never
+/// retired.
+// Public (and hidden) only for the `loom` feature's re-exports.
+#[doc(hidden)]
+#[cfg_attr(not(feature = "loom"), allow(unreachable_pub))]
+pub trait Method: Copy + Sized {
+    /// One client's state over the atomic word `A`: the word itself, or a ring of them.
+    type State<A: AtomicWord>: std::fmt::Debug + Send + Sync;
 
     /// Whether the method can undo a grant (see [`Method::undo`]).
     const CAN_UNDO: bool;
@@ -56,66 +65,89 @@ pub(crate) trait Method: Copy + Sized {
     /// The state of a client that has taken nothing yet, as of `since_nanos`: identical to a
     /// fresh one for any reading from then on, and stricter for earlier readings, so that it is
     /// at least as strict as any state retired as idle at or before `since_nanos`.
-    fn fresh(&self, since_nanos: u64) -> Self::State;
+    fn fresh<A: AtomicWord>(&self, since_nanos: u64) -> Self::State<A>;
 
     /// What a fresh state (as of `since_nanos`) would report, without keeping one: a peek, or
     /// with `zero_permits` an acquire of 0 permits.
     fn fresh_report(&self, zero_permits: bool, since_nanos: u64, clock: &impl Clock) -> Decision {
-        let state = self.fresh(since_nanos);
-        if zero_permits {
+        let state = self.fresh::<Word>(since_nanos);
+        let report = if zero_permits {
             self.acquire(&state, 0, clock)
         } else {
             self.peek(&state, clock)
-        }
+        };
+        never_retired(report)
     }
 
     /// Takes `n` permits from `state` if all are available now (see
     /// [`Limiter::try_acquire_n`](crate::Limiter::try_acquire_n)).
-    fn acquire(&self, state: &Self::State, n: u64, clock: &impl Clock) -> Decision;
+    fn acquire<A: AtomicWord>(
+        &self,
+        state: &Self::State<A>,
+        n: u64,
+        clock: &impl Clock,
+    ) -> Result<Decision, Retired>;
 
     /// Takes one permit if one is available now, answering only whether.
-    fn acquire_one(&self, state: &Self::State, clock: &impl Clock) -> Admit;
+    fn acquire_one<A: AtomicWord>(
+        &self,
+        state: &Self::State<A>,
+        clock: &impl Clock,
+    ) -> Result<Admit, Retired>;
 
     /// One permit, as `acquire` takes it, except that an allowed decision may report 0 permits
     /// left where counting them costs more than the decision (the sliding log's search of its
     /// ring): for callers that send no remaining count.
     #[cfg(feature = "tower")]
-    fn acquire_one_uncounted(&self, state: &Self::State, clock: &impl Clock) -> Decision {
+    fn acquire_one_uncounted<A: AtomicWord>(
+        &self,
+        state: &Self::State<A>,
+        clock: &impl Clock,
+    ) -> Result<Decision, Retired> {
         self.acquire(state, 1, clock)
     }
 
     /// What one permit would get now, taking nothing.
-    fn peek(&self, state: &Self::State, clock: &impl Clock) -> Decision;
+    fn peek<A: AtomicWord>(
+        &self,
+        state: &Self::State<A>,
+        clock: &impl Clock,
+    ) -> Result<Decision, Retired>;
 
     /// What taking `n` permits now would answer, taking nothing.
-    fn dry_run(&self, state: &Self::State, n: u64, clock: &impl Clock) -> Decision;
+    fn dry_run<A: AtomicWord>(
+        &self,
+        state: &Self::State<A>,
+        n: u64,
+        clock: &impl Clock,
+    ) -> Result<Decision, Retired>;
 
     /// Whether taking permits from `state` at the clock's reading would move it into a later
     /// window than the one it holds: a write that an undo cannot take back once another
     /// decision has landed on it, which is why a plan of several limits takes such limits last
     /// (see `SeveralLimits::acquire`). False for a method without windows.
-    fn would_roll(&self, state: &Self::State, clock: &impl Clock) -> bool {
+    fn would_roll<A: AtomicWord>(&self, state: &Self::State<A>, clock: &impl Clock) -> bool {
         let _ = (state, clock);
         false
     }
 
     /// [`Method::acquire`], also returning what a grant changed, for [`Method::undo`]; `None`
     /// beside a grant for a method that cannot undo one.
-    fn reserve(
+    fn reserve<A: AtomicWord>(
         &self,
-        state: &Self::State,
+        state: &Self::State<A>,
         n: u64,
         clock: &impl Clock,
-    ) -> (Decision, Option<Reservation>) {
-        (self.acquire(state, n, clock), None)
+    ) -> Result<(Decision, Option<Reservation>), Retired> {
+        Ok((self.acquire(state, n, clock)?, None))
     }
 
     /// Undoes the grant of `n` permits that made `reservation` (`granted` its decision, made at
     /// `now_nanos`): exactly while no other decision has landed on the state since, and never
     /// by more than the grant took. Nothing for a method that cannot.
-    fn undo(
+    fn undo<A: AtomicWord>(
         &self,
-        state: &Self::State,
+        state: &Self::State<A>,
         n: u64,
         granted: &Decision,
         reservation: Reservation,
@@ -124,10 +156,21 @@ pub(crate) trait Method: Copy + Sized {
         let _ = (state, n, granted, reservation, now_nanos);
     }
 
-    /// Retires `state` whatever it holds, so that no acquire succeeds on it any more.
-    fn retire_now(&self, state: &Self::State);
+    /// Retires `state` whatever it holds, so that no acquire succeeds on it any more. Returns
+    /// whether this call did it (false if it already was).
+    fn retire_now<A: AtomicWord>(&self, state: &Self::State<A>) -> bool;
 
     /// Retires `state` if it is indistinguishable from a fresh one at `now_nanos`; returns
     /// whether it did.
-    fn retire_if_idle(&self, state: &Self::State, now_nanos: u64) -> bool;
+    fn retire_if_idle<A: AtomicWord>(&self, state: &Self::State<A>, now_nanos: u64) -> bool;
+}
+
+/// The answer of a state that no one retires: a public limiter's (only a service's sweep or
+/// rule change retires states, and only its own), or a fresh one made for a single report.
+#[inline(always)]
+pub(crate) fn never_retired<T>(answer: Result<T, Retired>) -> T {
+    match answer {
+        Ok(answer) => answer,
+        Err(Retired) => unreachable!("a state that nothing retires answered as retired"),
+    }
 }

@@ -45,7 +45,7 @@
 use super::any::AnyParams;
 use super::client_state::ClientState;
 use crate::clock::Clock;
-use crate::decision::Decision;
+use crate::decision::{Decision, Retired};
 use crate::method::word::{self, Reservation, Step};
 use crate::sync::{AtomicWord, Ordering, Word};
 
@@ -169,42 +169,38 @@ impl SeveralLimits {
         self.gate.is_retired()
     }
 
-    /// Takes `n` permits from every limit, or from none. `None` when the entry is retired (the
-    /// caller moves to a fresh one).
+    /// Takes `n` permits from every limit, or from none. `Retired` when the entry is retired
+    /// (the caller moves to a fresh one).
     pub(crate) fn acquire(
         &self,
         limits: &[AnyParams],
         n: u64,
         clock: &impl Clock,
-    ) -> Option<Decision> {
+    ) -> Result<Decision, Retired> {
         if self.is_retired() {
-            return None;
+            return Err(Retired);
         }
         let now = clock.now_nanos();
         let reading = Reading(now);
         if n == 0 {
-            let mut each = limits
-                .iter()
-                .zip(self.states.iter())
-                .map(|(limit, state)| limit.acquire(state, 0, &reading));
-            let first = each.next()?;
-            return Some(closest_to_exhaustion(first, each));
+            let each =
+                self.each_answer(limits, |limit, state| limit.acquire(state, 0, &reading))?;
+            let mut each = each.into_iter().flatten();
+            let first = each.next().ok_or(Retired)?;
+            return Ok(closest_to_exhaustion(first, each));
         }
         // First a look at every limit, taking nothing: a request that some limit refuses at
         // this reading is refused without a write, so a refusal leaves every limit exactly as
         // it was (a grant followed by a give-back could leave a window rolled forward, where an
         // older reading would then count afresh).
         // Every limit's look is kept: a refusal reports the longest wait over all of them.
-        let mut looked = [None; SeveralLimits::MAX_LIMITS];
-        for (at, (limit, state)) in limits.iter().zip(self.states.iter()).enumerate() {
-            looked[at] = Some(limit.dry_run(state, n, &reading));
-        }
+        let looked = self.each_answer(limits, |limit, state| limit.dry_run(state, n, &reading))?;
         let each_look = looked.iter().flatten().copied();
         if let Some(refused) = each_look.clone().find(Decision::is_denied) {
             if refused.rejection().is_some() {
-                return Some(refused);
+                return Ok(refused);
             }
-            return Some(combined(refused, each_look));
+            return Ok(combined(refused, each_look));
         }
         let mut rolls = [false; SeveralLimits::MAX_LIMITS];
         for (at, (limit, state)) in limits.iter().zip(self.states.iter()).enumerate() {
@@ -222,8 +218,10 @@ impl SeveralLimits {
         let mut granted = [None; SeveralLimits::MAX_LIMITS];
         for at in order {
             let (limit, state) = (&limits[at], &self.states[at]);
-            let (decision, reservation) = limit.reserve(state, n, &reading);
-            if let (true, Some(reservation)) = (decision.is_allowed(), reservation) {
+            let taken = limit.reserve(state, n, &reading);
+            if let Ok((decision, Some(reservation))) = taken
+                && decision.is_allowed()
+            {
                 granted[at] = Some((decision, reservation));
                 continue;
             }
@@ -231,10 +229,8 @@ impl SeveralLimits {
             // state retired, unusable: give back what the limits taken before it granted, then
             // report the longest wait over every limit.
             self.give_back(limits, n, &granted, now);
-            if decision.is_retired() {
-                return None;
-            }
-            return Some(self.refusal(limits, n, decision, &reading));
+            let (decision, _) = taken?;
+            return self.refusal(limits, n, decision, &reading);
         }
         // The commit: move the gate to the instant every permit has left its limit, unless the
         // sweep retired it meanwhile.
@@ -246,11 +242,24 @@ impl SeveralLimits {
             .unwrap_or(now);
         if !self.gate.commit(busy_until) {
             self.give_back(limits, n, &granted, now);
-            return None;
+            return Err(Retired);
         }
         let mut each = granted.iter().flatten().map(|(decision, _)| *decision);
-        let first = each.next()?;
-        Some(closest_to_exhaustion(first, each))
+        let first = each.next().ok_or(Retired)?;
+        Ok(closest_to_exhaustion(first, each))
+    }
+
+    /// Each limit's `answer`, in the plan's order; `Retired` if any limit's state answers so.
+    fn each_answer(
+        &self,
+        limits: &[AnyParams],
+        answer: impl Fn(&AnyParams, &ClientState) -> Result<Decision, Retired>,
+    ) -> Result<[Option<Decision>; SeveralLimits::MAX_LIMITS], Retired> {
+        let mut each = [None; SeveralLimits::MAX_LIMITS];
+        for (at, (limit, state)) in limits.iter().zip(self.states.iter()).enumerate() {
+            each[at] = Some(answer(limit, state)?);
+        }
+        Ok(each)
     }
 
     /// Undoes the grants in `granted` (by limit), each limit's own word restored exactly while
@@ -280,48 +289,38 @@ impl SeveralLimits {
         n: u64,
         refused: Decision,
         reading: &Reading,
-    ) -> Decision {
+    ) -> Result<Decision, Retired> {
         if refused.rejection().is_some() {
-            return refused;
+            return Ok(refused);
         }
-        let each = limits
-            .iter()
-            .zip(self.states.iter())
-            .map(|(limit, state)| limit.dry_run(state, n, reading));
-        combined(refused, each)
+        let each = self.each_answer(limits, |limit, state| limit.dry_run(state, n, reading))?;
+        Ok(combined(refused, each.into_iter().flatten()))
     }
 
     /// What one permit would get now from every limit, taking nothing.
-    pub(crate) fn peek(&self, limits: &[AnyParams], clock: &impl Clock) -> Option<Decision> {
-        if self.is_retired() {
-            return None;
-        }
-        let reading = Reading(clock.now_nanos());
-        let mut each = limits
-            .iter()
-            .zip(self.states.iter())
-            .map(|(limit, state)| limit.peek(state, &reading));
-        let first = each.next()?;
-        Some(combined(first, each))
+    pub(crate) fn peek(
+        &self,
+        limits: &[AnyParams],
+        clock: &impl Clock,
+    ) -> Result<Decision, Retired> {
+        let mut each = self.peek_each(limits, clock)?;
+        let first = each.next().ok_or(Retired)?;
+        Ok(combined(first, each))
     }
 
-    /// Each limit's answer to a look at it now, taking nothing, in the plan's order; `None`
+    /// Each limit's answer to a look at it now, taking nothing, in the plan's order; `Retired`
     /// when the entry is retired.
-    pub(crate) fn peek_each<'a>(
-        &'a self,
-        limits: &'a [AnyParams],
+    pub(crate) fn peek_each(
+        &self,
+        limits: &[AnyParams],
         clock: &impl Clock,
-    ) -> Option<impl Iterator<Item = Decision> + 'a> {
+    ) -> Result<impl Iterator<Item = Decision>, Retired> {
         if self.is_retired() {
-            return None;
+            return Err(Retired);
         }
         let reading = Reading(clock.now_nanos());
-        Some(
-            limits
-                .iter()
-                .zip(self.states.iter())
-                .map(move |(limit, state)| limit.peek(state, &reading)),
-        )
+        let each = self.each_answer(limits, |limit, state| limit.peek(state, &reading))?;
+        Ok(each.into_iter().flatten())
     }
 
     /// Retires the entry whatever it holds (a client whose plan changed its limits).

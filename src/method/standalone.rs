@@ -1,20 +1,22 @@
 //! The body every public limiter shares: one client's state on its own cache line, the
-//! method's constants and a clock. Each public type wraps one and writes out its
-//! [`Limiter`](crate::Limiter) impl, so that a reader of a method's file sees all of it.
+//! method's constants and a clock; and the one [`Limiter`] impl every public limiter gets, by
+//! exposing its body (see [`Wraps`]).
 
 use crossbeam_utils::CachePadded;
 
-use super::Method;
+use super::{Method, never_retired};
 use crate::clock::Clock;
 use crate::decision::{Admit, Decision};
 use crate::error::RuleError;
+use crate::limiter::Limiter;
 use crate::rule::Rule;
+use crate::sync::Word;
 
 /// A method's state, its constants and its clock.
 #[derive(Debug)]
 pub(crate) struct Standalone<M: Method, C> {
     /// On its own cache line, so that limiters allocated side by side do not share one.
-    state: CachePadded<M::State>,
+    state: CachePadded<M::State<Word>>,
     params: M,
     clock: C,
 }
@@ -40,27 +42,75 @@ impl<M: Method, C: Clock> Standalone<M, C> {
     pub(crate) fn clock(&self) -> &C {
         &self.clock
     }
+}
 
-    /// See [`Limiter::try_acquire`](crate::Limiter::try_acquire).
+/// A public limiter: one method's [`Standalone`] body under a name of its own. Implementing it
+/// is all a public limiter type does to get [`Limiter`]. Crate-private, so no other type can.
+pub(crate) trait Wraps {
+    /// The method the limiter runs.
+    type Method: Method;
+    /// The clock it reads.
+    type Clock: Clock;
+    /// Its body.
+    fn standalone(&self) -> &Standalone<Self::Method, Self::Clock>;
+}
+
+// A standalone state is never retired: nothing retires it (see `never_retired`).
+impl<L: Wraps> Limiter for L {
     #[inline]
-    pub(crate) fn try_acquire(&self) -> bool {
-        self.params.acquire_one(&self.state, &self.clock) == Admit::Granted
+    fn try_acquire(&self) -> bool {
+        let Standalone {
+            state,
+            params,
+            clock,
+        } = self.standalone();
+        never_retired(params.acquire_one::<Word>(state, clock)) == Admit::Granted
     }
 
-    /// See [`Limiter::try_acquire_n`](crate::Limiter::try_acquire_n).
     #[inline]
-    pub(crate) fn try_acquire_n(&self, n: u64) -> Decision {
-        self.params.acquire(&self.state, n, &self.clock)
+    fn try_acquire_n(&self, n: u64) -> Decision {
+        let Standalone {
+            state,
+            params,
+            clock,
+        } = self.standalone();
+        never_retired(params.acquire::<Word>(state, n, clock))
     }
 
-    /// See [`Limiter::peek`](crate::Limiter::peek).
     #[inline]
-    pub(crate) fn peek(&self) -> Decision {
-        self.params.peek(&self.state, &self.clock)
+    fn peek(&self) -> Decision {
+        let Standalone {
+            state,
+            params,
+            clock,
+        } = self.standalone();
+        never_retired(params.peek::<Word>(state, clock))
     }
 
-    /// See [`Limiter::rule`](crate::Limiter::rule).
-    pub(crate) fn rule(&self) -> Rule {
-        self.params.rule()
+    fn rule(&self) -> Rule {
+        self.standalone().params.rule()
     }
 }
+
+/// What makes a public limiter of `$limiter`, a struct whose `limiter` field is its method's
+/// [`Standalone`] body (`$method` the method's constants): its [`Wraps`] impl, which gives it
+/// [`Limiter`], and its `clock` accessor. Each method's file calls it once, beside its type.
+macro_rules! public_limiter {
+    ($limiter:ident, $method:ty) => {
+        impl<C: $crate::Clock> $crate::method::standalone::Wraps for $limiter<C> {
+            type Method = $method;
+            type Clock = C;
+            fn standalone(&self) -> &$crate::method::standalone::Standalone<$method, C> {
+                &self.limiter
+            }
+        }
+
+        impl<C: $crate::Clock> $limiter<C> {
+            /// The clock this limiter reads.
+            pub fn clock(&self) -> &C {
+                self.limiter.clock()
+            }
+        }
+    };
+}
+pub(crate) use public_limiter;

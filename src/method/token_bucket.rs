@@ -9,18 +9,18 @@
 // The parameter types and `AtomicWord` are public only for the `loom` feature's re-exports.
 #![cfg_attr(not(feature = "loom"), allow(unreachable_pub))]
 
-use std::num::NonZeroU64;
+use std::num::{NonZeroU32, NonZeroU64};
 
 use crate::clock::Clock;
-use crate::decision::{Admit, Decision, Rejection, Scale};
+use crate::decision::{Admit, Decision, Rejection, Retired, Scale};
 use crate::error::RuleError;
 use crate::method::Method;
-use crate::method::standalone::Standalone;
+use crate::method::standalone::{Standalone, public_limiter};
 use crate::method::word::{self, Reservation, Step};
-use crate::sync::{AtomicWord, Ordering, Word};
-use crate::{Algorithm, Limiter, Rule};
+use crate::sync::{AtomicWord, Ordering};
+use crate::{Algorithm, Rule};
 
-/// The TAT of a retired bucket: no acquire can succeed from it (see `GcraParams::retire_if_full`).
+/// The TAT of a retired bucket: no acquire can succeed from it (see `retire_if_idle`).
 const RETIRED: u64 = u64::MAX;
 
 /// The fallback mode's rounding may make the refill at most 1/1000 slower than the rule; a rule
@@ -50,6 +50,9 @@ pub struct GcraParams {
     /// The clock reading tick 0 stands for: the limiter's (or service's) start, so that the
     /// horizon is counted from there, wherever the clock's own origin lies.
     origin_nanos: u64,
+    /// `ticks_per_nano` and `token_ticks` as the units decisions report in (see [`Decision`]),
+    /// made once here rather than on every decision.
+    scale: Scale,
 }
 
 /// The greatest common divisor (Euclid), for the exact tick scale.
@@ -83,13 +86,11 @@ impl GcraParams {
             && burst <= MAX_BURST_TICKS
             && HORIZON_TICKS / exact_ticks_per_nano >= min_horizon
         {
-            return Ok(GcraParams {
+            return Ok(GcraParams::with_ticks(
                 rule,
-                ticks_per_nano: exact_ticks_per_nano,
-                token_ticks: window / g,
-                burst_ticks: burst,
-                origin_nanos: 0,
-            });
+                exact_ticks_per_nano,
+                window / g,
+            ));
         }
 
         // Fallback: the finest tick that still lasts the horizon and rounds each token's refill
@@ -110,14 +111,12 @@ impl GcraParams {
             if (burst - window_ticks) * MAX_SLOWDOWN_DENOMINATOR > window_ticks {
                 continue;
             }
-            return Ok(GcraParams {
+            // Fits: token_ticks <= burst <= 2^62.
+            return Ok(GcraParams::with_ticks(
                 rule,
                 ticks_per_nano,
-                // Both fit: burst <= 2^62.
-                token_ticks: token_ticks as u64,
-                burst_ticks: burst as u64,
-                origin_nanos: 0,
-            });
+                token_ticks as u64,
+            ));
         }
         if bucket_too_large
             && limit <= window
@@ -139,16 +138,33 @@ impl GcraParams {
         })
     }
 
+    /// The parameters for `rule` at `ticks_per_nano` (at most `HORIZON_TICKS / MIN_HORIZON`, 29)
+    /// with one token `token_ticks` long (a full bucket, `limit * token_ticks`, at most 2^62):
+    /// both checked by [`GcraParams::new`], which alone calls this.
+    fn with_ticks(rule: Rule, ticks_per_nano: u64, token_ticks: u64) -> GcraParams {
+        // Both are at least 1 and ticks_per_nano fits in 32 bits, as the caller checked; `MIN`
+        // (1) stands in should either ever fail that.
+        let scale = Scale {
+            ticks_per_nano: u32::try_from(ticks_per_nano)
+                .ok()
+                .and_then(NonZeroU32::new)
+                .unwrap_or(NonZeroU32::MIN),
+            permit: NonZeroU64::new(token_ticks).unwrap_or(NonZeroU64::MIN),
+        };
+        GcraParams {
+            rule,
+            ticks_per_nano,
+            token_ticks,
+            burst_ticks: token_ticks * rule.limit(),
+            origin_nanos: 0,
+            scale,
+        }
+    }
+
     /// Whether the refill rate is the rule's exactly (see [`TokenBucket`]).
     pub fn is_exact(&self) -> bool {
         self.token_ticks.checked_mul(self.rule.limit())
             == self.ticks_per_nano.checked_mul(self.rule.window_nanos())
-    }
-
-    /// The rule these parameters enforce.
-    #[cfg(feature = "loom")]
-    pub fn rule(&self) -> Rule {
-        self.rule
     }
 
     /// The TAT of a bucket that is full from `since_nanos` on, and holds any earlier reading to
@@ -171,11 +187,7 @@ impl GcraParams {
     /// when a caller asks for the figures; see [`Decision`]).
     #[inline]
     fn scale(&self) -> Scale {
-        // Both are at least 1 by construction; `MIN` (1) stands in should a word ever say 0.
-        Scale {
-            ticks_per_nano: NonZeroU64::new(self.ticks_per_nano).unwrap_or(NonZeroU64::MIN),
-            permit: NonZeroU64::new(self.token_ticks).unwrap_or(NonZeroU64::MIN),
-        }
+        self.scale
     }
 
     /// The pure decision: what taking `n` permits at `now_nanos` from a bucket whose TAT is `tat`
@@ -214,117 +226,6 @@ impl GcraParams {
                 Decision::denied_in(self.rule, self.scale(), remaining, retry_after, debt);
             (decision, None)
         }
-    }
-
-    /// Takes `n` permits from the bucket whose TAT is `tat`, if all are available now.
-    #[inline]
-    pub fn acquire<A: AtomicWord>(&self, tat: &A, n: u64, clock: &impl Clock) -> Decision {
-        // The clock is read once per attempt, not again on a retry: a retry means another thread
-        // moved the TAT, and a reading older than the state it meets only makes the decision
-        // stricter. Re-reading (about 10 ns) inside the loop let the other core take the line
-        // back every time, and two threads granting on one bucket ran 4x slower than this.
-        self.reserve(tat, n, clock).0
-    }
-
-    /// [`GcraParams::acquire`], also returning what a grant changed, so that a plan of several
-    /// limits can undo it exactly (see [`GcraParams::undo`]).
-    #[inline]
-    pub fn reserve<A: AtomicWord>(
-        &self,
-        tat: &A,
-        n: u64,
-        clock: &impl Clock,
-    ) -> (Decision, Option<Reservation>) {
-        let now = clock.now_nanos();
-        // Relaxed: see `word::update`.
-        word::decide(
-            tat,
-            tat.load(Ordering::Relaxed),
-            |current| current == RETIRED,
-            || Decision::retired(self.rule),
-            |current| self.decide(current, now, n),
-        )
-    }
-
-    /// Takes one permit if one is available now: [`GcraParams::acquire`] for `n = 1`, answering
-    /// only whether (no [`Decision`] is built), for callers that ask nothing more.
-    #[inline]
-    pub(crate) fn acquire_one<A: AtomicWord>(&self, tat: &A, clock: &impl Clock) -> Admit {
-        // One clock reading per attempt: as in `acquire`.
-        let now = self.now_ticks(clock.now_nanos());
-        // Relaxed: see `word::update`.
-        word::update(tat, tat.load(Ordering::Relaxed), |current| {
-            if current == RETIRED {
-                return Step::Answer(Admit::Retired);
-            }
-            // As `decide` for n = 1 (which never exceeds the limit): the debt after the grant
-            // must fit in a full bucket. `base - now + T <= N*T`, all within 2^63.
-            let base = current.max(now);
-            let new_debt = (base - now).saturating_add(self.token_ticks);
-            if new_debt > self.burst_ticks {
-                Step::Answer(Admit::Denied)
-            } else {
-                Step::Store(now + new_debt, Admit::Granted)
-            }
-        })
-    }
-
-    /// Undoes the grant that made `reservation` (a reservation across several limits that
-    /// another limit refused), while the TAT is still the one it stored: no other grant has
-    /// landed since, and the TAT it replaced answers every reading as if it had never been made.
-    /// Once another grant has landed, that grant may have started from the clock rather than from
-    /// this one's TAT (a bucket that had refilled meanwhile), and moving the TAT back would take
-    /// that grant's permits too; the reservation's permits are then kept, and refill at the
-    /// bucket's rate (stricter, never more generous). The reservation says all the give-back
-    /// needs: the permits, the decision and its reading are taken as the other methods take them.
-    pub fn undo<A: AtomicWord>(
-        &self,
-        tat: &A,
-        _n: u64,
-        _granted: &Decision,
-        reservation: Reservation,
-        _now_nanos: u64,
-    ) {
-        word::restore(tat, reservation);
-    }
-
-    /// What taking `n` permits at the clock's reading would answer, taking nothing.
-    #[inline]
-    pub(crate) fn dry_run<A: AtomicWord>(&self, tat: &A, n: u64, clock: &impl Clock) -> Decision {
-        // Relaxed: a snapshot of one word.
-        self.decide(tat.load(Ordering::Relaxed), clock.now_nanos(), n)
-            .0
-    }
-
-    /// What one permit would get now, taking nothing.
-    #[inline]
-    pub fn peek<A: AtomicWord>(&self, tat: &A, clock: &impl Clock) -> Decision {
-        let now = clock.now_nanos();
-        word::peek(
-            tat,
-            |current| current == RETIRED,
-            || Decision::retired(self.rule),
-            |current, n| self.decide(current, now, n).0,
-        )
-    }
-
-    /// Retires the bucket whatever its state (for a client that moved to another rule). Returns
-    /// whether this call did it (false if it already was).
-    pub fn retire_now<A: AtomicWord>(tat: &A) -> bool {
-        word::retire_now(tat, |current| (current != RETIRED).then_some(RETIRED))
-    }
-
-    /// Retires the bucket if it is full at `now_nanos` (indistinguishable from a fresh one), so
-    /// that it can be dropped without any client noticing. Returns whether it did.
-    ///
-    /// Retiring and acquiring are exchanges on the same word, so exactly one of them wins: an
-    /// acquire either lands before (the bucket is no longer full, retiring fails) or meets the
-    /// retired word and moves to a fresh bucket, which is equivalent.
-    pub fn retire_if_full<A: AtomicWord>(&self, tat: &A, now_nanos: u64) -> bool {
-        let now = self.now_ticks(now_nanos);
-        word::retire_if(tat, |current| {
-            (current != RETIRED && current <= now).then_some(RETIRED)
-        })
     }
 }
 
@@ -391,36 +292,12 @@ impl<C: Clock> TokenBucket<C> {
     pub fn is_exact(&self) -> bool {
         self.limiter.params().is_exact()
     }
-
-    /// The clock this limiter reads.
-    pub fn clock(&self) -> &C {
-        self.limiter.clock()
-    }
 }
 
-impl<C: Clock> Limiter for TokenBucket<C> {
-    #[inline]
-    fn try_acquire(&self) -> bool {
-        self.limiter.try_acquire()
-    }
-
-    #[inline]
-    fn try_acquire_n(&self, n: u64) -> Decision {
-        self.limiter.try_acquire_n(n)
-    }
-
-    #[inline]
-    fn peek(&self) -> Decision {
-        self.limiter.peek()
-    }
-
-    fn rule(&self) -> Rule {
-        self.limiter.rule()
-    }
-}
+public_limiter!(TokenBucket, GcraParams);
 
 impl Method for GcraParams {
-    type State = Word;
+    type State<A: AtomicWord> = A;
 
     const CAN_UNDO: bool = true;
 
@@ -436,50 +313,124 @@ impl Method for GcraParams {
         self.origin_nanos
     }
 
-    fn fresh(&self, since_nanos: u64) -> Word {
-        Word::new(self.full_since(since_nanos))
+    fn fresh<A: AtomicWord>(&self, since_nanos: u64) -> A {
+        A::new(self.full_since(since_nanos))
     }
 
     #[inline]
-    fn acquire(&self, state: &Word, n: u64, clock: &impl Clock) -> Decision {
-        GcraParams::acquire(self, state, n, clock)
-    }
-
-    #[inline]
-    fn acquire_one(&self, state: &Word, clock: &impl Clock) -> Admit {
-        GcraParams::acquire_one(self, state, clock)
-    }
-
-    #[inline]
-    fn peek(&self, state: &Word, clock: &impl Clock) -> Decision {
-        GcraParams::peek(self, state, clock)
-    }
-
-    fn dry_run(&self, state: &Word, n: u64, clock: &impl Clock) -> Decision {
-        GcraParams::dry_run(self, state, n, clock)
-    }
-
-    fn reserve(&self, state: &Word, n: u64, clock: &impl Clock) -> (Decision, Option<Reservation>) {
-        GcraParams::reserve(self, state, n, clock)
-    }
-
-    fn undo(
+    fn acquire<A: AtomicWord>(
         &self,
-        state: &Word,
+        tat: &A,
         n: u64,
-        granted: &Decision,
+        clock: &impl Clock,
+    ) -> Result<Decision, Retired> {
+        // The clock is read once per attempt, not again on a retry: a retry means another thread
+        // moved the TAT, and a reading older than the state it meets only makes the decision
+        // stricter. Re-reading (about 10 ns) inside the loop let the other core take the line
+        // back every time, and two threads granting on one bucket ran 4x slower than this.
+        Ok(self.reserve(tat, n, clock)?.0)
+    }
+
+    /// [`Method::acquire`], also returning what a grant changed, so that a plan of several
+    /// limits can undo it exactly (see [`Method::undo`]).
+    #[inline]
+    fn reserve<A: AtomicWord>(
+        &self,
+        tat: &A,
+        n: u64,
+        clock: &impl Clock,
+    ) -> Result<(Decision, Option<Reservation>), Retired> {
+        let now = clock.now_nanos();
+        // Relaxed: see `word::update`.
+        word::decide(
+            tat,
+            tat.load(Ordering::Relaxed),
+            |current| current == RETIRED,
+            |current| self.decide(current, now, n),
+        )
+    }
+
+    /// [`Method::acquire`] for `n = 1`, answering only whether (no [`Decision`] is built).
+    #[inline]
+    fn acquire_one<A: AtomicWord>(&self, tat: &A, clock: &impl Clock) -> Result<Admit, Retired> {
+        // One clock reading per attempt: as in `acquire`.
+        let now = self.now_ticks(clock.now_nanos());
+        // Relaxed: see `word::update`.
+        word::update(tat, tat.load(Ordering::Relaxed), |current| {
+            if current == RETIRED {
+                return Step::Answer(Err(Retired));
+            }
+            // As `decide` for n = 1 (which never exceeds the limit): the debt after the grant
+            // must fit in a full bucket. `base - now + T <= N*T`, all within 2^63.
+            let base = current.max(now);
+            let new_debt = (base - now).saturating_add(self.token_ticks);
+            if new_debt > self.burst_ticks {
+                Step::Answer(Ok(Admit::Denied))
+            } else {
+                Step::Store(now + new_debt, Ok(Admit::Granted))
+            }
+        })
+    }
+
+    /// Undoes the grant that made `reservation` (a reservation across several limits that
+    /// another limit refused), while the TAT is still the one it stored: no other grant has
+    /// landed since, and the TAT it replaced answers every reading as if it had never been made.
+    /// Once another grant has landed, that grant may have started from the clock rather than from
+    /// this one's TAT (a bucket that had refilled meanwhile), and moving the TAT back would take
+    /// that grant's permits too; the reservation's permits are then kept, and refill at the
+    /// bucket's rate (stricter, never more generous). The reservation says all the give-back
+    /// needs: the permits, the decision and its reading are taken as the other methods take them.
+    fn undo<A: AtomicWord>(
+        &self,
+        tat: &A,
+        _n: u64,
+        _granted: &Decision,
         reservation: Reservation,
-        now_nanos: u64,
+        _now_nanos: u64,
     ) {
-        GcraParams::undo(self, state, n, granted, reservation, now_nanos);
+        word::restore(tat, reservation);
     }
 
-    fn retire_now(&self, state: &Word) {
-        GcraParams::retire_now(state);
+    #[inline]
+    fn dry_run<A: AtomicWord>(
+        &self,
+        tat: &A,
+        n: u64,
+        clock: &impl Clock,
+    ) -> Result<Decision, Retired> {
+        // Relaxed: a snapshot of one word.
+        match tat.load(Ordering::Relaxed) {
+            RETIRED => Err(Retired),
+            current => Ok(self.decide(current, clock.now_nanos(), n).0),
+        }
     }
 
-    fn retire_if_idle(&self, state: &Word, now_nanos: u64) -> bool {
-        self.retire_if_full(state, now_nanos)
+    #[inline]
+    fn peek<A: AtomicWord>(&self, tat: &A, clock: &impl Clock) -> Result<Decision, Retired> {
+        let now = clock.now_nanos();
+        word::peek(
+            tat,
+            |current| current == RETIRED,
+            |current, n| self.decide(current, now, n).0,
+        )
+    }
+
+    /// Retires the bucket whatever its state (for a client that moved to another rule).
+    fn retire_now<A: AtomicWord>(&self, tat: &A) -> bool {
+        word::retire_now(tat, |current| (current != RETIRED).then_some(RETIRED))
+    }
+
+    /// Retires the bucket if it is full at `now_nanos` (indistinguishable from a fresh one), so
+    /// that it can be dropped without any client noticing.
+    ///
+    /// Retiring and acquiring are exchanges on the same word, so exactly one of them wins: an
+    /// acquire either lands before (the bucket is no longer full, retiring fails) or meets the
+    /// retired word and moves to a fresh bucket, which is equivalent.
+    fn retire_if_idle<A: AtomicWord>(&self, tat: &A, now_nanos: u64) -> bool {
+        let now = self.now_ticks(now_nanos);
+        word::retire_if(tat, |current| {
+            (current != RETIRED && current <= now).then_some(RETIRED)
+        })
     }
 }
 

@@ -13,7 +13,7 @@
 
 use crossbeam_utils::Backoff;
 
-use crate::decision::Decision;
+use crate::decision::{Decision, Retired};
 use crate::sync::{AtomicWord, Ordering};
 
 /// The ordering of a retiring exchange. Release: a service writes the instant it retired at
@@ -79,19 +79,18 @@ impl Reservation {
 }
 
 /// A decision on `word` from `decide` (the pure step: the answer, and the word to store if it
-/// must change), run until its write lands; a retired word (`is_retired`) answers `retired`.
+/// must change), run until its write lands; a retired word (`is_retired`) answers `Retired`.
 /// Returns the decision, and what a write changed (see [`Reservation`]).
 #[inline]
 pub(crate) fn decide<A: AtomicWord>(
     word: &A,
     current: u64,
     is_retired: impl Fn(u64) -> bool,
-    retired: impl Fn() -> Decision,
     decide: impl Fn(u64) -> (Decision, Option<u64>),
-) -> (Decision, Option<Reservation>) {
+) -> Result<(Decision, Option<Reservation>), Retired> {
     update(word, current, |current| {
         if is_retired(current) {
-            return Step::Answer((retired(), None));
+            return Step::Answer(Err(Retired));
         }
         match decide(current) {
             (decision, Some(after)) => {
@@ -99,9 +98,9 @@ pub(crate) fn decide<A: AtomicWord>(
                     before: current,
                     after,
                 };
-                Step::Store(after, (decision, Some(reservation)))
+                Step::Store(after, Ok((decision, Some(reservation))))
             }
-            (decision, None) => Step::Answer((decision, None)),
+            (decision, None) => Step::Answer(Ok((decision, None))),
         }
     })
 }
@@ -122,23 +121,22 @@ pub(crate) fn restore<A: AtomicWord>(word: &A, reservation: Reservation) -> bool
 }
 
 /// What one permit would get now from `word`, taking nothing: `decide(word, n)` for `n = 0`
-/// (the permits available) when one is, for `n = 1` (the wait) when none is; `retired` for a
+/// (the permits available) when one is, for `n = 1` (the wait) when none is; `Retired` for a
 /// retired word.
 #[inline]
 pub(crate) fn peek<A: AtomicWord>(
     word: &A,
     is_retired: impl Fn(u64) -> bool,
-    retired: impl FnOnce() -> Decision,
     decide: impl Fn(u64, u64) -> Decision,
-) -> Decision {
+) -> Result<Decision, Retired> {
     // Relaxed: a snapshot of one word.
     let current = word.load(Ordering::Relaxed);
     if is_retired(current) {
-        return retired();
+        return Err(Retired);
     }
     let available = decide(current, 0);
     let one = decide(current, 1);
-    if one.is_allowed() { available } else { one }
+    Ok(if one.is_allowed() { available } else { one })
 }
 
 /// Retires `word` whatever it holds: `retired` gives the retired form of a live word, `None`
@@ -166,4 +164,28 @@ pub(crate) fn retire_if<A: AtomicWord>(word: &A, idle: impl Fn(u64) -> Option<u6
         word.compare_exchange(current, retired, RETIRE_ORDERING, Ordering::Relaxed)
             .is_ok()
     })
+}
+
+/// The flag the fixed window and the sliding window counter retire their packed word with: the
+/// top bit, which their layouts leave free, set over whatever the word holds.
+pub(crate) const RETIRED_FLAG: u64 = 1 << 63;
+
+/// Retires a word that carries [`RETIRED_FLAG`], whatever it holds. Returns whether this call
+/// retired it (false if it already was).
+pub(crate) fn retire_flagged_now<A: AtomicWord>(word: &A) -> bool {
+    retire_now(word, |current| {
+        (current & RETIRED_FLAG == 0).then_some(current | RETIRED_FLAG)
+    })
+}
+
+/// A snapshot of a word that carries [`RETIRED_FLAG`]: what it holds, or `Retired`.
+#[inline]
+pub(crate) fn load_live<A: AtomicWord>(word: &A) -> Result<u64, Retired> {
+    // Relaxed: a snapshot of one word.
+    let current = word.load(Ordering::Relaxed);
+    if current & RETIRED_FLAG != 0 {
+        Err(Retired)
+    } else {
+        Ok(current)
+    }
 }

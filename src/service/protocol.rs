@@ -11,7 +11,7 @@ use super::RateLimiterService;
 use super::plan_table::{PinnedPlan, PlanVersion};
 use crate::Decision;
 use crate::clock::Clock;
-use crate::decision::Admit;
+use crate::decision::{Admit, Retired};
 use crate::error::ServiceError;
 use crate::method::any::AnyParams;
 use crate::method::client_state::{ClientState, Version};
@@ -24,35 +24,41 @@ use crate::verdict::Verdict;
 /// (which builds no figures: `allow` pays for nothing it does not return), or, for the tower
 /// layer, a `Verdict` (`Checked`).
 pub(super) trait Answer: Sized {
-    fn acquire(params: &AnyParams, state: &ClientState, n: u64, clock: &impl Clock) -> Self;
-    /// Takes `n` permits from every limit of a plan of several, or from none; `None` when the
-    /// entry is retired.
+    /// `Retired` when the state is retired (the caller moves to a fresh one).
+    fn acquire(
+        params: &AnyParams,
+        state: &ClientState,
+        n: u64,
+        clock: &impl Clock,
+    ) -> Result<Self, Retired>;
+    /// Takes `n` permits from every limit of a plan of several, or from none; `Retired` when
+    /// the entry is retired.
     #[inline]
     fn acquire_several(
         several: &SeveralLimits,
         limits: &[AnyParams],
         n: u64,
         clock: &impl Clock,
-    ) -> Option<Self> {
+    ) -> Result<Self, Retired> {
         several.acquire(limits, n, clock).map(Self::from_decision)
     }
     fn from_decision(decision: Decision) -> Self;
-    fn is_retired(&self) -> bool;
     fn is_allowed(&self) -> bool;
 }
 
 impl Answer for Decision {
     #[inline]
-    fn acquire(params: &AnyParams, state: &ClientState, n: u64, clock: &impl Clock) -> Self {
+    fn acquire(
+        params: &AnyParams,
+        state: &ClientState,
+        n: u64,
+        clock: &impl Clock,
+    ) -> Result<Self, Retired> {
         params.acquire(state, n, clock)
     }
     #[inline]
     fn from_decision(decision: Decision) -> Self {
         decision
-    }
-    #[inline]
-    fn is_retired(&self) -> bool {
-        Decision::is_retired(self)
     }
     #[inline]
     fn is_allowed(&self) -> bool {
@@ -63,7 +69,12 @@ impl Answer for Decision {
 impl Answer for Admit {
     /// One permit (`n` is always 1 here).
     #[inline(always)]
-    fn acquire(params: &AnyParams, state: &ClientState, _n: u64, clock: &impl Clock) -> Self {
+    fn acquire(
+        params: &AnyParams,
+        state: &ClientState,
+        _n: u64,
+        clock: &impl Clock,
+    ) -> Result<Self, Retired> {
         params.acquire_one(state, clock)
     }
     #[inline]
@@ -73,10 +84,6 @@ impl Answer for Admit {
         } else {
             Admit::Denied
         }
-    }
-    #[inline]
-    fn is_retired(&self) -> bool {
-        *self == Admit::Retired
     }
     #[inline]
     fn is_allowed(&self) -> bool {
@@ -95,27 +102,32 @@ pub(super) struct Checked<const GRANT_FIGURES: bool>(pub(super) Verdict);
 #[cfg(feature = "tower")]
 impl<const GRANT_FIGURES: bool> Answer for Checked<GRANT_FIGURES> {
     #[inline]
-    fn acquire(params: &AnyParams, state: &ClientState, n: u64, clock: &impl Clock) -> Self {
+    fn acquire(
+        params: &AnyParams,
+        state: &ClientState,
+        n: u64,
+        clock: &impl Clock,
+    ) -> Result<Self, Retired> {
         let decision = if GRANT_FIGURES || n != 1 {
-            params.acquire(state, n, clock)
+            params.acquire(state, n, clock)?
         } else {
-            params.acquire_one_uncounted(state, clock)
+            params.acquire_one_uncounted(state, clock)?
         };
-        Checked(Verdict::from(decision))
+        Ok(Checked(Verdict::from(decision)))
     }
     fn acquire_several(
         several: &SeveralLimits,
         limits: &[AnyParams],
         n: u64,
         clock: &impl Clock,
-    ) -> Option<Self> {
+    ) -> Result<Self, Retired> {
         let decision = several.acquire(limits, n, clock)?;
         // Read right after the decision, from the same entry. (Should a sweep retire the entry
         // in between, the decision's own figures stand in for the list.)
         let each = (GRANT_FIGURES || decision.is_denied())
-            .then(|| several.peek_each(limits, clock))
+            .then(|| several.peek_each(limits, clock).ok())
             .flatten();
-        Some(Checked(match each {
+        Ok(Checked(match each {
             Some(each) => Verdict::with_each_limit(decision, each),
             None => Verdict::from(decision),
         }))
@@ -123,10 +135,6 @@ impl<const GRANT_FIGURES: bool> Answer for Checked<GRANT_FIGURES> {
     #[inline]
     fn from_decision(decision: Decision) -> Self {
         Checked(Verdict::from(decision))
-    }
-    #[inline]
-    fn is_retired(&self) -> bool {
-        self.0.decision().is_retired()
     }
     #[inline]
     fn is_allowed(&self) -> bool {
@@ -204,7 +212,7 @@ where
                         }
                         let fresh = SeveralLimits::fresh(limits.as_slice(), self.made_as_of());
                         if n == 0
-                            && let Some(answer) =
+                            && let Ok(answer) =
                                 T::acquire_several(&fresh, limits.as_slice(), 0, &self.clock)
                         {
                             self.plans.record(index, true);
@@ -269,10 +277,9 @@ where
                     }
                     T::acquire_several(several, limits.as_slice(), n, &self.clock)
                 }
-                state => Some(T::acquire(params, state, n, &self.clock))
-                    .filter(|answer| !answer.is_retired()),
+                state => T::acquire(params, state, n, &self.clock),
             };
-            let Some(answer) = answer else {
+            let Ok(answer) = answer else {
                 // Acquire: pairs with the Release of the retiring exchange, so the sweep's
                 // `evicted_up_to` is seen when the fresh limiter is made.
                 <Word as AtomicWord>::fence(Ordering::Acquire);

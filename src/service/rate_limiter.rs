@@ -310,21 +310,20 @@ where
         if limits.has_several() {
             if let Some(entry) = entry
                 && let ClientState::Several(_, several) = &entry.state
-                && let Some(decision) = several.peek(limits.as_slice(), &self.clock)
+                && let Ok(decision) = several.peek(limits.as_slice(), &self.clock)
             {
                 return Ok(decision);
             }
             let fresh = SeveralLimits::fresh(limits.as_slice(), self.made_as_of());
-            if let Some(decision) = fresh.peek(limits.as_slice(), &self.clock) {
+            if let Ok(decision) = fresh.peek(limits.as_slice(), &self.clock) {
                 return Ok(decision);
             }
         }
         let params = limits.first();
-        if let Some(entry) = entry {
-            let decision = params.peek(&entry.state, &self.clock);
-            if !decision.is_retired() {
-                return Ok(decision);
-            }
+        if let Some(entry) = entry
+            && let Ok(decision) = params.peek(&entry.state, &self.clock)
+        {
+            return Ok(decision);
         }
         Ok(params.fresh_report(false, self.made_as_of(), &self.clock))
     }
@@ -368,11 +367,12 @@ where
         let several = entry.and_then(|entry| match &entry.state {
             ClientState::Several(_, several) => several
                 .peek_each(limits, &self.clock)
+                .ok()
                 .map(|each| each.map(|decision| LimitFigures::of(&decision)).collect()),
-            state => {
-                let decision = limits[0].peek(state, &self.clock);
-                (!decision.is_retired()).then(|| vec![LimitFigures::of(&decision)])
-            }
+            state => limits[0]
+                .peek(state, &self.clock)
+                .ok()
+                .map(|decision| vec![LimitFigures::of(&decision)]),
         });
         let figures: Vec<LimitFigures> = match several {
             Some(figures) => figures,

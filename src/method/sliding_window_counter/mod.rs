@@ -16,17 +16,17 @@ mod tests;
 mod weighting;
 
 use crate::clock::Clock;
-use crate::decision::{Admit, Decision, Rejection};
+use crate::decision::{Admit, Decision, Rejection, Retired};
 use crate::error::RuleError;
 use crate::method::Method;
-use crate::method::standalone::Standalone;
+use crate::method::standalone::{Standalone, public_limiter};
 use crate::method::word::{self, Reservation, Step};
-use crate::sync::{AtomicWord, Ordering, Word};
-use crate::{Algorithm, Limiter, Rule};
+use crate::sync::{AtomicWord, Ordering};
+use crate::{Algorithm, Rule};
 use weighting::Rolled;
 
 /// Set on a word retired for eviction; no permit is granted from it.
-const RETIRED: u64 = 1 << 63;
+const RETIRED: u64 = word::RETIRED_FLAG;
 
 /// The widest count field: two of them must leave at least one bit of window index below the
 /// retired flag (`1 + 1 + 2 * 31 = 64`).
@@ -103,12 +103,6 @@ impl CounterParams {
             last_nanos: u64::try_from(horizon_nanos - 1).unwrap_or(u64::MAX),
             origin_nanos: 0,
         })
-    }
-
-    /// The rule these parameters enforce.
-    #[cfg(feature = "loom")]
-    pub fn rule(&self) -> Rule {
-        self.rule
     }
 
     #[inline]
@@ -203,145 +197,6 @@ impl CounterParams {
             self.reset_after(&rolled, now),
         );
         (decision, None)
-    }
-
-    /// Takes `n` permits from the counter word `word`, if all are available now.
-    #[inline]
-    pub fn acquire<A: AtomicWord>(&self, word: &A, n: u64, clock: &impl Clock) -> Decision {
-        self.reserve(word, n, clock).0
-    }
-
-    /// [`CounterParams::acquire`], also returning what a grant changed, so that a plan of
-    /// several limits can undo it exactly (see [`CounterParams::undo`]).
-    #[inline]
-    pub fn reserve<A: AtomicWord>(
-        &self,
-        word: &A,
-        n: u64,
-        clock: &impl Clock,
-    ) -> (Decision, Option<Reservation>) {
-        // One clock reading per attempt, kept on a retry (see `GcraParams::acquire`).
-        let now = self.elapsed(clock.now_nanos());
-        // Relaxed: see `word::update`.
-        word::decide(
-            word,
-            word.load(Ordering::Relaxed),
-            |current| current & RETIRED != 0,
-            || Decision::retired(self.rule),
-            |current| self.decide_elapsed(current, now, n),
-        )
-    }
-
-    /// Takes one permit if one is available now: [`CounterParams::acquire`] for `n = 1`,
-    /// answering only whether (no [`Decision`] is built, and no division is made), for callers
-    /// that ask nothing more.
-    #[inline]
-    pub(crate) fn acquire_one<A: AtomicWord>(&self, word: &A, clock: &impl Clock) -> Admit {
-        // One clock reading per attempt: see `acquire`.
-        let now = self.elapsed(clock.now_nanos());
-        let limit = self.rule.limit();
-        // Relaxed: see `word::update`.
-        word::update(word, word.load(Ordering::Relaxed), |current| {
-            if current & RETIRED != 0 {
-                return Step::Answer(Admit::Retired);
-            }
-            // As `decide_elapsed` for n = 1.
-            let rolled = self.roll(current, now);
-            if rolled.current >= limit || !self.weighted_fits(&rolled, limit - rolled.current - 1) {
-                Step::Answer(Admit::Denied)
-            } else {
-                let new = self.pack(rolled.index, rolled.current + 1, rolled.previous);
-                Step::Store(new, Admit::Granted)
-            }
-        })
-    }
-
-    /// Undoes the grant that made `reservation` (a reservation across several limits that
-    /// another limit refused, `granted` its decision, made at `now_nanos`).
-    ///
-    /// While the word is still the one the grant stored, the word it replaced is stored again:
-    /// exact for every reading, even where the grant had rolled the windows forward. Once
-    /// another decision has landed, the `n` permits are taken off the window they were counted
-    /// in, if that is still the current one. After a grant its window holds a permit, so its
-    /// `reset_after` ends at the start of the window after next: that names the window. Once it
-    /// has rolled, the permits weigh only as the previous window's and are left (stricter, never
-    /// more generous).
-    pub fn undo<A: AtomicWord>(
-        &self,
-        word: &A,
-        n: u64,
-        granted: &Decision,
-        reservation: Reservation,
-        now_nanos: u64,
-    ) {
-        if word::restore(word, reservation) {
-            return;
-        }
-        let reset_at = self
-            .elapsed(now_nanos)
-            .saturating_add(granted.reset_after_units());
-        let Some(granted_in) = (reset_at / self.rule.window_nanos()).checked_sub(2) else {
-            return;
-        };
-        // Relaxed: see `word::update`.
-        word::update(word, word.load(Ordering::Relaxed), |current| {
-            let (index, count, previous) = self.unpack(current);
-            if current & RETIRED != 0 || index != granted_in {
-                return Step::Answer(());
-            }
-            Step::Store(self.pack(index, count.saturating_sub(n), previous), ())
-        });
-    }
-
-    /// See [`Method::would_roll`]: whether the reading lies past the stored window.
-    pub(crate) fn would_roll<A: AtomicWord>(&self, word: &A, clock: &impl Clock) -> bool {
-        // Relaxed: a snapshot of one word; the caller orders its takings by it, and a word that
-        // moves meanwhile only makes the order less useful, never a decision wrong.
-        let current = word.load(Ordering::Relaxed) & !RETIRED;
-        let (stored, _, _) = self.unpack(current);
-        self.roll(current, self.elapsed(clock.now_nanos())).index != stored
-    }
-
-    /// What taking `n` permits at the clock's reading would answer, taking nothing.
-    #[inline]
-    pub(crate) fn dry_run<A: AtomicWord>(&self, word: &A, n: u64, clock: &impl Clock) -> Decision {
-        // Relaxed: a snapshot of one word.
-        let current = word.load(Ordering::Relaxed) & !RETIRED;
-        self.decide_elapsed(current, self.elapsed(clock.now_nanos()), n)
-            .0
-    }
-
-    /// What one permit would get now, taking nothing.
-    #[inline]
-    pub fn peek<A: AtomicWord>(&self, word: &A, clock: &impl Clock) -> Decision {
-        let now = self.elapsed(clock.now_nanos());
-        word::peek(
-            word,
-            |current| current & RETIRED != 0,
-            || Decision::retired(self.rule),
-            |current, n| self.decide_elapsed(current, now, n).0,
-        )
-    }
-
-    /// Retires the word whatever its state (for a client that moved to another rule). Returns
-    /// whether this call did it (false if it already was).
-    pub fn retire_now<A: AtomicWord>(word: &A) -> bool {
-        word::retire_now(word, |current| {
-            (current & RETIRED == 0).then_some(current | RETIRED)
-        })
-    }
-
-    /// Retires the word if its estimate is 0 at `now_nanos`: nothing granted in the window of
-    /// that reading nor in the one before (any count weighs at least one permit, rounded up), so
-    /// it is indistinguishable from a fresh word. Returns whether it did. Retiring and acquiring
-    /// are read-modify-writes of the same word, so exactly one of them wins.
-    pub fn retire_if_idle<A: AtomicWord>(&self, word: &A, now_nanos: u64) -> bool {
-        let now = self.elapsed(now_nanos);
-        word::retire_if(word, |current| {
-            let rolled = self.roll(current, now);
-            (current & RETIRED == 0 && rolled.current == 0 && rolled.previous == 0)
-                .then_some(current | RETIRED)
-        })
     }
 }
 
@@ -451,36 +306,12 @@ impl<C: Clock> SlidingWindowCounter<C> {
             limiter: Standalone::new(rule, clock)?,
         })
     }
-
-    /// The clock this limiter reads.
-    pub fn clock(&self) -> &C {
-        self.limiter.clock()
-    }
 }
 
-impl<C: Clock> Limiter for SlidingWindowCounter<C> {
-    #[inline]
-    fn try_acquire(&self) -> bool {
-        self.limiter.try_acquire()
-    }
-
-    #[inline]
-    fn try_acquire_n(&self, n: u64) -> Decision {
-        self.limiter.try_acquire_n(n)
-    }
-
-    #[inline]
-    fn peek(&self) -> Decision {
-        self.limiter.peek()
-    }
-
-    fn rule(&self) -> Rule {
-        self.limiter.rule()
-    }
-}
+public_limiter!(SlidingWindowCounter, CounterParams);
 
 impl Method for CounterParams {
-    type State = Word;
+    type State<A: AtomicWord> = A;
 
     const CAN_UNDO: bool = true;
 
@@ -496,53 +327,147 @@ impl Method for CounterParams {
         self.origin_nanos
     }
 
-    fn fresh(&self, since_nanos: u64) -> Word {
-        Word::new(self.empty_since(since_nanos))
+    fn fresh<A: AtomicWord>(&self, since_nanos: u64) -> A {
+        A::new(self.empty_since(since_nanos))
     }
 
     #[inline]
-    fn acquire(&self, state: &Word, n: u64, clock: &impl Clock) -> Decision {
-        CounterParams::acquire(self, state, n, clock)
-    }
-
-    #[inline]
-    fn acquire_one(&self, state: &Word, clock: &impl Clock) -> Admit {
-        CounterParams::acquire_one(self, state, clock)
-    }
-
-    #[inline]
-    fn peek(&self, state: &Word, clock: &impl Clock) -> Decision {
-        CounterParams::peek(self, state, clock)
-    }
-
-    fn dry_run(&self, state: &Word, n: u64, clock: &impl Clock) -> Decision {
-        CounterParams::dry_run(self, state, n, clock)
-    }
-
-    fn would_roll(&self, state: &Word, clock: &impl Clock) -> bool {
-        CounterParams::would_roll(self, state, clock)
-    }
-
-    fn reserve(&self, state: &Word, n: u64, clock: &impl Clock) -> (Decision, Option<Reservation>) {
-        CounterParams::reserve(self, state, n, clock)
-    }
-
-    fn undo(
+    fn acquire<A: AtomicWord>(
         &self,
-        state: &Word,
+        word: &A,
+        n: u64,
+        clock: &impl Clock,
+    ) -> Result<Decision, Retired> {
+        Ok(self.reserve(word, n, clock)?.0)
+    }
+
+    /// [`Method::acquire`], also returning what a grant changed, so that a plan of several
+    /// limits can undo it exactly (see [`Method::undo`]).
+    #[inline]
+    fn reserve<A: AtomicWord>(
+        &self,
+        word: &A,
+        n: u64,
+        clock: &impl Clock,
+    ) -> Result<(Decision, Option<Reservation>), Retired> {
+        // One clock reading per attempt, kept on a retry (see `GcraParams`' `acquire`).
+        let now = self.elapsed(clock.now_nanos());
+        // Relaxed: see `word::update`.
+        word::decide(
+            word,
+            word.load(Ordering::Relaxed),
+            |current| current & RETIRED != 0,
+            |current| self.decide_elapsed(current, now, n),
+        )
+    }
+
+    /// [`Method::acquire`] for `n = 1`, answering only whether (no [`Decision`] is built, and no
+    /// division is made).
+    #[inline]
+    fn acquire_one<A: AtomicWord>(&self, word: &A, clock: &impl Clock) -> Result<Admit, Retired> {
+        // One clock reading per attempt: see `reserve`.
+        let now = self.elapsed(clock.now_nanos());
+        let limit = self.rule.limit();
+        // Relaxed: see `word::update`.
+        word::update(word, word.load(Ordering::Relaxed), |current| {
+            if current & RETIRED != 0 {
+                return Step::Answer(Err(Retired));
+            }
+            // As `decide_elapsed` for n = 1.
+            let rolled = self.roll(current, now);
+            if rolled.current >= limit || !self.weighted_fits(&rolled, limit - rolled.current - 1) {
+                Step::Answer(Ok(Admit::Denied))
+            } else {
+                let new = self.pack(rolled.index, rolled.current + 1, rolled.previous);
+                Step::Store(new, Ok(Admit::Granted))
+            }
+        })
+    }
+
+    /// Undoes the grant that made `reservation` (a reservation across several limits that
+    /// another limit refused, `granted` its decision, made at `now_nanos`).
+    ///
+    /// While the word is still the one the grant stored, the word it replaced is stored again:
+    /// exact for every reading, even where the grant had rolled the windows forward. Once
+    /// another decision has landed, the `n` permits are taken off the window they were counted
+    /// in, if that is still the current one. After a grant its window holds a permit, so its
+    /// `reset_after` ends at the start of the window after next: that names the window. Once it
+    /// has rolled, the permits weigh only as the previous window's and are left (stricter, never
+    /// more generous).
+    fn undo<A: AtomicWord>(
+        &self,
+        word: &A,
         n: u64,
         granted: &Decision,
         reservation: Reservation,
         now_nanos: u64,
     ) {
-        CounterParams::undo(self, state, n, granted, reservation, now_nanos);
+        if word::restore(word, reservation) {
+            return;
+        }
+        let reset_at = self
+            .elapsed(now_nanos)
+            .saturating_add(granted.reset_after_units());
+        let Some(granted_in) = (reset_at / self.rule.window_nanos()).checked_sub(2) else {
+            return;
+        };
+        // Relaxed: see `word::update`.
+        word::update(word, word.load(Ordering::Relaxed), |current| {
+            let (index, count, previous) = self.unpack(current);
+            if current & RETIRED != 0 || index != granted_in {
+                return Step::Answer(());
+            }
+            Step::Store(self.pack(index, count.saturating_sub(n), previous), ())
+        });
     }
 
-    fn retire_now(&self, state: &Word) {
-        CounterParams::retire_now(state);
+    /// Whether the reading lies past the stored window.
+    fn would_roll<A: AtomicWord>(&self, word: &A, clock: &impl Clock) -> bool {
+        // Relaxed: a snapshot of one word; the caller orders its takings by it, and a word that
+        // moves meanwhile only makes the order less useful, never a decision wrong.
+        let current = word.load(Ordering::Relaxed) & !RETIRED;
+        let (stored, _, _) = self.unpack(current);
+        self.roll(current, self.elapsed(clock.now_nanos())).index != stored
     }
 
-    fn retire_if_idle(&self, state: &Word, now_nanos: u64) -> bool {
-        self.retire_if_idle(state, now_nanos)
+    #[inline]
+    fn dry_run<A: AtomicWord>(
+        &self,
+        word: &A,
+        n: u64,
+        clock: &impl Clock,
+    ) -> Result<Decision, Retired> {
+        let current = word::load_live(word)?;
+        Ok(self
+            .decide_elapsed(current, self.elapsed(clock.now_nanos()), n)
+            .0)
+    }
+
+    #[inline]
+    fn peek<A: AtomicWord>(&self, word: &A, clock: &impl Clock) -> Result<Decision, Retired> {
+        let now = self.elapsed(clock.now_nanos());
+        word::peek(
+            word,
+            |current| current & RETIRED != 0,
+            |current, n| self.decide_elapsed(current, now, n).0,
+        )
+    }
+
+    /// Retires the word whatever its state (for a client that moved to another rule).
+    fn retire_now<A: AtomicWord>(&self, word: &A) -> bool {
+        word::retire_flagged_now(word)
+    }
+
+    /// Retires the word if its estimate is 0 at `now_nanos`: nothing granted in the window of
+    /// that reading nor in the one before (any count weighs at least one permit, rounded up), so
+    /// it is indistinguishable from a fresh word. Retiring and acquiring are read-modify-writes
+    /// of the same word, so exactly one of them wins.
+    fn retire_if_idle<A: AtomicWord>(&self, word: &A, now_nanos: u64) -> bool {
+        let now = self.elapsed(now_nanos);
+        word::retire_if(word, |current| {
+            let rolled = self.roll(current, now);
+            (current & RETIRED == 0 && rolled.current == 0 && rolled.previous == 0)
+                .then_some(current | RETIRED)
+        })
     }
 }

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::*;
+use crate::sync::Word;
 
 const SECOND: u64 = 1_000_000_000;
 
@@ -186,9 +187,8 @@ fn an_idle_word_retires_and_a_busy_one_does_not() {
     // Window 4 still weighs window 3's permit.
     assert!(!counter.retire_if_idle(&word, 4 * SECOND + SECOND / 2));
     assert!(counter.retire_if_idle(&word, 5 * SECOND));
-    assert!(
-        counter
-            .acquire(&word, 1, &crate::FakeClock::new())
-            .is_retired()
+    assert_eq!(
+        counter.acquire(&word, 1, &crate::FakeClock::new()),
+        Err(Retired)
     );
 }

@@ -13,12 +13,12 @@ mod ring;
 use crossbeam_utils::Backoff;
 
 use crate::clock::Clock;
-use crate::decision::{Admit, Decision, Rejection};
+use crate::decision::{Admit, Decision, Rejection, Retired};
 use crate::error::RuleError;
 use crate::method::Method;
-use crate::method::standalone::Standalone;
-use crate::sync::{AtomicWord, Ordering, Word};
-use crate::{Algorithm, Limiter, Rule};
+use crate::method::standalone::{Standalone, public_limiter};
+use crate::sync::{AtomicWord, Ordering};
+use crate::{Algorithm, Rule};
 pub use ring::LogRing;
 use ring::{
     EXPIRY_MASK, LAP_MARK, RETIRED_EXPIRY, RunStop, Snapshot, index_of, is_retired, lap_mark,
@@ -96,37 +96,7 @@ impl LogParams {
         })
     }
 
-    /// The rule these parameters enforce.
-    #[cfg(feature = "loom")]
-    pub fn rule(&self) -> Rule {
-        self.rule
-    }
-
-    /// Takes `n` permits at the clock's reading: one slot, if the admission L places back has
-    /// left the window; `n` slots, all at one time or none (see "Batches" on
-    /// [`SlidingWindowLog`]).
-    #[inline]
-    pub fn acquire<A: AtomicWord>(
-        &self,
-        ring: &LogRing<A>,
-        n: u64,
-        clock: &impl Clock,
-    ) -> Decision {
-        // One clock reading per attempt, kept on a retry (see `GcraParams::acquire`): the
-        // admission's time is at least the latest admission's anyway.
-        let now = self.elapsed(clock.now_nanos());
-        match n {
-            0 => return self.peek_at(ring, now, true),
-            1 => {}
-            _ if n <= self.rule.limit() && n <= ring.capacity() => {
-                return self.acquire_batch(ring, n, now);
-            }
-            _ => return self.reject(ring, n, now),
-        }
-        self.decide_one(ring, now, true)
-    }
-
-    /// One permit at `now` (elapsed time), as [`LogParams::acquire`] takes it, with every figure
+    /// One permit at `now` (elapsed time), as [`Method::acquire`] takes it, with every figure
     /// of its decision but, unless `count_remaining`, the permits left after an admission (a
     /// search of the ring, which an allowed decision then reports as 0).
     #[inline]
@@ -135,9 +105,9 @@ impl LogParams {
         ring: &LogRing<A>,
         now: u64,
         count_remaining: bool,
-    ) -> Decision {
-        match self.claim_one(ring, now) {
-            OneClaim::Retired => Decision::retired(self.rule),
+    ) -> Result<Decision, Retired> {
+        Ok(match self.claim_one(ring, now) {
+            OneClaim::Retired => return Err(Retired),
             OneClaim::Denied { expiry, latest } => {
                 let retry_after = self.wait_until(expiry, now);
                 let reset_after = latest.saturating_sub(now);
@@ -153,20 +123,7 @@ impl LogParams {
                 let reset_after = (time + self.rule.window_nanos()).saturating_sub(now);
                 Decision::allowed(self.rule, remaining, reset_after)
             }
-        }
-    }
-
-    /// Takes one permit at the clock's reading, answering only whether: the same claim as
-    /// [`LogParams::acquire`]'s, without the figures a [`Decision`] reports (counting the
-    /// permits left is a search of the ring that "allowed?" does not need).
-    #[inline]
-    pub(crate) fn admit_one<A: AtomicWord>(&self, ring: &LogRing<A>, clock: &impl Clock) -> Admit {
-        let now = self.elapsed(clock.now_nanos());
-        match self.claim_one(ring, now) {
-            OneClaim::Retired => Admit::Retired,
-            OneClaim::Denied { .. } => Admit::Denied,
-            OneClaim::Claimed { .. } => Admit::Granted,
-        }
+        })
     }
 
     /// Claims the slot at `head` for one admission at `now` (elapsed time), if the admission
@@ -212,13 +169,18 @@ impl LogParams {
 
     /// Claims `n` slots (1 < n ≤ the ring's capacity) for one admission time, or none: the
     /// batch's side of the protocol documented on [`SlidingWindowLog`] under "Batches".
-    fn acquire_batch<A: AtomicWord>(&self, ring: &LogRing<A>, n: u64, now: u64) -> Decision {
+    fn acquire_batch<A: AtomicWord>(
+        &self,
+        ring: &LogRing<A>,
+        n: u64,
+        now: u64,
+    ) -> Result<Decision, Retired> {
         let window = self.rule.window_nanos();
         let backoff = Backoff::new();
         loop {
             let Snapshot { head, slot, latest } = ring.snapshot();
             if is_retired(latest) || is_retired(slot) {
-                return Decision::retired(self.rule);
+                return Err(Retired);
             }
             if slot & LAP_MARK == lap_mark(head) {
                 ring.help_head_past(head);
@@ -233,7 +195,7 @@ impl LogParams {
             // Acquire: as for the slots in `snapshot`.
             let last_slot = ring.slot_at(last).load(Ordering::Acquire);
             if is_retired(last_slot) {
-                return Decision::retired(self.rule);
+                return Err(Retired);
             }
             if last_slot & LAP_MARK == lap_mark(last) {
                 // Claimed in its lap already: the ring has moved on since the snapshot, and the
@@ -246,30 +208,39 @@ impl LogParams {
             if last_expiry > time {
                 let remaining = self.expired_after(ring, index_of(head), n - 1, time);
                 let retry_after = self.wait_until(last_expiry, now);
-                return Decision::denied(self.rule, remaining, retry_after, reset_after);
+                return Ok(Decision::denied(
+                    self.rule,
+                    remaining,
+                    retry_after,
+                    reset_after,
+                ));
             }
             let expiry = time + window;
             let (taken, stop) = ring.claim_run(head, slot, n, time, expiry);
             let Some(stop) = stop else {
                 let after_last = ring.index_after(index_of(last), 1);
                 let remaining = self.expired_after(ring, after_last, ring.capacity() - n, time);
-                return Decision::allowed(self.rule, remaining, expiry - now.min(expiry));
+                return Ok(Decision::allowed(
+                    self.rule,
+                    remaining,
+                    expiry - now.min(expiry),
+                ));
             };
             // Never below the admission before the batch, nor below any expiry the claims
             // replaced (each was at most `time`): see "Batches" on `SlidingWindowLog`.
             ring.give_back(head, taken, expiry, latest_expiry.max(time));
             match stop {
-                RunStop::Retired => return Decision::retired(self.rule),
+                RunStop::Retired => return Err(Retired),
                 // Another claim landed inside the run: try again from where the ring is now.
                 RunStop::Taken => backoff.spin(),
                 // Only after the ring has come round during the run (see "Batches").
                 RunStop::Live(expiry) => {
-                    return Decision::denied(
+                    return Ok(Decision::denied(
                         self.rule,
                         0,
                         self.wait_until(expiry, now),
                         reset_after,
-                    );
+                    ));
                 }
             }
         }
@@ -301,43 +272,19 @@ impl LogParams {
         low
     }
 
-    /// What a ring that is empty since `since_nanos` would report, without making one: a peek,
-    /// or with `zero_permits` an acquire of 0 permits.
-    pub fn fresh_report(
-        &self,
-        zero_permits: bool,
-        since_nanos: u64,
-        clock: &impl Clock,
-    ) -> Decision {
-        let now = self.elapsed(clock.now_nanos());
-        let expiry = self.elapsed(since_nanos).min(self.latest_time);
-        if now >= expiry {
-            Decision::allowed(self.rule, self.capacity, 0)
-        } else if zero_permits {
-            Decision::allowed(self.rule, 0, expiry - now)
-        } else {
-            Decision::denied(self.rule, 0, expiry - now, expiry - now)
-        }
-    }
-
     /// The answer to `n` permits, more than the ring holds, reporting what it holds at `now`.
-    fn reject<A: AtomicWord>(&self, ring: &LogRing<A>, n: u64, now: u64) -> Decision {
+    fn reject<A: AtomicWord>(
+        &self,
+        ring: &LogRing<A>,
+        n: u64,
+        now: u64,
+    ) -> Result<Decision, Retired> {
         let rejection = Rejection::ExceedsLimit {
             requested: n,
             limit: self.rule.limit().min(ring.capacity()),
         };
-        let quota = self.peek_at(ring, now, true);
-        if quota.is_retired() {
-            // The service moves to a fresh ring, and answers from it.
-            return quota;
-        }
-        quota.into_rejected(rejection)
-    }
-
-    /// What one permit would get now, taking nothing.
-    #[inline]
-    pub fn peek<A: AtomicWord>(&self, ring: &LogRing<A>, clock: &impl Clock) -> Decision {
-        self.peek_at(ring, self.elapsed(clock.now_nanos()), false)
+        // A retired ring answers as such: the service moves to a fresh one, and answers from it.
+        Ok(self.peek_at(ring, now, true)?.into_rejected(rejection))
     }
 
     /// `available_only`: report as an allowed `n = 0` attempt (the permits available) even when
@@ -347,10 +294,10 @@ impl LogParams {
         ring: &LogRing<A>,
         now: u64,
         available_only: bool,
-    ) -> Decision {
+    ) -> Result<Decision, Retired> {
         let Snapshot { head, slot, latest } = ring.snapshot();
         if is_retired(latest) || is_retired(slot) {
-            return Decision::retired(self.rule);
+            return Err(Retired);
         }
         // If the slot at head was already claimed in this lap, the ring is one admission further
         // on than `head` says: that slot holds the latest admission, the next one the oldest.
@@ -364,22 +311,20 @@ impl LogParams {
         let remaining = self.expired_after(ring, oldest, ring.capacity(), time);
         let reset_after = (latest & EXPIRY_MASK).saturating_sub(now);
         if remaining > 0 || available_only {
-            return Decision::allowed(self.rule, remaining, reset_after);
+            return Ok(Decision::allowed(self.rule, remaining, reset_after));
         }
         let oldest_slot = ring.slot(oldest).load(Ordering::Relaxed);
         if is_retired(oldest_slot) {
             // Retired since the snapshot: its mark is no admission's expiry.
-            return Decision::retired(self.rule);
+            return Err(Retired);
         }
         let expiry = oldest_slot & EXPIRY_MASK;
-        Decision::denied(self.rule, 0, self.wait_until(expiry, now), reset_after)
-    }
-
-    /// Retires the ring if every admission has expired at `now_nanos`; see [`LogRing::retire`].
-    pub fn retire_if_idle<A: AtomicWord>(&self, ring: &LogRing<A>, now_nanos: u64) -> bool {
-        // Clamped as admissions' times are: at the horizon time stands still, so an admission
-        // made there never expires, and the ring is never idle.
-        ring.retire(Some(self.elapsed(now_nanos).min(self.latest_time)))
+        Ok(Decision::denied(
+            self.rule,
+            0,
+            self.wait_until(expiry, now),
+            reset_after,
+        ))
     }
 }
 
@@ -495,36 +440,12 @@ impl<C: Clock> SlidingWindowLog<C> {
             limiter: Standalone::new(rule, clock)?,
         })
     }
-
-    /// The clock this limiter reads.
-    pub fn clock(&self) -> &C {
-        self.limiter.clock()
-    }
 }
 
-impl<C: Clock> Limiter for SlidingWindowLog<C> {
-    #[inline]
-    fn try_acquire(&self) -> bool {
-        self.limiter.try_acquire()
-    }
-
-    #[inline]
-    fn try_acquire_n(&self, n: u64) -> Decision {
-        self.limiter.try_acquire_n(n)
-    }
-
-    #[inline]
-    fn peek(&self) -> Decision {
-        self.limiter.peek()
-    }
-
-    fn rule(&self) -> Rule {
-        self.limiter.rule()
-    }
-}
+public_limiter!(SlidingWindowLog, LogParams);
 
 impl Method for LogParams {
-    type State = LogRing<Word>;
+    type State<A: AtomicWord> = LogRing<A>;
 
     /// A claimed slot cannot be given back without unsorting the ring for other claims in flight
     /// (a batch undoes only its own run, before anyone else claims after it).
@@ -542,46 +463,101 @@ impl Method for LogParams {
         self.origin_nanos
     }
 
-    fn fresh(&self, since_nanos: u64) -> LogRing<Word> {
+    fn fresh<A: AtomicWord>(&self, since_nanos: u64) -> LogRing<A> {
         LogRing::empty_since(self, since_nanos)
     }
 
+    /// What a ring that is empty since `since_nanos` would report, without making one: a ring
+    /// is an allocation (up to 512 KiB), not to be made for a client that may never come back.
     fn fresh_report(&self, zero_permits: bool, since_nanos: u64, clock: &impl Clock) -> Decision {
-        // A ring is an allocation (up to 512 KiB), not to be made for a client that may never
-        // come back.
-        LogParams::fresh_report(self, zero_permits, since_nanos, clock)
+        let now = self.elapsed(clock.now_nanos());
+        let expiry = self.elapsed(since_nanos).min(self.latest_time);
+        if now >= expiry {
+            Decision::allowed(self.rule, self.capacity, 0)
+        } else if zero_permits {
+            Decision::allowed(self.rule, 0, expiry - now)
+        } else {
+            Decision::denied(self.rule, 0, expiry - now, expiry - now)
+        }
     }
 
+    /// Takes `n` permits at the clock's reading: one slot, if the admission L places back has
+    /// left the window; `n` slots, all at one time or none (see "Batches" on
+    /// [`SlidingWindowLog`]).
     #[inline]
-    fn acquire(&self, ring: &LogRing<Word>, n: u64, clock: &impl Clock) -> Decision {
-        LogParams::acquire(self, ring, n, clock)
+    fn acquire<A: AtomicWord>(
+        &self,
+        ring: &LogRing<A>,
+        n: u64,
+        clock: &impl Clock,
+    ) -> Result<Decision, Retired> {
+        // One clock reading per attempt, kept on a retry (see `GcraParams`' `acquire`): the
+        // admission's time is at least the latest admission's anyway.
+        let now = self.elapsed(clock.now_nanos());
+        match n {
+            0 => return self.peek_at(ring, now, true),
+            1 => {}
+            _ if n <= self.rule.limit() && n <= ring.capacity() => {
+                return self.acquire_batch(ring, n, now);
+            }
+            _ => return self.reject(ring, n, now),
+        }
+        self.decide_one(ring, now, true)
     }
 
+    /// One permit, answering only whether: the same claim as [`Method::acquire`]'s, without the
+    /// figures a [`Decision`] reports (counting the permits left is a search of the ring that
+    /// "allowed?" does not need).
     #[inline]
-    fn acquire_one(&self, ring: &LogRing<Word>, clock: &impl Clock) -> Admit {
-        self.admit_one(ring, clock)
+    fn acquire_one<A: AtomicWord>(
+        &self,
+        ring: &LogRing<A>,
+        clock: &impl Clock,
+    ) -> Result<Admit, Retired> {
+        let now = self.elapsed(clock.now_nanos());
+        match self.claim_one(ring, now) {
+            OneClaim::Retired => Err(Retired),
+            OneClaim::Denied { .. } => Ok(Admit::Denied),
+            OneClaim::Claimed { .. } => Ok(Admit::Granted),
+        }
     }
 
     #[cfg(feature = "tower")]
-    fn acquire_one_uncounted(&self, ring: &LogRing<Word>, clock: &impl Clock) -> Decision {
+    fn acquire_one_uncounted<A: AtomicWord>(
+        &self,
+        ring: &LogRing<A>,
+        clock: &impl Clock,
+    ) -> Result<Decision, Retired> {
         self.decide_one(ring, self.elapsed(clock.now_nanos()), false)
     }
 
     #[inline]
-    fn peek(&self, ring: &LogRing<Word>, clock: &impl Clock) -> Decision {
-        LogParams::peek(self, ring, clock)
+    fn peek<A: AtomicWord>(
+        &self,
+        ring: &LogRing<A>,
+        clock: &impl Clock,
+    ) -> Result<Decision, Retired> {
+        self.peek_at(ring, self.elapsed(clock.now_nanos()), false)
     }
 
-    fn dry_run(&self, ring: &LogRing<Word>, _n: u64, clock: &impl Clock) -> Decision {
+    fn dry_run<A: AtomicWord>(
+        &self,
+        ring: &LogRing<A>,
+        _n: u64,
+        clock: &impl Clock,
+    ) -> Result<Decision, Retired> {
         // Only plans of several limits look before they take, and the log takes none.
-        LogParams::peek(self, ring, clock)
+        self.peek(ring, clock)
     }
 
-    fn retire_now(&self, ring: &LogRing<Word>) {
-        ring.retire(None);
+    fn retire_now<A: AtomicWord>(&self, ring: &LogRing<A>) -> bool {
+        ring.retire(None)
     }
 
-    fn retire_if_idle(&self, ring: &LogRing<Word>, now_nanos: u64) -> bool {
-        LogParams::retire_if_idle(self, ring, now_nanos)
+    /// Retires the ring if every admission has expired at `now_nanos`; see [`LogRing::retire`].
+    fn retire_if_idle<A: AtomicWord>(&self, ring: &LogRing<A>, now_nanos: u64) -> bool {
+        // Clamped as admissions' times are: at the horizon time stands still, so an admission
+        // made there never expires, and the ring is never idle.
+        ring.retire(Some(self.elapsed(now_nanos).min(self.latest_time)))
     }
 }

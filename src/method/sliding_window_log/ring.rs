@@ -290,6 +290,7 @@ mod tests {
 
     use super::*;
     use crate::Rule;
+    use crate::method::{Method, never_retired};
     use crate::sync::Word;
 
     #[test]
@@ -329,12 +330,13 @@ mod tests {
         let params = LogParams::new(Rule::new(3, Duration::from_nanos(100)).unwrap()).unwrap();
         let ring: LogRing<Word> = LogRing::new(&params);
         let clock = crate::FakeClock::new();
-        assert!(params.acquire(&ring, 1, &clock).is_allowed());
+        let acquire = |n| never_retired(params.acquire(&ring, n, &clock));
+        assert!(acquire(1).is_allowed());
         clock.advance(Duration::from_nanos(50));
         let Snapshot { head, slot, latest } = ring.snapshot();
         assert_eq!((head, latest & EXPIRY_MASK), (1, 100));
         assert!(matches!(ring.claim_run(head, slot, 1, 50, 150), (1, None)));
-        assert!(params.acquire(&ring, 1, &clock).is_allowed());
+        assert!(acquire(1).is_allowed());
         ring.give_back(head, 1, 150, 100);
 
         // Slot 1 now reads as an admission that expires with the one at 0.
@@ -342,10 +344,10 @@ mod tests {
             .map(|index| ring.slot(index).load(Ordering::Relaxed) & EXPIRY_MASK)
             .collect();
         assert_eq!(expiries, [100, 100, 150]);
-        assert_eq!(params.peek(&ring, &clock).remaining(), 0);
-        assert!(params.acquire(&ring, 1, &clock).is_denied());
+        assert_eq!(never_retired(params.peek(&ring, &clock)).remaining(), 0);
+        assert!(acquire(1).is_denied());
         clock.advance(Duration::from_nanos(50));
-        let batch = params.acquire(&ring, 2, &clock);
+        let batch = acquire(2);
         assert!(batch.is_allowed(), "{batch:?}");
         assert_eq!(batch.remaining(), 0);
     }
