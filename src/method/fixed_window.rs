@@ -13,7 +13,7 @@ use crate::clock::Clock;
 use crate::decision::{Admit, Decision, Rejection, Retired};
 use crate::error::RuleError;
 use crate::method::Method;
-use crate::method::standalone::{Standalone, public_limiter};
+use crate::method::standalone::{Standalone, Wraps};
 use crate::method::word::{self, Reservation, Step};
 use crate::sync::{AtomicWord, Ordering};
 use crate::{Algorithm, Rule};
@@ -314,9 +314,22 @@ impl<C: Clock> FixedWindow<C> {
             limiter: Standalone::new(rule, clock)?,
         })
     }
+
+    /// The clock this limiter reads.
+    pub fn clock(&self) -> &C {
+        self.limiter.clock()
+    }
 }
 
-public_limiter!(FixedWindow, WindowParams);
+// What gives `FixedWindow` the `Limiter` trait (see `Wraps`).
+impl<C: Clock> Wraps for FixedWindow<C> {
+    type Method = WindowParams;
+    type Clock = C;
+
+    fn standalone(&self) -> &Standalone<WindowParams, C> {
+        &self.limiter
+    }
+}
 
 impl Method for WindowParams {
     type State<A: AtomicWord> = A;

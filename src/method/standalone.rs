@@ -91,26 +91,3 @@ impl<L: Wraps> Limiter for L {
         self.standalone().params.rule()
     }
 }
-
-/// What makes a public limiter of `$limiter`, a struct whose `limiter` field is its method's
-/// [`Standalone`] body (`$method` the method's constants): its [`Wraps`] impl, which gives it
-/// [`Limiter`], and its `clock` accessor. Each method's file calls it once, beside its type.
-macro_rules! public_limiter {
-    ($limiter:ident, $method:ty) => {
-        impl<C: $crate::Clock> $crate::method::standalone::Wraps for $limiter<C> {
-            type Method = $method;
-            type Clock = C;
-            fn standalone(&self) -> &$crate::method::standalone::Standalone<$method, C> {
-                &self.limiter
-            }
-        }
-
-        impl<C: $crate::Clock> $limiter<C> {
-            /// The clock this limiter reads.
-            pub fn clock(&self) -> &C {
-                self.limiter.clock()
-            }
-        }
-    };
-}
-pub(crate) use public_limiter;

@@ -15,7 +15,7 @@ use crate::clock::Clock;
 use crate::decision::{Admit, Decision, Rejection, Retired, Scale};
 use crate::error::RuleError;
 use crate::method::Method;
-use crate::method::standalone::{Standalone, public_limiter};
+use crate::method::standalone::{Standalone, Wraps};
 use crate::method::word::{self, Reservation, Step};
 use crate::sync::{AtomicWord, Ordering};
 use crate::{Algorithm, Rule};
@@ -292,9 +292,22 @@ impl<C: Clock> TokenBucket<C> {
     pub fn is_exact(&self) -> bool {
         self.limiter.params().is_exact()
     }
+
+    /// The clock this limiter reads.
+    pub fn clock(&self) -> &C {
+        self.limiter.clock()
+    }
 }
 
-public_limiter!(TokenBucket, GcraParams);
+// What gives `TokenBucket` the `Limiter` trait (see `Wraps`).
+impl<C: Clock> Wraps for TokenBucket<C> {
+    type Method = GcraParams;
+    type Clock = C;
+
+    fn standalone(&self) -> &Standalone<GcraParams, C> {
+        &self.limiter
+    }
+}
 
 impl Method for GcraParams {
     type State<A: AtomicWord> = A;

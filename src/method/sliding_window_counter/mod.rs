@@ -19,7 +19,7 @@ use crate::clock::Clock;
 use crate::decision::{Admit, Decision, Rejection, Retired};
 use crate::error::RuleError;
 use crate::method::Method;
-use crate::method::standalone::{Standalone, public_limiter};
+use crate::method::standalone::{Standalone, Wraps};
 use crate::method::word::{self, Reservation, Step};
 use crate::sync::{AtomicWord, Ordering};
 use crate::{Algorithm, Rule};
@@ -306,9 +306,22 @@ impl<C: Clock> SlidingWindowCounter<C> {
             limiter: Standalone::new(rule, clock)?,
         })
     }
+
+    /// The clock this limiter reads.
+    pub fn clock(&self) -> &C {
+        self.limiter.clock()
+    }
 }
 
-public_limiter!(SlidingWindowCounter, CounterParams);
+// What gives `SlidingWindowCounter` the `Limiter` trait (see `Wraps`).
+impl<C: Clock> Wraps for SlidingWindowCounter<C> {
+    type Method = CounterParams;
+    type Clock = C;
+
+    fn standalone(&self) -> &Standalone<CounterParams, C> {
+        &self.limiter
+    }
+}
 
 impl Method for CounterParams {
     type State<A: AtomicWord> = A;

@@ -16,7 +16,7 @@ use crate::clock::Clock;
 use crate::decision::{Admit, Decision, Rejection, Retired};
 use crate::error::RuleError;
 use crate::method::Method;
-use crate::method::standalone::{Standalone, public_limiter};
+use crate::method::standalone::{Standalone, Wraps};
 use crate::sync::{AtomicWord, Ordering};
 use crate::{Algorithm, Rule};
 pub use ring::LogRing;
@@ -440,9 +440,22 @@ impl<C: Clock> SlidingWindowLog<C> {
             limiter: Standalone::new(rule, clock)?,
         })
     }
+
+    /// The clock this limiter reads.
+    pub fn clock(&self) -> &C {
+        self.limiter.clock()
+    }
 }
 
-public_limiter!(SlidingWindowLog, LogParams);
+// What gives `SlidingWindowLog` the `Limiter` trait (see `Wraps`).
+impl<C: Clock> Wraps for SlidingWindowLog<C> {
+    type Method = LogParams;
+    type Clock = C;
+
+    fn standalone(&self) -> &Standalone<LogParams, C> {
+        &self.limiter
+    }
+}
 
 impl Method for LogParams {
     type State<A: AtomicWord> = LogRing<A>;
