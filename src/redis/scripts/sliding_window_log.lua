@@ -18,7 +18,8 @@
 
 -- `int`, `expire_after`, `n`, `peek`, `now` and `decide_plan` come from prelude.lua, run first.
 
--- Limit i's admission time, window and live count, for its commit, and its figures.
+-- Limit i's admission time (and its digits), window and live count, for its commit, and its
+-- figures.
 local function decide_limit(i)
   local base = 3 + 2 * (i - 1)
   local limit, window = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
@@ -28,8 +29,10 @@ local function decide_limit(i)
     latest = tonumber(newest[2])
   end
   local time = math.max(now, latest - window)
+  local time_digits = int(time)
+  local after_time = '(' .. time_digits
   -- Admissions still in the window at `time`: those that expire after it.
-  local live = redis.call('ZCOUNT', KEYS[i], '(' .. int(time), '+inf')
+  local live = redis.call('ZCOUNT', KEYS[i], after_time, '+inf')
   local reset = math.max(latest - now, 0)
   local allowed, remaining, retry = 1, math.max(limit - live, 0), 0
   local wanted = n
@@ -41,20 +44,20 @@ local function decide_limit(i)
       -- The admissions still in the window leave oldest first; room for `wanted` comes when the
       -- (live + wanted - limit)-th of them has left.
       local k = live + wanted - limit - 1
-      local leaving = redis.call('ZRANGEBYSCORE', KEYS[i], '(' .. int(time), '+inf', 'WITHSCORES', 'LIMIT', k, 1)
+      local leaving = redis.call('ZRANGEBYSCORE', KEYS[i], after_time, '+inf', 'WITHSCORES', 'LIMIT', k, 1)
       allowed, retry = 0, math.max(tonumber(leaving[2]) - now, 0)
     elseif not peek then
       remaining, reset = limit - live - n, time + window - now
     end
   end
-  return {time, window, live}, allowed, remaining, retry, reset
+  return {time, window, live, time_digits}, allowed, remaining, retry, reset
 end
 
 local function commit_limit(i, counted)
-  local time, window, live = counted[1], counted[2], counted[3]
+  local time, window, live, time_digits = counted[1], counted[2], counted[3], counted[4]
   local expiry = int(time + window)
   -- Admissions that have left the window stay out of it (time never goes back): drop them.
-  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', int(time))
+  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', time_digits)
   -- Members must be unique: admissions with one expiry all happen at one `time`, each seeing
   -- one more live admission than the one before, so the count tells them apart.
   for j = 0, n - 1 do
