@@ -8,6 +8,12 @@
 //! holds another type, nothing written). The sliding window counter's waits are not whole
 //! microseconds: its limits reply five integers, the fifth the nanoseconds by which its
 //! retry_after, rounded up to microseconds, overstates the wait.
+//!
+//! What the scripts share is written once, in `scripts/prelude.lua`, run before each: the
+//! arguments, the clock, the check of the keys' type and the plan's decision, which asks the
+//! script for each limit's figures in order and commits every limit only if none refused and
+//! permits are taken. A script itself holds only its method: how one limit decides, and what
+//! committing it writes (every key written is given its expiry).
 
 use std::sync::LazyLock;
 

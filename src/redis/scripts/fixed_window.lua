@@ -11,18 +11,11 @@
 -- reset_after (us)}; code 1 = allowed (and committed), 0 = denied, -1 = KEYS[index] holds another
 -- type (nothing written). Every figure is an integer of at most 2^53 (limits are at most 2^53).
 
--- `int`, `div`, `expire_after`, `n`, `peek`, `now` and `key_of_another_type` come from
--- prelude.lua, run first.
-local other = key_of_another_type('hash')
-if other then
-  return {-1, other, now}
-end
+-- `int`, `div`, `expire_after`, `n`, `peek`, `now` and `decide_plan` come from prelude.lua, run
+-- first.
 
-local reply = {1, 0, now}
-local windows = {}
-local used = {}
-local all_allowed = true
-for i = 1, #KEYS do
+-- Limit i's window and count, for its commit, and its figures.
+local function decide_limit(i)
   local base = 3 + 2 * (i - 1)
   local limit, window = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
   local stored = redis.call('HMGET', KEYS[i], 'w', 'c')
@@ -45,27 +38,17 @@ for i = 1, #KEYS do
   local allowed, remaining, retry = 1, limit - c - take, 0
   if take > limit - c then
     allowed, remaining, retry = 0, limit - c, until_end
-    all_allowed = false
   elseif peek then
     remaining = limit - c
   end
-  windows[i], used[i] = {index, window}, c
-  local at = #reply
-  reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] = allowed, remaining, retry, until_end
+  return {index, window, c}, allowed, remaining, retry, until_end
 end
 
-if not all_allowed then
-  reply[1] = 0
-  return reply
-end
-if peek or n == 0 then
-  return reply
-end
-
-for i = 1, #KEYS do
-  local index, window = windows[i][1], windows[i][2]
-  redis.call('HSET', KEYS[i], 'w', int(index), 'c', int(used[i] + n))
+local function commit_limit(i, counted)
+  local index, window, c = counted[1], counted[2], counted[3]
+  redis.call('HSET', KEYS[i], 'w', int(index), 'c', int(c + n))
   -- Once the window is over the counter is indistinguishable from a missing key: expire it then.
   expire_after(KEYS[i], (index + 1) * window - now)
 end
-return reply
+
+return decide_plan('hash', decide_limit, commit_limit)

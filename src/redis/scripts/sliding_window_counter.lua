@@ -20,12 +20,8 @@
 -- -1 = KEYS[index] holds another type (nothing written). Every number is an integer below 2^53:
 -- products of a count and a time, which can exceed it, are never formed (see mul_div).
 
--- `int`, `div`, `expire_after`, `n`, `peek`, `now` and `key_of_another_type` come from
--- prelude.lua, run first.
-local other = key_of_another_type('hash')
-if other then
-  return {-1, other, now}
-end
+-- `int`, `div`, `expire_after`, `n`, `peek`, `now` and `decide_plan` come from prelude.lua, run
+-- first.
 
 -- floor(a * b / d) and (a * b) mod d, for a below 2^32 and b, d below 2^51, whose quotient is
 -- below 2^53, without forming a * b (up to 2^83): a's bits from the highest, doubling the
@@ -114,10 +110,8 @@ local function decide(s, take, now)
   return 0, math.max(room - weight, 0), retry, short, reset_after(s, s.cur, now)
 end
 
-local reply = {1, 0, now}
-local states = {}
-local all_allowed = true
-for i = 1, #KEYS do
+-- Limit i's state, for its commit, and its figures.
+local function decide_limit(i)
   local base = 3 + 2 * (i - 1)
   local limit, window = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
   local stored = redis.call('HMGET', KEYS[i], 'w', 'c', 'p')
@@ -146,28 +140,14 @@ for i = 1, #KEYS do
   else
     allowed, remaining, retry, short, reset = decide(s, n, now)
   end
-  if allowed == 0 then
-    all_allowed = false
-  end
-  states[i] = s
-  local at = #reply
-  reply[at + 1], reply[at + 2], reply[at + 3] = allowed, remaining, retry
-  reply[at + 4], reply[at + 5] = short, reset
+  return s, allowed, remaining, retry, short, reset
 end
 
-if not all_allowed then
-  reply[1] = 0
-  return reply
-end
-if peek or n == 0 then
-  return reply
-end
-
-for i = 1, #KEYS do
-  local s = states[i]
+local function commit_limit(i, s)
   redis.call('HSET', KEYS[i], 'w', int(s.index), 'c', int(s.cur + n), 'p', int(s.prev))
   -- The estimate is 0 once the window after this one ends; the counter is then
   -- indistinguishable from a missing key: expire it then.
   expire_after(KEYS[i], (s.index + 2) * s.window - now)
 end
-return reply
+
+return decide_plan('hash', decide_limit, commit_limit)

@@ -16,18 +16,11 @@
 -- reset_after (us)}; code 1 = allowed (and committed), 0 = denied, -1 = KEYS[index] holds another
 -- type (nothing written). Every figure is an integer below 2^53.
 
--- `int`, `expire_after`, `n`, `peek`, `now` and `key_of_another_type` come from
--- prelude.lua, run first.
-local other = key_of_another_type('zset')
-if other then
-  return {-1, other, now}
-end
+-- `int`, `expire_after`, `n`, `peek`, `now` and `decide_plan` come from prelude.lua, run first.
 
-local reply = {1, 0, now}
-local times = {}
-local lives = {}
-local all_allowed = true
-for i = 1, #KEYS do
+-- Limit i's admission time (and its digits), window and live count, for its commit, and its
+-- figures.
+local function decide_limit(i)
   local base = 3 + 2 * (i - 1)
   local limit, window = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
   local newest = redis.call('ZRANGE', KEYS[i], -1, -1, 'WITHSCORES')
@@ -36,8 +29,10 @@ for i = 1, #KEYS do
     latest = tonumber(newest[2])
   end
   local time = math.max(now, latest - window)
+  local time_digits = int(time)
+  local after_time = '(' .. time_digits
   -- Admissions still in the window at `time`: those that expire after it.
-  local live = redis.call('ZCOUNT', KEYS[i], '(' .. int(time), '+inf')
+  local live = redis.call('ZCOUNT', KEYS[i], after_time, '+inf')
   local reset = math.max(latest - now, 0)
   local allowed, remaining, retry = 1, math.max(limit - live, 0), 0
   local wanted = n
@@ -49,36 +44,27 @@ for i = 1, #KEYS do
       -- The admissions still in the window leave oldest first; room for `wanted` comes when the
       -- (live + wanted - limit)-th of them has left.
       local k = live + wanted - limit - 1
-      local leaving = redis.call('ZRANGEBYSCORE', KEYS[i], '(' .. int(time), '+inf', 'WITHSCORES', 'LIMIT', k, 1)
+      local leaving = redis.call('ZRANGEBYSCORE', KEYS[i], after_time, '+inf', 'WITHSCORES', 'LIMIT', k, 1)
       allowed, retry = 0, math.max(tonumber(leaving[2]) - now, 0)
-      all_allowed = false
     elseif not peek then
       remaining, reset = limit - live - n, time + window - now
     end
   end
-  times[i], lives[i] = {time, window}, live
-  local at = #reply
-  reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] = allowed, remaining, retry, reset
+  return {time, window, live, time_digits}, allowed, remaining, retry, reset
 end
 
-if not all_allowed then
-  reply[1] = 0
-  return reply
-end
-if peek or n == 0 then
-  return reply
-end
-
-for i = 1, #KEYS do
-  local time, window = times[i][1], times[i][2]
+local function commit_limit(i, counted)
+  local time, window, live, time_digits = counted[1], counted[2], counted[3], counted[4]
+  local expiry = int(time + window)
   -- Admissions that have left the window stay out of it (time never goes back): drop them.
-  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', int(time))
+  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', time_digits)
   -- Members must be unique: admissions with one expiry all happen at one `time`, each seeing
   -- one more live admission than the one before, so the count tells them apart.
   for j = 0, n - 1 do
-    redis.call('ZADD', KEYS[i], int(time + window), int(time + window) .. ':' .. int(lives[i] + j))
+    redis.call('ZADD', KEYS[i], expiry, expiry .. ':' .. int(live + j))
   end
   -- When the newest admission leaves the window the log is empty: expire it then.
   expire_after(KEYS[i], time + window - now)
 end
-return reply
+
+return decide_plan('zset', decide_limit, commit_limit)

@@ -13,12 +13,7 @@
 -- retry_after (ticks), reset_after (ticks)}; code 1 = allowed (and committed), 0 = denied,
 -- -1 = KEYS[index] holds another type (nothing written).
 
--- `int`, `expire_after`, `n`, `peek`, `now` and `key_of_another_type` come from
--- prelude.lua, run first.
-local other = key_of_another_type('hash')
-if other then
-  return {-1, other, now}
-end
+-- `int`, `expire_after`, `n`, `peek`, `now` and `decide_plan` come from prelude.lua, run first.
 
 -- The debt (ticks still to refill) of bucket i at `now`; a TAT behind `now` is a full bucket.
 local function debt_of(i, tpu, burst)
@@ -44,11 +39,8 @@ local function decide(debt, take, token, burst)
   return 0, math.max(burst - debt, 0), new_debt - burst, debt, nil
 end
 
-local reply = {1, 0, now}
-local tpus = {}
-local new_debts = {}
-local all_allowed = true
-for i = 1, #KEYS do
+-- Limit i's new debt (nil unless it takes permits), for its commit, and its figures.
+local function decide_limit(i)
   local base = 3 + 3 * (i - 1)
   local tpu, token, burst = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
   local debt = debt_of(i, tpu, burst)
@@ -64,28 +56,14 @@ for i = 1, #KEYS do
   else
     allowed, remaining, retry, reset, new_debt = decide(debt, n, token, burst)
   end
-  if allowed == 0 then
-    all_allowed = false
-  end
-  tpus[i] = tpu
-  new_debts[i] = new_debt
-  local at = #reply
-  reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] = allowed, remaining, retry, reset
+  return new_debt, allowed, remaining, retry, reset
 end
 
-if not all_allowed then
-  reply[1] = 0
-  return reply
-end
-if peek or n == 0 then
-  return reply
-end
-
--- All granted: commit every bucket. new TAT = now + new_debt ticks, split into whole
--- microseconds and a remainder; the quotient is corrected so that no rounding of the division
--- can leave the remainder outside [0, tpu).
-for i = 1, #KEYS do
-  local tpu, new_debt = tpus[i], new_debts[i]
+-- All granted: commit bucket i. new TAT = now + new_debt ticks, split into whole microseconds
+-- and a remainder; the quotient is corrected so that no rounding of the division can leave the
+-- remainder outside [0, tpu).
+local function commit_limit(i, new_debt)
+  local tpu = tonumber(ARGV[3 + 3 * (i - 1) + 1])
   local q = math.floor(new_debt / tpu)
   local r = new_debt - q * tpu
   if r < 0 then
@@ -98,4 +76,5 @@ for i = 1, #KEYS do
   -- microseconds from now: expire it then.
   expire_after(KEYS[i], q)
 end
-return reply
+
+return decide_plan('hash', decide_limit, commit_limit)
