@@ -127,6 +127,15 @@ pub mod loom_support {
     pub use crate::method::token_bucket::GcraParams;
     pub use crate::sync::AtomicWord;
 
+    /// The service's protocol ([`decide`](service::decide), [`sweep`](service::sweep)),
+    /// generic over the map, the plan and the request, and a map of loom atomics to run it with.
+    pub mod service {
+        pub use crate::service::{
+            Acquired, ClientMap, Fresh, LoomClientMap, MapFault, MapGuard, Pinned, Request,
+            Versioned, decide, sweep,
+        };
+    }
+
     /// Whether `decision` came from a retired state (which the service answers by moving to a
     /// fresh one; public limiters are never retired).
     pub fn is_retired(decision: &crate::Decision) -> bool {
