@@ -10,7 +10,7 @@
 //! - one-word races are linearizable (`token_bucket`, `fixed_window`, `sliding_window_counter`);
 //! - retiring a state for eviction while threads acquire never over-admits;
 //! - the service's first requests for a client make exactly one limiter, and its sweep never
-//!   over-admits (`service`, with a small stand-in for the map);
+//!   over-admits (`service`: the service's own protocol, run on the crate's loom map);
 //! - a read of a plan's versioned rule never mixes versions, and a rule change racing a sweep and
 //!   a client's requests starts the client afresh at most once (`rule_change`);
 //! - a plan of several limits takes from all or none, exactly (`several_limits`);

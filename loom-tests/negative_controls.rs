@@ -18,21 +18,22 @@
 //! | true figures after a batch | a batch that undoes a claim to an empty slot | `sliding_window_log::BATCH_INTERRUPTED_BY_A_SINGLE` |
 //! | linearizability | TAT: load, decide, write | `token_bucket::BOTH_TOKENS_AT_ONE_INSTANT` |
 //! | acquire racing retire | retire: load, check idle, write | `fixed_window::RETIRE_RACING_ROLL` |
-//! | first requests | map insert: load, write if empty | `service::TWO_FIRST_REQUESTS` |
-//! | sweep racing requests | map removal without the identity check | `service::SWEEP_THEN_REQUESTS` |
-//! | sweep, lagging clock | no Acquire fence before reading the sweep's instant | `service::SWEEP_WITH_LAGGING_CLOCK` |
+//! | first requests | map insert: load, write if empty (`MapFault::BlindInsert`) | `service::TWO_FIRST_REQUESTS` |
+//! | sweep racing requests | map removal without the identity check (`MapFault::RemoveIgnoresIdentity`) | `service::SWEEP_THEN_REQUESTS` |
+//! | sweep, lagging clock | no Acquire fence before reading the sweep's instant (a word whose fence is none) | `service::SWEEP_WITH_LAGGING_CLOCK` |
 //! | plan table publication | a version published by a Relaxed swap | `rule_change::check_reads_racing_changes` |
-//! | rule change racing requests | the plan read once, before the lookup | `rule_change::check_change_racing_requests` |
+//! | rule change racing requests | the plan read once, before the lookup (`PlanRead::OnceBeforeLookup`) | `rule_change::check_change_racing_requests` |
 //! | several limits, all or nothing | an undo that restores the replaced word by a blind store | `several_limits::check_two_limits` |
 //! | a refusal leaves no window moved | takings in the plan's order, a window's move not last | `several_limits::check_a_refusal_leaves_no_window_moved` |
 //! | several limits, eviction | the gate retired by a check and a blind store | `several_limits::check_gate_racing_a_sweep` |
 
 use loom::sync::atomic::{AtomicU64, Ordering};
-use tollgate::loom_support::{CounterParams, GcraParams, Retired, WindowParams};
+use tollgate::loom_support::service::MapFault;
+use tollgate::loom_support::{AtomicWord, CounterParams, GcraParams, Retired, WindowParams};
 use tollgate::{Decision, Rule};
 
 use crate::fixed_window::{self, window};
-use crate::service::{self, CasSlot, ClientSlot, Fence};
+use crate::service;
 use crate::sliding_window_counter::{self, counter};
 use crate::sliding_window_log::{self, Reports};
 use crate::support::{
@@ -555,71 +556,71 @@ fn sliding_log_batch_undoing_to_an_empty_slot_fails_settled_race_model() {
     });
 }
 
-/// The map's insert-if-absent as a load and a store: two first requests that both find the slot
-/// empty both insert, and each uses its own limiter.
-#[derive(Debug)]
-struct BlindInsertSlot(CasSlot);
-
-impl ClientSlot for BlindInsertSlot {
-    fn empty() -> Self {
-        BlindInsertSlot(CasSlot::empty())
-    }
-
-    fn get(&self) -> Option<usize> {
-        self.0.get()
-    }
-
-    fn get_or_insert(&self, candidate: usize) -> usize {
-        match self.0.get() {
-            Some(existing) => existing,
-            None => {
-                // The racy step: a blind write where the map has a compare-and-swap.
-                self.0.0.swap(service::encode(candidate), Ordering::AcqRel);
-                candidate
-            }
-        }
-    }
-
-    fn remove_if_same(&self, entry: usize) {
-        self.0.remove_if_same(entry);
-    }
-}
-
 #[test]
 #[should_panic(expected = "more than one limiter")]
 fn service_with_blind_insert_fails_first_requests_model() {
-    service::TWO_FIRST_REQUESTS.check::<_, BlindInsertSlot>(bucket(1));
-}
-
-/// The map's removal without the identity check (`remove` where the service calls `remove_if`):
-/// a sweeper that retired one limiter removes the fresh one a request has put in its place, and
-/// the next request starts a third.
-#[derive(Debug)]
-struct BlindRemoveSlot(CasSlot);
-
-impl ClientSlot for BlindRemoveSlot {
-    fn empty() -> Self {
-        BlindRemoveSlot(CasSlot::empty())
-    }
-
-    fn get(&self) -> Option<usize> {
-        self.0.get()
-    }
-
-    fn get_or_insert(&self, candidate: usize) -> usize {
-        self.0.get_or_insert(candidate)
-    }
-
-    fn remove_if_same(&self, _entry: usize) {
-        // The racy step: whatever entry is there now goes.
-        self.0.0.swap(0, Ordering::AcqRel);
-    }
+    service::TWO_FIRST_REQUESTS.check_with::<_, AtomicU64>(bucket(1), MapFault::BlindInsert);
 }
 
 #[test]
 #[should_panic(expected = "over-admitted")]
 fn service_with_blind_removal_fails_sweep_model() {
-    service::SWEEP_THEN_REQUESTS.check::<_, BlindRemoveSlot>(bucket(1));
+    // A sweeper that retired one limiter removes the fresh one a request has put in its place,
+    // and the next request starts a third.
+    service::SWEEP_THEN_REQUESTS
+        .check_with::<_, AtomicU64>(bucket(1), MapFault::RemoveIgnoresIdentity);
+}
+
+/// The service's `evicted_up_to` word with a fence that does nothing: the protocol's Acquire
+/// fence, run by a request that meets a retired limiter before it reads the sweep's instant,
+/// is left out.
+#[derive(Debug)]
+struct UnfencedWord(AtomicU64);
+
+impl AtomicWord for UnfencedWord {
+    fn new(value: u64) -> Self {
+        UnfencedWord(AtomicU64::new(value))
+    }
+
+    fn load(&self, order: Ordering) -> u64 {
+        self.0.load(order)
+    }
+
+    fn compare_exchange_weak(
+        &self,
+        current: u64,
+        new: u64,
+        success: Ordering,
+        failure: Ordering,
+    ) -> Result<u64, u64> {
+        self.0.compare_exchange_weak(current, new, success, failure)
+    }
+
+    fn compare_exchange(
+        &self,
+        current: u64,
+        new: u64,
+        success: Ordering,
+        failure: Ordering,
+    ) -> Result<u64, u64> {
+        self.0.compare_exchange(current, new, success, failure)
+    }
+
+    fn fetch_add(&self, value: u64, order: Ordering) -> u64 {
+        self.0.fetch_add(value, order)
+    }
+
+    fn fetch_max(&self, value: u64, order: Ordering) -> u64 {
+        self.0.fetch_max(value, order)
+    }
+
+    fn fence(_order: Ordering) {
+        // The broken step: no fence.
+    }
+
+    fn wait_for_writer() {
+        loom::thread::yield_now();
+    }
 }
 
 #[test]
@@ -627,7 +628,7 @@ fn service_with_blind_removal_fails_sweep_model() {
 fn service_without_acquire_fence_fails_sweep_model() {
     // Without the fence, the request that meets the retired limiter may read the sweep's instant
     // from before the sweep and make a replacement that grants its lagging reading.
-    service::SWEEP_WITH_LAGGING_CLOCK.check_with::<_, CasSlot>(bucket(1), Fence::Omitted);
+    service::SWEEP_WITH_LAGGING_CLOCK.check_with::<_, UnfencedWord>(bucket(1), MapFault::None);
 }
 
 #[test]
@@ -641,7 +642,7 @@ fn plan_table_publishing_by_a_relaxed_swap_fails_two_changes_model() {
 fn service_reading_the_plan_once_before_the_lookup_fails_rule_change_model() {
     crate::rule_change::check_change_racing_requests(
         bucket(1),
-        crate::rule_change::Protocol::ReadOnceBefore,
+        crate::service::PlanRead::OnceBeforeLookup,
     );
 }
 

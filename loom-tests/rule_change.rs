@@ -8,15 +8,15 @@
 //!   papaya's collector; here they are kept until the model ends.)
 //! - A rule change and a sweep racing a client's requests: the client never starts afresh more
 //!   than once across the change, so it gets at most one window's worth of the new rule beyond
-//!   what it had used. The requests follow `RateLimiterService::acquire` step by step (look the
-//!   client up, insert a fresh state on a miss, read the plan *after* the lookup, retire and
-//!   replace a state made under an earlier version, move on from a retired one), with the map a
-//!   stand-in for one client's entry as in `service`, and the plan's version one atomic word (a
-//!   read of the published pointer is one atomic snapshot, as a word's load is).
+//!   what it had used. The requests and the sweep are the service's own protocol (`decide` and
+//!   `sweep`: look the client up, insert a fresh state on a miss, read the plan *after* the
+//!   lookup, retire and replace a state made under an earlier version, move on from a retired
+//!   one), run on the crate's loom map as in `service`, with the plan's version one atomic word
+//!   (a read of the published pointer is one atomic snapshot, as a word's load is).
 //!
-//! `negative_controls` runs both checkers on broken protocols (a publication by a Relaxed store;
-//! a request that reads the plan once, before its lookup, and inserts under that version after a
-//! retry) and shows that each is caught.
+//! `negative_controls` runs both checkers on broken variants (a publication by a Relaxed store;
+//! a plan whose version a request reads once, before its lookup, so that it inserts under that
+//! version after a retry) and shows that each is caught.
 
 // The model's versions are raw pointers, as the table's are; each block says why it is sound.
 #![allow(unsafe_code)]
@@ -26,10 +26,12 @@ use loom::sync::Arc;
 use loom::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use loom::thread;
 
+use tollgate::loom_support::service::MapFault;
+
 use crate::fixed_window::window;
-use crate::service::{CasSlot, ClientSlot};
+use crate::service::{ModelService, PlanRead};
 use crate::sliding_window_log::log;
-use crate::support::{Admission, Answer, Evictable, explore};
+use crate::support::{Admission, Evictable, at, explore};
 use crate::token_bucket::bucket;
 
 /// The contents of version `v`: each word tells its version, so a mix is visible.
@@ -152,152 +154,29 @@ fn plan_table_reads_racing_three_changes_never_mix_versions() {
     check_reads_racing_changes(3, 1, Publish::Release);
 }
 
-/// How a request follows the plan's version.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Protocol {
-    /// `RateLimiterService::acquire`: the plan is read after every lookup.
-    ReadAfterLookup,
-    /// Before the fix: the plan is read once, before the lookup, and a request that finds its
-    /// client's state retired inserts a fresh one under the version it read then.
-    ReadOnceBefore,
-}
-
-/// How many times one request may go round: at most one retirement by the change, one by the
-/// other request, and one to start afresh.
-const ROUNDS: usize = 3;
-
-/// One client's entry, the plan's version, and every state the entry may ever hold: the old
-/// state (index 0, made under version 0 and used up), then one fresh state per request, round
-/// and version a request may insert under.
-struct Client<M: Evictable> {
-    slot: CasSlot,
-    /// The plan's current version (see the module's docs).
-    plan: AtomicU64,
-    states: Vec<M::State>,
-}
-
-impl<M: Evictable> Client<M> {
-    const VERSIONS: usize = 2;
-
-    fn new(method: M, requests: usize) -> Self {
-        let candidates = requests * ROUNDS * Self::VERSIONS;
-        Client {
-            slot: CasSlot::empty(),
-            plan: AtomicU64::new(0),
-            states: (0..=candidates).map(|_| method.fresh_state()).collect(),
-        }
-    }
-
-    /// The plan's current version, as `PinnedPlan::limits` reads it.
-    fn read_plan(&self) -> u64 {
-        self.plan.load(Ordering::Acquire)
-    }
-
-    /// The version state `entry` was made under.
-    fn version_of(entry: usize) -> u64 {
-        if entry == 0 {
-            0
-        } else {
-            ((entry - 1) % Self::VERSIONS) as u64
-        }
-    }
-
-    fn candidate(request: usize, round: usize, version: u64) -> usize {
-        1 + (request * ROUNDS + round) * Self::VERSIONS + version as usize
-    }
-
-    /// One request for one permit, following `protocol`.
-    fn request(&self, method: M, request: usize, now: u64, protocol: Protocol) -> Answer {
-        let mut version_read_before = match protocol {
-            Protocol::ReadAfterLookup => 0,
-            Protocol::ReadOnceBefore => self.read_plan(),
-        };
-        for round in 0..ROUNDS {
-            let entry = match self.slot.get() {
-                Some(entry) => entry,
-                None => {
-                    let version = match protocol {
-                        Protocol::ReadAfterLookup => self.read_plan(),
-                        Protocol::ReadOnceBefore => version_read_before,
-                    };
-                    self.slot
-                        .get_or_insert(Self::candidate(request, round, version))
-                }
-            };
-            let version = match protocol {
-                Protocol::ReadAfterLookup => self.read_plan(),
-                Protocol::ReadOnceBefore => {
-                    if Self::version_of(entry) != version_read_before {
-                        version_read_before = self.read_plan();
-                    }
-                    version_read_before
-                }
-            };
-            if Self::version_of(entry) != version {
-                if Self::version_of(entry) < version {
-                    method.retire_now(&self.states[entry]);
-                    self.slot.remove_if_same(entry);
-                }
-                continue;
-            }
-            match method.acquire(&self.states[entry], 1, now) {
-                Answer::Retired => {
-                    // Acquire, as `RateLimiterService::acquire`: pairs with the Release of the
-                    // retiring exchange, so that what the retirer did before (here the change's
-                    // publication) is seen by the plan reads that follow.
-                    loom::sync::atomic::fence(Ordering::Acquire);
-                    self.slot.remove_if_same(entry);
-                }
-                answer => return answer,
-            }
-        }
-        panic!("request {request} went round more than {ROUNDS} times");
-    }
-
-    /// `set_rule`, then `sweep` for this one client at `now`.
-    fn change_then_sweep(&self, method: M, now: u64) {
-        // Release: as the table's publication.
-        self.plan.store(1, Ordering::Release);
-        let Some(entry) = self.slot.get() else {
-            return;
-        };
-        let version = self.read_plan();
-        let retired = if Self::version_of(entry) == version {
-            method.retire_if_idle(&self.states[entry], now)
-        } else {
-            method.retire_now(&self.states[entry]);
-            true
-        };
-        if retired {
-            self.slot.remove_if_same(entry);
-        }
-    }
-}
-
 /// A client that has used its one permit at 0; at the same instant the rule changes (to the same
 /// rule: the point is the version) and a sweep runs, while two requests race them. The change
 /// may start the client afresh once: at most one of the requests is granted. Panics with
 /// "started afresh twice" otherwise.
-pub(crate) fn check_change_racing_requests<M: Evictable>(method: M, protocol: Protocol) {
+pub(crate) fn check_change_racing_requests<M: Evictable>(method: M, read: PlanRead) {
     explore(3, move || {
-        let client = Arc::new(Client::<M>::new(method, 2));
-        let old = client.slot.get_or_insert(0);
+        let service = Arc::new(ModelService::<M, AtomicU64>::new(method, MapFault::None));
+        let old = service.plan.insert_first();
         assert!(
-            method
-                .acquire(&client.states[old], 1, 0)
-                .admission()
-                .is_some(),
+            method.acquire(&old.state, 1, 0).admission().is_some(),
             "the prefill is admitted"
         );
         let changer = {
-            let client = Arc::clone(&client);
-            thread::spawn(move || client.change_then_sweep(method, 0))
+            let service = Arc::clone(&service);
+            thread::spawn(move || {
+                // `set_rule`: Release, as the table's publication.
+                service.plan.version.store(1, Ordering::Release);
+                service.sweep(0);
+            })
         };
         let requests = {
-            let client = Arc::clone(&client);
-            thread::spawn(move || {
-                [0, 1].map(|request| client.request(method, request, 0, protocol))
-            })
+            let service = Arc::clone(&service);
+            thread::spawn(move || [0, 1].map(|_| service.request(at(0, 1), read).1))
         };
         changer.join().expect("the change panicked");
         let answers = requests.join().expect("a request panicked");
@@ -314,15 +193,15 @@ pub(crate) fn check_change_racing_requests<M: Evictable>(method: M, protocol: Pr
 
 #[test]
 fn a_rule_change_and_a_sweep_racing_requests_start_a_token_bucket_afresh_once() {
-    check_change_racing_requests(bucket(1), Protocol::ReadAfterLookup);
+    check_change_racing_requests(bucket(1), PlanRead::EachTime);
 }
 
 #[test]
 fn a_rule_change_and_a_sweep_racing_requests_start_a_fixed_window_afresh_once() {
-    check_change_racing_requests(window(1), Protocol::ReadAfterLookup);
+    check_change_racing_requests(window(1), PlanRead::EachTime);
 }
 
 #[test]
 fn a_rule_change_and_a_sweep_racing_requests_start_a_sliding_log_afresh_once() {
-    check_change_racing_requests(log(1), Protocol::ReadAfterLookup);
+    check_change_racing_requests(log(1), PlanRead::EachTime);
 }

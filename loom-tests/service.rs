@@ -1,192 +1,255 @@
-//! The service's protocols around the map, for every method: two first requests for one client
+//! The service's protocol around the map, for every method: two first requests for one client
 //! end with exactly one limiter that both use; and a sweep that retires and removes a client's
 //! limiter while its requests race never over-admits (not even to a request whose clock lags the
 //! sweep's, whose replacement limiter is made as of the sweep's reading) and never leaves a
 //! retired limiter in the map.
 //!
-//! papaya parks threads, which loom cannot model, so the map is a stand-in for one client's
-//! entry: a word naming a state in an arena of states made up front, changed by the operations
-//! `RateLimiterService` uses (`get`, `get_or_insert_with`, `remove_if` by pointer identity). The
-//! request and sweep paths below follow `RateLimiterService::acquire` and `sweep` step by step,
-//! with the service's own orderings: the sweep publishes its reading (`evicted_up_to`) with a
-//! Relaxed `fetch_max` before the retiring exchange, whose Release a request that meets the
-//! retired limiter pairs with an Acquire fence before it reads the reading back to make the
-//! replacement.
+//! The requests and the sweep are the service's own code: `decide` and `sweep` of
+//! `tollgate::loom_support::service`, the functions `RateLimiterService` runs, with the orderings
+//! they have there (the sweep publishes its reading, `evicted_up_to`, with a Relaxed `fetch_max`
+//! before the retiring exchange, whose Release a request that meets the retired limiter pairs
+//! with an Acquire fence before it reads the reading back to make the replacement). papaya parks
+//! threads, which loom cannot model, so they run here on the crate's `LoomClientMap`, whose
+//! operations are papaya's for one key, each one loom atomic step; the plan (`ModelPlan`) is the
+//! method's constants with its version in one loom word, and each client's state is the
+//! method's, on loom atomics.
 
-use std::marker::PhantomData;
+use std::cell::Cell;
 use std::sync::Mutex;
 
 use loom::sync::Arc;
-use loom::sync::atomic::{self, AtomicU64, Ordering};
+use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::thread;
+use tollgate::loom_support::service::{
+    Acquired, ClientMap, Fresh, LoomClientMap, MapFault, MapGuard, Pinned, Request, Versioned,
+    decide, sweep,
+};
+use tollgate::loom_support::{AtomicWord, Retired};
 
 use crate::fixed_window::window;
 use crate::models::{EvictionCoverage, prefill};
 use crate::sliding_window_log::log;
 use crate::support::{
-    Admission, Answer, Attempt, Evictable, Method, WINDOW, assert_within_bound, at, explore,
+    Admission, Answer, Attempt, Evictable, WINDOW, assert_within_bound, at, explore,
 };
 use crate::token_bucket::bucket;
 
 const HALF: u64 = WINDOW / 2;
 const QUARTER: u64 = WINDOW / 4;
 
-/// One client's entry in the map: `None`, or the index of its state in the arena.
-pub(crate) trait ClientSlot: Send + Sync + 'static {
-    fn empty() -> Self;
+/// The one client every model's requests are for.
+const CLIENT: u64 = 7;
 
-    /// The entry, if any (`HashMap::get`).
-    fn get(&self) -> Option<usize>;
+/// The most entries one model makes: the prefilled one, and a few per request.
+const ENTRIES: usize = 12;
 
-    /// Inserts `candidate` unless there is an entry already; returns the entry the map then
-    /// holds (`HashMap::get_or_insert_with`).
-    fn get_or_insert(&self, candidate: usize) -> usize;
-
-    /// Removes the entry if it is still `entry` (`HashMap::remove_if` with pointer equality).
-    fn remove_if_same(&self, entry: usize);
+/// One client's entry: the method's state, and the version of the plan it was made under.
+pub(crate) struct ModelEntry<M: Evictable> {
+    version: u32,
+    pub(crate) state: M::State,
 }
 
-/// The map's behaviour for one key: every change is one compare-and-swap on the entry. (The word
-/// is open to the negative controls, which replace one exchange with a blind write.)
-#[derive(Debug)]
-pub(crate) struct CasSlot(pub(crate) AtomicU64);
-
-/// 0 is the empty slot; entry `i` is stored as `i + 1`.
-pub(crate) fn encode(entry: usize) -> u64 {
-    entry as u64 + 1
-}
-
-fn decode(word: u64) -> Option<usize> {
-    word.checked_sub(1).map(|entry| entry as usize)
-}
-
-impl ClientSlot for CasSlot {
-    fn empty() -> Self {
-        CasSlot(AtomicU64::new(0))
-    }
-
-    fn get(&self) -> Option<usize> {
-        // Acquire: as a map lookup, it sees the entry the insert published.
-        decode(self.0.load(Ordering::Acquire))
-    }
-
-    fn get_or_insert(&self, candidate: usize) -> usize {
-        match self
-            .0
-            .compare_exchange(0, encode(candidate), Ordering::AcqRel, Ordering::Acquire)
-        {
-            Ok(_) => candidate,
-            Err(existing) => decode(existing).expect("only an occupied slot fails the exchange"),
-        }
-    }
-
-    fn remove_if_same(&self, entry: usize) {
-        // A failure means another thread removed it, or put a fresh entry in its place.
-        let _ = self
-            .0
-            .compare_exchange(encode(entry), 0, Ordering::AcqRel, Ordering::Acquire);
+impl<M: Evictable> Versioned for ModelEntry<M> {
+    fn version(&self) -> u32 {
+        self.version
     }
 }
 
-/// How many times one request may find its client's limiter retired: the sweeper retires at
-/// most one state per model, so a request loops at most twice.
-const ROUNDS: usize = 2;
+/// The plan's version, as a request read it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ModelHead(u32);
 
-/// Whether a request that meets a retired limiter runs an Acquire fence before it reads the
-/// sweep's reading to make the replacement, as `RateLimiterService::acquire` does. Only a
-/// negative control leaves it out.
+impl Versioned for ModelHead {
+    fn version(&self) -> u32 {
+        self.0
+    }
+}
+
+/// When a request reads the plan's version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Fence {
-    Acquire,
-    Omitted,
+pub(crate) enum PlanRead {
+    /// At every read the protocol makes, as the plan table's `PinnedPlan::head` does.
+    EachTime,
+    /// Broken: once, when the request pins the plan, before its lookup; every later read
+    /// returns that version.
+    OnceBeforeLookup,
 }
 
-/// One client's entry, the sweep's reading the service makes new limiters as of, and every state
-/// the entry may ever hold: the prefilled one (index 0), then for each request and round one
-/// candidate per reading the request may see (0, or the sweep's), as `get_or_insert_with` would
-/// make it from `fresh_state(made_as_of)`.
-struct Clients<M: Method, S> {
-    slot: S,
-    /// `RateLimiterService::evicted_up_to`.
-    evicted_up_to: AtomicU64,
-    sweep_at: u64,
-    states: Vec<M::State>,
-    method: PhantomData<M>,
+/// One plan: its clients, in the crate's loom map; its version, one loom word standing for the
+/// plan table's published pointer (a read of it is one atomic snapshot, as a word's load is);
+/// and the method's constants.
+pub(crate) struct ModelPlan<M: Evictable> {
+    pub(crate) clients: LoomClientMap<u64, ModelEntry<M>>,
+    pub(crate) version: AtomicU64,
+    method: M,
 }
 
-impl<M: Evictable, S: ClientSlot> Clients<M, S> {
-    fn new(method: M, requests: usize, sweep_at: u64) -> Self {
-        let candidates = (0..requests * ROUNDS).flat_map(|_| [0, sweep_at]);
-        Clients {
-            slot: S::empty(),
-            evicted_up_to: AtomicU64::new(0),
-            sweep_at,
-            states: std::iter::once(method.fresh_state())
-                .chain(candidates.map(|since| method.fresh_state_since(since)))
-                .collect(),
-            method: PhantomData,
+impl<M: Evictable> ModelPlan<M> {
+    pub(crate) fn new(method: M, fault: MapFault) -> Self {
+        ModelPlan {
+            clients: LoomClientMap::new([CLIENT], ENTRIES, fault),
+            version: AtomicU64::new(0),
+            method,
         }
     }
 
-    /// The state `request` makes in `round`, as of `since`.
-    fn candidate(&self, request: usize, round: usize, since: u64) -> usize {
-        let as_of_sweep = match since {
-            0 => 0,
-            since if since == self.sweep_at => 1,
-            since => panic!("no sweep read the clock at {since}"),
-        };
-        1 + (request * ROUNDS + round) * 2 + as_of_sweep
+    /// The plan, pinned for one decision or one sweep.
+    fn pin(&self, read: PlanRead) -> ModelPin<'_, M> {
+        ModelPin {
+            plan: self,
+            version_at_pin: match read {
+                PlanRead::EachTime => None,
+                PlanRead::OnceBeforeLookup => Some(self.read_version()),
+            },
+        }
     }
 
-    /// `RateLimiterService::acquire`: look the client up, insert a fresh state (made as of the
-    /// sweep's reading) on a miss, and move to a fresh one if the state found was retired.
-    /// Returns the state that answered.
+    fn read_version(&self) -> u32 {
+        // Acquire, as `PinnedPlan::head`'s load of the published version.
+        let version = self.version.load(Ordering::Acquire);
+        u32::try_from(version).expect("a model's version fits in 32 bits")
+    }
+
+    /// The client's entry, once every thread is joined.
+    pub(crate) fn entry(&self) -> Option<&ModelEntry<M>> {
+        self.clients.get(&CLIENT, &())
+    }
+
+    /// Puts the client's first entry, made under version 0 as of 0, before any thread starts.
+    pub(crate) fn insert_first(&self) -> &ModelEntry<M> {
+        let make = || ModelEntry {
+            version: 0,
+            state: self.method.fresh_state(),
+        };
+        self.clients.get_or_insert_with(CLIENT, make, &())
+    }
+}
+
+/// A [`ModelPlan`] pinned for one decision or one sweep.
+pub(crate) struct ModelPin<'p, M: Evictable> {
+    plan: &'p ModelPlan<M>,
+    /// With [`PlanRead::OnceBeforeLookup`], the version read when pinned.
+    version_at_pin: Option<u32>,
+}
+
+impl<M: Evictable> Pinned for ModelPin<'_, M> {
+    type Key = u64;
+    type Entry = ModelEntry<M>;
+    type Map = LoomClientMap<u64, ModelEntry<M>>;
+    type Head = ModelHead;
+
+    fn clients(&self) -> &Self::Map {
+        &self.plan.clients
+    }
+
+    fn guard(&self) -> &MapGuard<'_, Self> {
+        &()
+    }
+
+    fn head(&self) -> ModelHead {
+        ModelHead(
+            self.version_at_pin
+                .unwrap_or_else(|| self.plan.read_version()),
+        )
+    }
+
+    fn retire_now(&self, _head: &ModelHead, entry: &ModelEntry<M>) {
+        self.plan.method.retire_now(&entry.state);
+    }
+
+    fn retire_if_idle(&self, _head: &ModelHead, entry: &ModelEntry<M>, now_nanos: u64) -> bool {
+        self.plan.method.retire_if_idle(&entry.state, now_nanos)
+    }
+}
+
+/// One request: an attempt, and the entry that answered it (by address: the map keeps every
+/// entry until the model ends).
+struct ModelRequest<M> {
+    method: M,
+    attempt: Attempt,
+    answered_by: Cell<usize>,
+}
+
+fn address<M: Evictable>(entry: &ModelEntry<M>) -> usize {
+    std::ptr::from_ref(entry) as usize
+}
+
+impl<M: Evictable> Request<ModelPin<'_, M>> for ModelRequest<M> {
+    type Answer = Answer;
+
+    fn fresh(
+        &self,
+        _pinned: &ModelPin<'_, M>,
+        head: &ModelHead,
+        since_nanos: u64,
+    ) -> Fresh<ModelEntry<M>, Answer> {
+        Fresh::Entry(ModelEntry {
+            version: head.0,
+            state: self.method.fresh_state_since(since_nanos),
+        })
+    }
+
     fn acquire(
         &self,
-        method: M,
-        request: usize,
-        attempt: Attempt,
-        fence: Fence,
-    ) -> (usize, Answer) {
-        for round in 0..ROUNDS {
-            let entry = match self.slot.get() {
-                Some(entry) => entry,
-                None => {
-                    // Relaxed, as `made_as_of`: a request that met a retired limiter has
-                    // synchronized with the sweep that retired it (the fence below).
-                    let since = self.evicted_up_to.load(Ordering::Relaxed);
-                    self.slot
-                        .get_or_insert(self.candidate(request, round, since))
-                }
-            };
-            match method.acquire(&self.states[entry], attempt.n, attempt.now) {
-                Answer::Retired => {
-                    if fence == Fence::Acquire {
-                        // As the service: pairs with the Release of the retiring exchange.
-                        atomic::fence(Ordering::Acquire);
-                    }
-                    self.slot.remove_if_same(entry);
-                }
-                answer => return (entry, answer),
+        _pinned: &ModelPin<'_, M>,
+        _head: &ModelHead,
+        entry: &ModelEntry<M>,
+    ) -> Result<Acquired<Answer>, Retired> {
+        match self
+            .method
+            .acquire(&entry.state, self.attempt.n, self.attempt.now)
+        {
+            Answer::Retired => Err(Retired),
+            answer => {
+                self.answered_by.set(address(entry));
+                Ok(Acquired::Answer(answer))
             }
         }
-        panic!("request {request} met more retired states than the sweep can retire");
+    }
+}
+
+/// A service of one plan, as the models drive it: the plan, and the word the sweep publishes
+/// its reading in (`RateLimiterService::evicted_up_to`; the negative controls give it one whose
+/// fence does nothing).
+pub(crate) struct ModelService<M: Evictable, W> {
+    pub(crate) plan: ModelPlan<M>,
+    evicted_up_to: W,
+}
+
+impl<M: Evictable, W: AtomicWord> ModelService<M, W> {
+    pub(crate) fn new(method: M, fault: MapFault) -> Self {
+        ModelService {
+            plan: ModelPlan::new(method, fault),
+            evicted_up_to: W::new(0),
+        }
     }
 
-    /// `RateLimiterService::sweep` for this one client: publish the reading, retire the state if
-    /// idle, then remove it.
-    fn sweep(&self, method: M) -> bool {
-        // Relaxed, as the service: published by the Release of the retiring exchange.
-        self.evicted_up_to
-            .fetch_max(self.sweep_at, Ordering::Relaxed);
-        let Some(entry) = self.slot.get() else {
-            return false;
+    /// `RateLimiterService::acquire` for the client: the protocol's `decide`. Returns the
+    /// address of the entry that answered, and the answer.
+    pub(crate) fn request(&self, attempt: Attempt, read: PlanRead) -> (usize, Answer) {
+        let request = ModelRequest {
+            method: self.plan.method,
+            attempt,
+            answered_by: Cell::new(0),
         };
-        let retired = method.retire_if_idle(&self.states[entry], self.sweep_at);
-        if retired {
-            self.slot.remove_if_same(entry);
-        }
-        retired
+        let Ok::<_, std::convert::Infallible>(answer) = decide(
+            &self.plan.pin(read),
+            &CLIENT,
+            &request,
+            &self.evicted_up_to,
+            || panic!("a request looked its client up too often"),
+        );
+        (request.answered_by.get(), answer)
+    }
+
+    /// `RateLimiterService::sweep` at `now`: the protocol's `sweep`. Whether it removed the
+    /// client.
+    pub(crate) fn sweep(&self, now: u64) -> bool {
+        sweep(
+            &self.evicted_up_to,
+            now,
+            [self.plan.pin(PlanRead::EachTime)],
+        ) > 0
     }
 }
 
@@ -198,17 +261,23 @@ pub(crate) struct FirstRequests {
 }
 
 impl FirstRequests {
-    pub(crate) fn check<M: Evictable, S: ClientSlot>(&'static self, method: M) {
+    pub(crate) fn check<M: Evictable>(&'static self, method: M) {
+        self.check_with::<M, AtomicU64>(method, MapFault::None);
+    }
+
+    pub(crate) fn check_with<M: Evictable, W: AtomicWord + 'static>(
+        &'static self,
+        method: M,
+        fault: MapFault,
+    ) {
         explore(self.preemption_bound, move || {
-            // No sweep runs: every state is made as of 0.
-            let clients = Arc::new(Clients::<M, S>::new(method, self.threads.len(), 0));
+            let service = Arc::new(ModelService::<M, W>::new(method, fault));
             let requests: Vec<_> = self
                 .threads
                 .iter()
-                .enumerate()
-                .map(|(request, &attempt)| {
-                    let clients = Arc::clone(&clients);
-                    thread::spawn(move || clients.acquire(method, request, attempt, Fence::Acquire))
+                .map(|&attempt| {
+                    let service = Arc::clone(&service);
+                    thread::spawn(move || service.request(attempt, PlanRead::EachTime))
                 })
                 .collect();
             let answers: Vec<(usize, Answer)> = requests
@@ -216,11 +285,11 @@ impl FirstRequests {
                 .map(|request| request.join().expect("a request panicked"))
                 .collect();
 
-            let entry = clients.slot.get().expect("the client has an entry");
+            let entry = address(service.plan.entry().expect("the client has an entry"));
             assert!(
                 answers.iter().all(|&(used, _)| used == entry),
-                "first requests made more than one limiter: the map holds {entry}, the \
-                 requests used {answers:?}"
+                "first requests made more than one limiter: the map holds {entry:#x}, the \
+                 requests used {answers:x?}"
             );
             let admissions: Vec<Admission> = answers
                 .iter()
@@ -249,33 +318,34 @@ pub(crate) struct SweepRace {
 }
 
 impl SweepRace {
-    pub(crate) fn check<M: Evictable, S: ClientSlot>(&'static self, method: M) {
-        self.check_with::<M, S>(method, Fence::Acquire);
+    pub(crate) fn check<M: Evictable>(&'static self, method: M) {
+        self.check_with::<M, AtomicU64>(method, MapFault::None);
     }
 
-    pub(crate) fn check_with<M: Evictable, S: ClientSlot>(&'static self, method: M, fence: Fence) {
+    pub(crate) fn check_with<M: Evictable, W: AtomicWord + 'static>(
+        &'static self,
+        method: M,
+        fault: MapFault,
+    ) {
         let coverage = std::sync::Arc::new(Mutex::new(EvictionCoverage::default()));
         let coverage_in_model = std::sync::Arc::clone(&coverage);
         explore(self.preemption_bound, move || {
-            let clients = Arc::new(Clients::<M, S>::new(
-                method,
-                self.requests.len(),
-                self.sweep_at,
-            ));
-            let entry = clients.slot.get_or_insert(0);
-            let mut admissions = prefill(method, &clients.states[entry], self.prefill);
+            let service = Arc::new(ModelService::<M, W>::new(method, fault));
+            let first = service.plan.insert_first();
+            let mut admissions = prefill(method, &first.state, self.prefill);
+            let first = address(first);
 
             let sweeper = {
-                let clients = Arc::clone(&clients);
-                thread::spawn(move || clients.sweep(method))
+                let service = Arc::clone(&service);
+                let sweep_at = self.sweep_at;
+                thread::spawn(move || service.sweep(sweep_at))
             };
             let requests: Vec<_> = self
                 .requests
                 .iter()
-                .enumerate()
-                .map(|(request, &attempt)| {
-                    let clients = Arc::clone(&clients);
-                    thread::spawn(move || clients.acquire(method, request, attempt, fence))
+                .map(|&attempt| {
+                    let service = Arc::clone(&service);
+                    thread::spawn(move || service.request(attempt, PlanRead::EachTime))
                 })
                 .collect();
             let swept = sweeper.join().expect("the sweeper panicked");
@@ -283,13 +353,13 @@ impl SweepRace {
             for request in requests {
                 let (used, answer) = request.join().expect("a request panicked");
                 admissions.extend(answer.admission());
-                admitted_by_fresh_state |= used != entry && answer.admission().is_some();
+                admitted_by_fresh_state |= used != first && answer.admission().is_some();
             }
 
             assert_within_bound(M::BOUND, method.rule(), &admissions);
-            if let Some(entry) = clients.slot.get() {
+            if let Some(entry) = service.plan.entry() {
                 assert!(
-                    !method.state_is_retired(&clients.states[entry], self.sweep_at),
+                    !method.state_is_retired(&entry.state, self.sweep_at),
                     "the sweep left a retired limiter in the map"
                 );
             }
@@ -310,17 +380,17 @@ pub(crate) static TWO_FIRST_REQUESTS: FirstRequests = FirstRequests {
 
 #[test]
 fn service_first_requests_make_one_token_bucket() {
-    TWO_FIRST_REQUESTS.check::<_, CasSlot>(bucket(1));
+    TWO_FIRST_REQUESTS.check(bucket(1));
 }
 
 #[test]
 fn service_first_requests_make_one_fixed_window() {
-    TWO_FIRST_REQUESTS.check::<_, CasSlot>(window(1));
+    TWO_FIRST_REQUESTS.check(window(1));
 }
 
 #[test]
 fn service_first_requests_make_one_sliding_log() {
-    TWO_FIRST_REQUESTS.check::<_, CasSlot>(log(1));
+    TWO_FIRST_REQUESTS.check(log(1));
 }
 
 /// A client that took its one permit at 0 is idle again at W, when the sweep runs; two requests
@@ -334,17 +404,17 @@ pub(crate) static SWEEP_THEN_REQUESTS: SweepRace = SweepRace {
 
 #[test]
 fn service_sweep_racing_requests_never_over_admits_token_bucket() {
-    SWEEP_THEN_REQUESTS.check::<_, CasSlot>(bucket(1));
+    SWEEP_THEN_REQUESTS.check(bucket(1));
 }
 
 #[test]
 fn service_sweep_racing_requests_never_over_admits_fixed_window() {
-    SWEEP_THEN_REQUESTS.check::<_, CasSlot>(window(1));
+    SWEEP_THEN_REQUESTS.check(window(1));
 }
 
 #[test]
 fn service_sweep_racing_requests_never_over_admits_sliding_log() {
-    SWEEP_THEN_REQUESTS.check::<_, CasSlot>(log(1));
+    SWEEP_THEN_REQUESTS.check(log(1));
 }
 
 /// A client that took its one permit at W/4 is idle again at 5W/4, when the sweep runs. One
@@ -359,15 +429,15 @@ pub(crate) static SWEEP_WITH_LAGGING_CLOCK: SweepRace = SweepRace {
 
 #[test]
 fn service_sweep_never_over_admits_lagging_clock_token_bucket() {
-    SWEEP_WITH_LAGGING_CLOCK.check::<_, CasSlot>(bucket(1));
+    SWEEP_WITH_LAGGING_CLOCK.check(bucket(1));
 }
 
 #[test]
 fn service_sweep_never_over_admits_lagging_clock_fixed_window() {
-    SWEEP_WITH_LAGGING_CLOCK.check::<_, CasSlot>(window(1));
+    SWEEP_WITH_LAGGING_CLOCK.check(window(1));
 }
 
 #[test]
 fn service_sweep_never_over_admits_lagging_clock_sliding_log() {
-    SWEEP_WITH_LAGGING_CLOCK.check::<_, CasSlot>(log(1));
+    SWEEP_WITH_LAGGING_CLOCK.check(log(1));
 }

@@ -131,6 +131,15 @@ pub mod loom_support {
     pub use crate::method::sliding_window_log::{LogParams, LogRing};
     pub use crate::method::token_bucket::GcraParams;
     pub use crate::sync::AtomicWord;
+
+    /// The service's protocol ([`decide`](service::decide), [`sweep`](service::sweep)),
+    /// generic over the map, the plan and the request, and a map of loom atomics to run it with.
+    pub mod service {
+        pub use crate::service::{
+            Acquired, ClientMap, Fresh, LoomClientMap, MapFault, MapGuard, Pinned, Request,
+            Versioned, decide, sweep,
+        };
+    }
 }
 
 // The README's examples are compiled and run as doc tests, all of them, so only with the

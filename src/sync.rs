@@ -40,6 +40,8 @@ pub trait AtomicWord: Send + Sync + std::fmt::Debug {
     ) -> Result<u64, u64>;
     /// Atomic wrapping add, returning the previous value.
     fn fetch_add(&self, value: u64, order: Ordering) -> u64;
+    /// Atomic maximum, returning the previous value.
+    fn fetch_max(&self, value: u64, order: Ordering) -> u64;
     /// A memory fence of the same model as this word (loom's under loom, the hardware's
     /// otherwise), so that protocols built on fences can be model-checked too.
     fn fence(order: Ordering);
@@ -82,6 +84,10 @@ macro_rules! impl_atomic_word {
             #[inline]
             fn fetch_add(&self, value: u64, order: Ordering) -> u64 {
                 <$ty>::fetch_add(self, value, order)
+            }
+            #[inline]
+            fn fetch_max(&self, value: u64, order: Ordering) -> u64 {
+                <$ty>::fetch_max(self, value, order)
             }
             #[inline]
             fn fence(order: Ordering) {

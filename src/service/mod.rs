@@ -2,7 +2,9 @@
 //! with each plan's limits replaceable at runtime and idle clients evicted.
 //!
 //! - [`RateLimiterService`] (`rate_limiter.rs`): the API; `protocol.rs`: how a decision finds
-//!   its client's state in the plan's map, replaces a retired one, and how the sweep evicts.
+//!   its client's state in the plan's map, replaces a retired one, and how the sweep evicts,
+//!   written once over what it needs of the map (`client_map.rs`), so that the loom models run
+//!   the very same code.
 //! - [`ServiceBuilder`] (`builder.rs`) and [`Sweeper`] (`sweeper.rs`).
 //! - `plan_table.rs` (each plan's client map and versioned limits, read without a lock on every
 //!   decision) and `stats.rs` (decision counts).
@@ -11,6 +13,7 @@
 //! the service stores and finds states, and never looks inside them.
 
 mod builder;
+mod client_map;
 mod plan_table;
 mod protocol;
 mod rate_limiter;
@@ -21,3 +24,9 @@ pub use builder::ServiceBuilder;
 pub use rate_limiter::RateLimiterService;
 pub use stats::PlanStats;
 pub use sweeper::Sweeper;
+
+/// The protocol and a loom map, for the loom models (`tollgate::loom_support`).
+#[cfg(feature = "loom")]
+pub use client_map::{ClientMap, LoomClientMap, MapFault};
+#[cfg(feature = "loom")]
+pub use protocol::{Acquired, Fresh, MapGuard, Pinned, Request, Versioned, decide, sweep};

@@ -2,21 +2,29 @@
 //! one), using it only under the plan's current limits, replacing a retired one, and the sweep
 //! that retires and removes idle ones. The states themselves, and every decision on them, are
 //! the methods' (`crate::method`).
+//!
+//! [`decide`] and [`sweep`] are written once, generic over the map ([`ClientMap`]), the plan
+//! ([`Pinned`]: its clients and its current limits), the request ([`Request`]: the methods'
+//! part of a decision) and the word the sweep publishes its reading in. The service runs them
+//! with papaya's map, the plan table and [`AnyParams`]; the loom models (`loom-tests/service.rs`,
+//! `loom-tests/rule_change.rs`) run the very same functions with a loom map and loom states.
+
+// The protocol is public (doc-hidden) only for the `loom` feature's models.
+#![cfg_attr(not(feature = "loom"), allow(unreachable_pub))]
 
 use std::borrow::Borrow;
-use std::fmt;
 use std::hash::{BuildHasher, Hash};
+use std::marker::PhantomData;
 
-use super::RateLimiterService;
-use super::plan_table::{PinnedPlan, PlanVersion};
+use super::client_map::ClientMap;
+use super::plan_table::{PinnedPlan, PlanHead};
 use crate::Decision;
 use crate::clock::Clock;
 use crate::decision::{Admit, Retired};
-use crate::error::ServiceError;
 use crate::method::any::AnyParams;
 use crate::method::client_state::{ClientState, Version};
 use crate::method::several_limits::SeveralLimits;
-use crate::sync::{AtomicWord, Ordering, Word};
+use crate::sync::{AtomicWord, Ordering};
 #[cfg(feature = "tower")]
 use crate::verdict::Verdict;
 
@@ -149,243 +157,387 @@ pub(crate) struct ClientEntry {
     pub(super) state: ClientState,
 }
 
-impl ClientEntry {
+/// Something made under one version of a plan's limits: a client's entry, or the limits a
+/// request read.
+#[doc(hidden)]
+pub trait Versioned {
+    /// The version of the plan's limits.
+    fn version(&self) -> Version;
+}
+
+impl Versioned for ClientEntry {
     /// The version of the plan's limits this entry was made under.
     #[inline]
-    pub(super) fn version(&self) -> Version {
+    fn version(&self) -> Version {
         self.state.version()
     }
 }
 
-impl<K, P, C, S> RateLimiterService<K, P, C, S>
-where
-    K: Hash + Eq,
-    P: Eq + fmt::Debug,
-    C: Clock,
-    S: BuildHasher,
-{
-    /// The most times one decision looks its client up. Each lookup after the first follows a
-    /// change that another thread made meanwhile (a rule change, a sweep), so a consistent key is
-    /// decided within a few; a key whose `Hash` changes between calls can find a stale entry that
-    /// its removal then misses, again and again, and is answered with
-    /// [`ServiceError::UnstableKey`] instead of a spin.
-    const MAX_LOOKUP_TRIES: u32 = 1_000;
-
-    /// Counts one more lookup by a decision that has made `lookups`; false once that would
-    /// pass [`Self::MAX_LOOKUP_TRIES`].
-    #[cold]
-    fn may_look_again(lookups: &mut u32) -> bool {
-        *lookups += 1;
-        *lookups <= Self::MAX_LOOKUP_TRIES
-    }
-
-    /// [`RateLimiterService::acquire`], answering as `T` does (see [`Answer`]).
+impl Versioned for PlanHead {
     #[inline]
-    pub(super) fn decide<Q, T: Answer>(
+    fn version(&self) -> Version {
+        self.version
+    }
+}
+
+/// A plan pinned for one decision or one sweep: its map of clients with a guard of it held, and
+/// its current limits, read anew at every [`Pinned::head`] (a rule change may publish new ones
+/// at any time). What [`decide`] and [`sweep`] need of a plan, beside its clients' states.
+#[doc(hidden)]
+pub trait Pinned {
+    /// The client key.
+    type Key: Hash + Eq;
+    /// One client's entry.
+    type Entry: Versioned;
+    /// The plan's map of clients.
+    type Map: ClientMap<Self::Key, Self::Entry>;
+    /// What a request reads first of the plan's current limits.
+    type Head: Versioned;
+
+    /// The plan's clients.
+    fn clients(&self) -> &Self::Map;
+
+    /// The guard every call on [`Pinned::clients`] is made with.
+    fn guard(&self) -> &MapGuard<'_, Self>;
+
+    /// The plan's current limits, as they are now.
+    fn head(&self) -> Self::Head;
+
+    /// Retires `entry`, made under an earlier version than `head`'s, whatever it holds, so
+    /// that no request can be granted on it any more.
+    fn retire_now(&self, head: &Self::Head, entry: &Self::Entry);
+
+    /// Retires `entry`, made under `head`'s version, if it is indistinguishable from a fresh
+    /// one at `now_nanos`; whether it did.
+    fn retire_if_idle(&self, head: &Self::Head, entry: &Self::Entry, now_nanos: u64) -> bool;
+}
+
+/// The guard of a pinned plan's map.
+#[doc(hidden)]
+pub type MapGuard<'m, P> =
+    <<P as Pinned>::Map as ClientMap<<P as Pinned>::Key, <P as Pinned>::Entry>>::Guard<'m>;
+
+/// What a request for a client the map does not hold does (see [`Request::fresh`]).
+#[doc(hidden)]
+#[derive(Debug)]
+pub enum Fresh<E, A> {
+    /// Put this entry, unless another request has put one meanwhile, and decide on the one
+    /// the map then holds.
+    Entry(E),
+    /// The answer, with no entry made (an attempt of 0 permits).
+    Answer(A),
+    /// The plan's limits changed since the head was read: look the client up again.
+    Changed,
+}
+
+/// What a request's decision on a live entry came to (see [`Request::acquire`]).
+#[doc(hidden)]
+#[derive(Debug)]
+pub enum Acquired<A> {
+    /// The answer.
+    Answer(A),
+    /// The plan's limits changed since the head was read: look the client up again.
+    Changed,
+}
+
+/// One request's part of a decision: the methods' decisions on the entry [`decide`] found, and
+/// the entry it makes for a client the map does not hold.
+#[doc(hidden)]
+pub trait Request<P: Pinned + ?Sized> {
+    /// What the request answers.
+    type Answer;
+
+    /// For a client the map does not hold: an entry made under `head` (marked with its
+    /// version) as of the clock reading `since_nanos` (see `evicted_up_to`), or the answer
+    /// without one.
+    fn fresh(&self, pinned: &P, head: &P::Head, since_nanos: u64) -> Fresh<P::Entry, Self::Answer>;
+
+    /// Decides on `entry`, made under `head`'s version; [`Retired`] when the entry is retired (a
+    /// sweep evicted it), which granted nothing.
+    fn acquire(
         &self,
-        client: &Q,
-        plan: &P,
-        n: u64,
-    ) -> Result<T, ServiceError>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        let index = self.plan_index(plan)?;
-        let pinned = self.plans.pin(index);
-        let (clients, guard) = (pinned.clients(), pinned.guard());
-        // Lookups after the first are counted only where they are made, off the first pass.
-        let mut lookups = 1;
-        loop {
-            let entry = match clients.get(client, guard) {
-                Some(entry) => entry,
-                None => {
-                    let head = pinned.head();
-                    let (version, state) = if head.several {
-                        let limits = pinned.limits();
-                        if !limits.has_several() {
-                            // Changed to one limit since the read above: start over.
-                            if Self::may_look_again(&mut lookups) {
-                                continue;
-                            }
-                            break;
-                        }
-                        let fresh = SeveralLimits::fresh(limits.as_slice(), self.made_as_of());
-                        if n == 0
-                            && let Ok(answer) =
-                                T::acquire_several(&fresh, limits.as_slice(), 0, &self.clock)
-                        {
-                            self.plans.record(index, true);
-                            return Ok(answer);
-                        }
-                        (limits.version(), ClientState::Several(0, Box::new(fresh)))
-                    } else {
-                        let params = head.first;
-                        if n == 0 {
-                            self.plans.record(index, true);
-                            return Ok(T::from_decision(params.fresh_report(
-                                true,
-                                self.made_as_of(),
-                                &self.clock,
-                            )));
-                        }
-                        (head.version, params.fresh_state(self.made_as_of()))
-                    };
+        pinned: &P,
+        head: &P::Head,
+        entry: &P::Entry,
+    ) -> Result<Acquired<Self::Answer>, Retired>;
+}
+
+/// The most times one decision looks its client up. Each lookup after the first follows a
+/// change that another thread made meanwhile (a rule change, a sweep), so a consistent key is
+/// decided within a few; a key whose `Hash` changes between calls can find a stale entry that
+/// its removal then misses, again and again, and is answered with
+/// [`ServiceError::UnstableKey`](crate::ServiceError::UnstableKey) instead of a spin.
+pub(crate) const MAX_LOOKUP_TRIES: u32 = 1_000;
+
+/// Counts one more lookup by a decision that has made `lookups`; false once that would pass
+/// [`MAX_LOOKUP_TRIES`].
+#[cold]
+fn may_look_again(lookups: &mut u32) -> bool {
+    *lookups += 1;
+    *lookups <= MAX_LOOKUP_TRIES
+}
+
+/// The instant new limiters are made as of: the latest clock reading any sweep retired
+/// limiters at, kept in `evicted_up_to` (the service's), so that a limiter replacing a retired
+/// one is at least as strict for every reading, even one older than the sweep's.
+#[inline]
+pub(crate) fn made_as_of<W: AtomicWord>(evicted_up_to: &W) -> u64 {
+    // Relaxed: a thread replacing a retired limiter has already synchronized with the retiring
+    // sweep (see `decide`); any other thread may see an older value, which only matters for
+    // readings older than a sweep it has not met.
+    evicted_up_to.load(Ordering::Relaxed)
+}
+
+/// A decision for `client` under the plan `pinned`: finds the client's entry (or puts a fresh
+/// one), uses it only if it was made under the plan's current limits, and replaces one that is
+/// retired or made under earlier limits.
+///
+/// # Errors
+///
+/// `give_up()`'s, after [`MAX_LOOKUP_TRIES`] lookups.
+#[doc(hidden)]
+#[inline(always)]
+pub fn decide<P, Q, R, W, E>(
+    pinned: &P,
+    client: &Q,
+    request: &R,
+    evicted_up_to: &W,
+    give_up: impl FnOnce() -> E,
+) -> Result<R::Answer, E>
+where
+    P: Pinned + ?Sized,
+    P::Key: Borrow<Q>,
+    Q: Hash + Eq + ToOwned<Owned = P::Key> + ?Sized,
+    R: Request<P>,
+    W: AtomicWord,
+{
+    let (clients, guard) = (pinned.clients(), pinned.guard());
+    // Lookups after the first are counted only where they are made, off the first pass.
+    let mut lookups = 1;
+    loop {
+        let entry = match clients.get(client, guard) {
+            Some(entry) => entry,
+            None => {
+                let head = pinned.head();
+                match request.fresh(pinned, &head, made_as_of(evicted_up_to)) {
                     // Two first requests may both get here; the map keeps exactly one entry,
                     // and both use it.
-                    clients.get_or_insert_with(
-                        client.to_owned(),
-                        || ClientEntry {
-                            state: state.made_under(version),
-                        },
-                        guard,
-                    )
-                }
-            };
-            // The plan is read *after* the entry is found (or put) in the map, and the entry is
-            // used only if it was made under the version this read returns. A rule change
-            // retires the client's old entry only after the new version is in place, so an
-            // entry put after that retirement by a request that read the plan before the change
-            // is always seen here as made under an earlier version: it never grants, and the
-            // client cannot start afresh twice across one change.
-            let head = pinned.head();
-            let params = &head.first;
-            if entry.version() != head.version {
-                if entry.version() < head.version {
-                    // Made under an earlier rule of the plan: retire it, so that no request
-                    // still holding it can be granted on it, and start afresh under the current
-                    // rule.
-                    params.retire_now(&entry.state);
-                    Self::remove_entry(&pinned, client, entry);
-                }
-                // (A later version than this read cannot be: whoever made the entry read its
-                // version before putting it where this lookup found it. Read again regardless.)
-                if Self::may_look_again(&mut lookups) {
-                    continue;
-                }
-                break;
-            }
-            let answer = match &entry.state {
-                ClientState::Several(_, several) if head.several => {
-                    let limits = pinned.limits();
-                    if limits.version() != head.version {
-                        // Changed since the read above: start over from the lookup.
-                        if Self::may_look_again(&mut lookups) {
+                    Fresh::Entry(fresh) => {
+                        clients.get_or_insert_with(client.to_owned(), || fresh, guard)
+                    }
+                    Fresh::Answer(answer) => return Ok(answer),
+                    Fresh::Changed => {
+                        if may_look_again(&mut lookups) {
                             continue;
                         }
                         break;
                     }
-                    T::acquire_several(several, limits.as_slice(), n, &self.clock)
-                }
-                state => T::acquire(params, state, n, &self.clock),
-            };
-            let Ok(answer) = answer else {
-                // Acquire: pairs with the Release of the retiring exchange, so the sweep's
-                // `evicted_up_to` is seen when the fresh limiter is made.
-                <Word as AtomicWord>::fence(Ordering::Acquire);
-                // Evicted under our feet: drop the retired entry (if no one has yet) and use a
-                // fresh one. The retired state granted nothing, so nothing is counted twice.
-                Self::remove_entry(&pinned, client, entry);
-                if Self::may_look_again(&mut lookups) {
-                    continue;
-                }
-                break;
-            };
-            self.plans.record(index, answer.is_allowed());
-            return Ok(answer);
-        }
-        Err(Self::unstable_key(plan))
-    }
-
-    /// The error of a decision that gave up looking its client up (see
-    /// [`Self::MAX_LOOKUP_TRIES`]); out of line, so that the decision's own code stays small.
-    #[cold]
-    #[inline(never)]
-    fn unstable_key(plan: &P) -> ServiceError {
-        ServiceError::UnstableKey {
-            plan: format!("{plan:?}"),
-            tries: Self::MAX_LOOKUP_TRIES,
-        }
-    }
-
-    /// The plan's current limits, and `client`'s entry if it was made under them: read once,
-    /// after the lookup, as `decide` does (see there), so that every figure taken from them
-    /// comes from one version.
-    pub(super) fn current_entry<'p, Q>(
-        pinned: &'p PinnedPlan<'_, K, S>,
-        client: &Q,
-    ) -> (PlanVersion, Option<&'p ClientEntry>)
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        let entry = pinned.clients().get(client, pinned.guard());
-        let limits = pinned.limits();
-        let entry = entry.filter(|entry| entry.version() == limits.version());
-        (limits, entry)
-    }
-
-    /// The instant new limiters are made as of (see `evicted_up_to`).
-    #[inline]
-    pub(super) fn made_as_of(&self) -> u64 {
-        // Relaxed: a thread replacing a retired limiter has already synchronized with the retiring
-        // sweep (see `acquire`); any other thread may see an older value, which only matters for
-        // readings older than a sweep it has not met.
-        self.evicted_up_to.load(Ordering::Relaxed)
-    }
-
-    /// Removes every limiter that is indistinguishable from a fresh one (a full bucket, a window
-    /// that is over, a log whose entries have all expired), and every one made under an earlier
-    /// rule of its plan; returns how many.
-    ///
-    /// Invisible to clients: each limiter is first *retired* by an exchange on its own state, the
-    /// same word(s) an acquire changes, so a limiter that is admitting is never removed, and an
-    /// acquire that meets a retired limiter moves to a fresh one, made as of this sweep's clock
-    /// reading, which answers as the retired one would have (and no more generously to a reading
-    /// older than the sweep's). Memory therefore stays bounded by the clients active within one
-    /// window, however many distinct clients pass through.
-    pub fn sweep(&self) -> usize {
-        let now = self.clock.now_nanos();
-        // Relaxed: published to acquirers by the Release of each retiring exchange below.
-        self.evicted_up_to.fetch_max(now, Ordering::Relaxed);
-        let mut removed = 0;
-        for index in 0..self.plans.len() {
-            let pinned = self.plans.pin(index);
-            for (client, entry) in pinned.clients().iter(pinned.guard()) {
-                let head = pinned.head();
-                let params = &head.first;
-                let retired = if entry.version() == head.version {
-                    match &entry.state {
-                        ClientState::Several(_, several) => several.retire_if_idle(now),
-                        state => params.retire_if_idle(state, now),
-                    }
-                } else {
-                    // Its next request would start it afresh anyway.
-                    params.retire_now(&entry.state);
-                    true
-                };
-                if retired && Self::remove_entry(&pinned, client.borrow(), entry) {
-                    removed += 1;
                 }
             }
+        };
+        // The plan is read *after* the entry is found (or put) in the map, and the entry is
+        // used only if it was made under the version this read returns. A rule change retires
+        // the client's old entry only after the new version is in place, so an entry put after
+        // that retirement by a request that read the plan before the change is always seen here
+        // as made under an earlier version: it never grants, and the client cannot start afresh
+        // twice across one change.
+        let head = pinned.head();
+        if entry.version() != head.version() {
+            if entry.version() < head.version() {
+                // Made under an earlier rule of the plan: retire it, so that no request still
+                // holding it can be granted on it, and start afresh under the current rule.
+                pinned.retire_now(&head, entry);
+                remove_entry(pinned, client, entry);
+            }
+            // (A later version than this read cannot be: whoever made the entry read its
+            // version before putting it where this lookup found it. Read again regardless.)
+            if may_look_again(&mut lookups) {
+                continue;
+            }
+            break;
         }
-        removed
+        match request.acquire(pinned, &head, entry) {
+            Ok(Acquired::Answer(answer)) => return Ok(answer),
+            Ok(Acquired::Changed) => {}
+            Err(Retired) => {
+                // Acquire: pairs with the Release of the retiring exchange, so the sweep's
+                // `evicted_up_to` is seen when the fresh limiter is made.
+                W::fence(Ordering::Acquire);
+                // Evicted under our feet: drop the retired entry (if no one has yet) and use a
+                // fresh one. The retired state granted nothing, so nothing is counted twice.
+                remove_entry(pinned, client, entry);
+            }
+        }
+        if may_look_again(&mut lookups) {
+            continue;
+        }
+        break;
+    }
+    Err(give_up())
+}
+
+/// The sweep ([`RateLimiterService::sweep`](crate::RateLimiterService::sweep)): publishes
+/// `now_nanos` in `evicted_up_to`, then in each of `plans` retires every entry that is idle at
+/// `now_nanos` or made under an earlier version of its plan's limits, and removes it if it is
+/// still the client's entry; returns how many it removed. Each retirement is an exchange on the
+/// entry's own state, the word(s) an acquire changes, so an entry that is admitting is never
+/// retired, and a request that meets a retired one moves to a fresh one, made as of this
+/// reading (see [`made_as_of`]).
+#[doc(hidden)]
+pub fn sweep<P, W>(evicted_up_to: &W, now_nanos: u64, plans: impl IntoIterator<Item = P>) -> usize
+where
+    P: Pinned,
+    W: AtomicWord,
+{
+    // Relaxed: published to acquirers by the Release of each retiring exchange below.
+    evicted_up_to.fetch_max(now_nanos, Ordering::Relaxed);
+    let mut removed = 0;
+    for pinned in plans {
+        for (client, entry) in pinned.clients().iter(pinned.guard()) {
+            let head = pinned.head();
+            let retired = if entry.version() == head.version() {
+                pinned.retire_if_idle(&head, entry, now_nanos)
+            } else {
+                // Its next request would start it afresh anyway.
+                pinned.retire_now(&head, entry);
+                true
+            };
+            if retired && remove_entry(&pinned, client, entry) {
+                removed += 1;
+            }
+        }
+    }
+    removed
+}
+
+/// Removes `entry`, if it is still the one in the map under `client`; returns whether it was.
+fn remove_entry<P, Q>(pinned: &P, client: &Q, entry: &P::Entry) -> bool
+where
+    P: Pinned + ?Sized,
+    P::Key: Borrow<Q>,
+    Q: Hash + Eq + ?Sized,
+{
+    // Pointer identity: another thread may already have put a fresh entry in its place.
+    pinned
+        .clients()
+        .remove_if_same(client, entry, pinned.guard())
+}
+
+/// The service's plan: papaya's map of [`ClientEntry`], the plan table's versioned limits.
+impl<K: Hash + Eq, S: BuildHasher> Pinned for PinnedPlan<'_, K, S> {
+    type Key = K;
+    type Entry = ClientEntry;
+    type Map = papaya::HashMap<K, ClientEntry, S>;
+    type Head = PlanHead;
+
+    #[inline]
+    fn clients(&self) -> &Self::Map {
+        PinnedPlan::clients(self)
     }
 
-    /// Removes `entry`, if it is still the one in the map under `client`; returns whether it was.
-    fn remove_entry<Q>(pinned: &PinnedPlan<'_, K, S>, client: &Q, entry: &ClientEntry) -> bool
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        // Pointer identity: another thread may already have put a fresh entry in its place.
-        matches!(
-            pinned.clients().remove_if(
-                client,
-                |_, current| std::ptr::eq(current, entry),
-                pinned.guard()
-            ),
-            Ok(Some(_))
-        )
+    #[inline]
+    fn guard(&self) -> &papaya::LocalGuard<'_> {
+        PinnedPlan::guard(self)
+    }
+
+    #[inline]
+    fn head(&self) -> PlanHead {
+        PinnedPlan::head(self)
+    }
+
+    fn retire_now(&self, head: &PlanHead, entry: &ClientEntry) {
+        head.first.retire_now(&entry.state);
+    }
+
+    fn retire_if_idle(&self, head: &PlanHead, entry: &ClientEntry, now_nanos: u64) -> bool {
+        match &entry.state {
+            ClientState::Several(_, several) => several.retire_if_idle(now_nanos),
+            state => head.first.retire_if_idle(state, now_nanos),
+        }
+    }
+}
+
+/// A service call's request: `n` permits at `clock`'s reading, answered as `T`, each answer
+/// counted by `record` (with whether it was allowed) where it is made.
+pub(super) struct Asking<'c, T, C, R> {
+    pub(super) n: u64,
+    pub(super) clock: &'c C,
+    pub(super) record: R,
+    pub(super) answer: PhantomData<T>,
+}
+
+impl<T: Answer, C, R: Fn(bool)> Asking<'_, T, C, R> {
+    /// Counts `answer`, and answers it.
+    #[inline]
+    fn counted(&self, answer: T) -> T {
+        (self.record)(answer.is_allowed());
+        answer
+    }
+}
+
+impl<K, S, T, C, R> Request<PinnedPlan<'_, K, S>> for Asking<'_, T, C, R>
+where
+    K: Hash + Eq,
+    S: BuildHasher,
+    T: Answer,
+    C: Clock,
+    R: Fn(bool),
+{
+    type Answer = T;
+
+    #[inline]
+    fn fresh(
+        &self,
+        pinned: &PinnedPlan<'_, K, S>,
+        head: &PlanHead,
+        since_nanos: u64,
+    ) -> Fresh<ClientEntry, T> {
+        let (version, state) = if head.several {
+            let limits = pinned.limits();
+            if !limits.has_several() {
+                // Changed to one limit since the head was read.
+                return Fresh::Changed;
+            }
+            let fresh = SeveralLimits::fresh(limits.as_slice(), since_nanos);
+            if self.n == 0
+                && let Ok(answer) = T::acquire_several(&fresh, limits.as_slice(), 0, self.clock)
+            {
+                return Fresh::Answer(self.counted(answer));
+            }
+            (limits.version(), ClientState::Several(0, Box::new(fresh)))
+        } else {
+            let params = head.first;
+            if self.n == 0 {
+                return Fresh::Answer(self.counted(T::from_decision(params.fresh_report(
+                    true,
+                    since_nanos,
+                    self.clock,
+                ))));
+            }
+            (head.version, params.fresh_state(since_nanos))
+        };
+        Fresh::Entry(ClientEntry {
+            state: state.made_under(version),
+        })
+    }
+
+    #[inline(always)]
+    fn acquire(
+        &self,
+        pinned: &PinnedPlan<'_, K, S>,
+        head: &PlanHead,
+        entry: &ClientEntry,
+    ) -> Result<Acquired<T>, Retired> {
+        let answer = match &entry.state {
+            ClientState::Several(_, several) if head.several => {
+                let limits = pinned.limits();
+                if limits.version() != head.version {
+                    return Ok(Acquired::Changed);
+                }
+                T::acquire_several(several, limits.as_slice(), self.n, self.clock)?
+            }
+            state => T::acquire(&head.first, state, self.n, self.clock)?,
+        };
+        Ok(Acquired::Answer(self.counted(answer)))
     }
 }

@@ -3,11 +3,14 @@
 use std::borrow::Borrow;
 use std::fmt;
 use std::hash::{BuildHasher, Hash, RandomState};
+use std::marker::PhantomData;
 
 use super::builder::ServiceBuilder;
-use super::plan_table::PlanTable;
+use super::client_map::ClientMap;
+use super::plan_table::{PinnedPlan, PlanTable, PlanVersion};
 #[cfg(feature = "tower")]
 use super::protocol::Checked;
+use super::protocol::{self, Answer, Asking, ClientEntry, MAX_LOOKUP_TRIES};
 use crate::clock::Clock;
 use crate::decision::Admit;
 use crate::error::ServiceError;
@@ -87,7 +90,7 @@ where
                 &self
                     .plans
                     .client_maps()
-                    .map(papaya::HashMap::len)
+                    .map(ClientMap::count)
                     .sum::<usize>(),
             )
             .finish()
@@ -148,12 +151,12 @@ where
 
     /// How many clients the service holds a limiter for.
     pub fn len(&self) -> usize {
-        self.plans.client_maps().map(papaya::HashMap::len).sum()
+        self.plans.client_maps().map(ClientMap::count).sum()
     }
 
     /// Whether the service holds no client.
     pub fn is_empty(&self) -> bool {
-        self.plans.client_maps().all(papaya::HashMap::is_empty)
+        self.len() == 0
     }
 
     /// Counts of allowed and denied decisions under `plan` since the service was made; `None`
@@ -220,6 +223,83 @@ where
         let index = self.plans.index_of(plan)?;
         let limits = self.plans.read(index);
         Some(limits.as_slice().iter().map(AnyParams::rule).collect())
+    }
+
+    /// [`RateLimiterService::acquire`], answering as `T` does (see [`Answer`]).
+    #[inline]
+    pub(super) fn decide<Q, T: Answer>(
+        &self,
+        client: &Q,
+        plan: &P,
+        n: u64,
+    ) -> Result<T, ServiceError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let index = self.plan_index(plan)?;
+        let request = Asking {
+            n,
+            clock: &self.clock,
+            record: |allowed| self.plans.record(index, allowed),
+            answer: PhantomData::<T>,
+        };
+        protocol::decide(
+            &self.plans.pin(index),
+            client,
+            &request,
+            &self.evicted_up_to,
+            || Self::unstable_key(plan),
+        )
+    }
+
+    /// The error of a decision that gave up looking its client up (see [`MAX_LOOKUP_TRIES`]);
+    /// out of line, so that the decision's own code stays small.
+    #[cold]
+    #[inline(never)]
+    fn unstable_key(plan: &P) -> ServiceError {
+        ServiceError::UnstableKey {
+            plan: format!("{plan:?}"),
+            tries: MAX_LOOKUP_TRIES,
+        }
+    }
+
+    /// Removes every limiter that is indistinguishable from a fresh one (a full bucket, a window
+    /// that is over, a log whose entries have all expired), and every one made under an earlier
+    /// rule of its plan; returns how many.
+    ///
+    /// Invisible to clients: each limiter is first *retired* by an exchange on its own state, the
+    /// same word(s) an acquire changes, so a limiter that is admitting is never removed, and an
+    /// acquire that meets a retired limiter moves to a fresh one, made as of this sweep's clock
+    /// reading, which answers as the retired one would have (and no more generously to a reading
+    /// older than the sweep's). Memory therefore stays bounded by the clients active within one
+    /// window, however many distinct clients pass through.
+    pub fn sweep(&self) -> usize {
+        let plans = (0..self.plans.len()).map(|index| self.plans.pin(index));
+        protocol::sweep(&self.evicted_up_to, self.clock.now_nanos(), plans)
+    }
+
+    /// The plan's current limits, and `client`'s entry if it was made under them: read once,
+    /// after the lookup, as `decide` does (see there), so that every figure taken from them
+    /// comes from one version.
+    fn current_entry<'p, Q>(
+        pinned: &'p PinnedPlan<'_, K, S>,
+        client: &Q,
+    ) -> (PlanVersion, Option<&'p ClientEntry>)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let entry = pinned.clients().get(client, pinned.guard());
+        let limits = pinned.limits();
+        let entry = entry.filter(|entry| entry.state.version() == limits.version());
+        (limits, entry)
+    }
+
+    /// The instant new limiters are made as of (see `protocol::made_as_of`).
+    #[inline]
+    fn made_as_of(&self) -> u64 {
+        protocol::made_as_of(&self.evicted_up_to)
     }
 
     #[inline]
