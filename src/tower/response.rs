@@ -393,37 +393,29 @@ mod tests {
     #[test]
     fn grpc_is_recognised_by_its_media_type_in_any_case() {
         assert_eq!(Protocol::of(&HeaderMap::new()), Protocol::Http);
-        for grpc in [
-            &b"application/grpc"[..],
-            b"application/grpc+proto",
-            b"Application/gRPC",
-            b"APPLICATION/GRPC+JSON",
-            b"application/grpc; charset=utf-8",
-            b"application/grpc ;x=1",
-            b"application/grpc ",
+        use Protocol::{Grpc, Http};
+        for (content_type, protocol) in [
+            (&b"application/grpc"[..], Grpc),
+            (b"application/grpc+proto", Grpc),
+            (b"Application/gRPC", Grpc),
+            (b"APPLICATION/GRPC+JSON", Grpc),
+            (b"application/grpc; charset=utf-8", Grpc),
+            (b"application/grpc ;x=1", Grpc),
+            (b"application/grpc ", Grpc),
+            (b"application/grpcfoo", Http),
+            (b"application/grpc-webfoo", Http),
+            (b"application/grpc-web-textual", Http),
+            (b"application/grpc foo", Http),
+            (b"application/json", Http),
+            (b"text/application/grpc", Http),
+            (b"application/grp", Http),
+            (b"\xffapplication/grpc", Http),
         ] {
             assert_eq!(
-                protocol_of(grpc),
-                Protocol::Grpc,
+                protocol_of(content_type),
+                protocol,
                 "{}",
-                String::from_utf8_lossy(grpc)
-            );
-        }
-        for not_grpc in [
-            &b"application/grpcfoo"[..],
-            b"application/grpc-webfoo",
-            b"application/grpc-web-textual",
-            b"application/grpc foo",
-            b"application/json",
-            b"text/application/grpc",
-            b"application/grp",
-            b"\xffapplication/grpc",
-        ] {
-            assert_eq!(
-                protocol_of(not_grpc),
-                Protocol::Http,
-                "{}",
-                String::from_utf8_lossy(not_grpc)
+                String::from_utf8_lossy(content_type)
             );
         }
     }
