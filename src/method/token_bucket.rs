@@ -47,6 +47,13 @@ pub struct GcraParams {
     token_ticks: u64,
     /// A full bucket's refill time (`N * T`), in ticks.
     burst_ticks: u64,
+    /// The largest debt (TAT ahead of now) that still has room for one more token:
+    /// `N*T - T`, made once here for the one-permit decision.
+    max_debt_for_one: u64,
+    /// The longest time after the origin, in nanoseconds, whose ticks lie within the horizon
+    /// (`HORIZON_TICKS / ticks_per_nano`): comparing a reading with it clamps to the horizon
+    /// without checking the multiplication for overflow.
+    horizon_nanos: u64,
     /// The clock reading tick 0 stands for: the limiter's (or service's) start, so that the
     /// horizon is counted from there, wherever the clock's own origin lies.
     origin_nanos: u64,
@@ -156,6 +163,8 @@ impl GcraParams {
             ticks_per_nano,
             token_ticks,
             burst_ticks: token_ticks * rule.limit(),
+            max_debt_for_one: token_ticks * (rule.limit() - 1),
+            horizon_nanos: HORIZON_TICKS / ticks_per_nano,
             origin_nanos: 0,
             scale,
         }
@@ -177,10 +186,15 @@ impl GcraParams {
     /// A clock reading in ticks since the bucket's origin, clamped to the horizon.
     #[inline]
     fn now_ticks(&self, now_nanos: u64) -> u64 {
-        now_nanos
-            .saturating_sub(self.origin_nanos)
-            .saturating_mul(self.ticks_per_nano)
-            .min(HORIZON_TICKS)
+        let nanos = now_nanos.saturating_sub(self.origin_nanos);
+        // `nanos * ticks_per_nano <= HORIZON_TICKS` exactly when `nanos <= horizon_nanos` (its
+        // floor), so the product is used only when it cannot have wrapped: the same clamp as a
+        // saturating multiplication and a `min`, without the overflow check.
+        if nanos > self.horizon_nanos {
+            HORIZON_TICKS
+        } else {
+            nanos.wrapping_mul(self.ticks_per_nano)
+        }
     }
 
     /// The units decisions report in: ticks, and token-sized parts of the bucket (divided only
@@ -368,20 +382,23 @@ impl Method for GcraParams {
     fn acquire_one<A: AtomicWord>(&self, tat: &A, clock: &impl Clock) -> Result<Admit, Retired> {
         // One clock reading per attempt: as in `acquire`.
         let now = self.now_ticks(clock.now_nanos());
+        // As `decide` for n = 1 (which never exceeds the limit): the debt after the grant,
+        // `max(TAT, now) - now + T`, must fit in a full bucket, `N*T`; that is, the TAT may lie
+        // at most `N*T - T` ahead of `now`. `now <= 2^63` and `N*T <= 2^62`, so no sum wraps.
+        let latest_tat = now + self.max_debt_for_one;
         // Relaxed: see `word::update`.
         word::update(tat, tat.load(Ordering::Relaxed), |current| {
-            if current == RETIRED {
-                return Step::Answer(Err(Retired));
+            if current > latest_tat {
+                // A retired word (`u64::MAX`) lies beyond every `latest_tat`, so it is told
+                // apart here, off the granting path.
+                return Step::Answer(if current == RETIRED {
+                    Err(Retired)
+                } else {
+                    Ok(Admit::Denied)
+                });
             }
-            // As `decide` for n = 1 (which never exceeds the limit): the debt after the grant
-            // must fit in a full bucket. `base - now + T <= N*T`, all within 2^63.
-            let base = current.max(now);
-            let new_debt = (base - now).saturating_add(self.token_ticks);
-            if new_debt > self.burst_ticks {
-                Step::Answer(Ok(Admit::Denied))
-            } else {
-                Step::Store(now + new_debt, Ok(Admit::Granted))
-            }
+            // The grant moves the TAT one token on from `max(TAT, now)`: at most `now + N*T`.
+            Step::Store(current.max(now) + self.token_ticks, Ok(Admit::Granted))
         })
     }
 
@@ -499,6 +516,80 @@ mod tests {
         let (later, tat) = bucket.decide(1_000_000_000, 200_000_000, 1);
         assert!(later.is_allowed());
         assert_eq!(tat, Some(1_200_000_000));
+    }
+
+    /// Rules in each tick scale: nanoseconds, a third of one, and the fallback's 1/29.
+    fn scales() -> [GcraParams; 3] {
+        [
+            params(5, Duration::from_secs(1)),
+            params(3, Duration::from_secs(1)),
+            params(999, Duration::from_secs(1)),
+        ]
+    }
+
+    #[test]
+    fn now_ticks_clamps_to_the_horizon_as_a_saturating_product_would() {
+        for bucket in scales().map(|bucket| bucket.starting_at(1_000)) {
+            let edge = bucket.origin_nanos + bucket.horizon_nanos;
+            for now_nanos in [0, 999, 1_000, 1_001, edge - 1, edge, edge + 1, u64::MAX] {
+                let reference = now_nanos
+                    .saturating_sub(bucket.origin_nanos)
+                    .saturating_mul(bucket.ticks_per_nano)
+                    .min(HORIZON_TICKS);
+                assert_eq!(
+                    bucket.now_ticks(now_nanos),
+                    reference,
+                    "{bucket:?} at {now_nanos}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn acquire_one_answers_as_decide_for_one_permit() {
+        use crate::clock::FakeClock;
+        use crate::sync::Word;
+
+        for bucket in scales() {
+            let clock = FakeClock::new();
+            let token = bucket.token_ticks;
+            let burst = bucket.burst_ticks;
+            for now_nanos in [0, 1, 1 << 40, u64::MAX] {
+                clock.set(Duration::from_nanos(now_nanos));
+                let now = bucket.now_ticks(now_nanos);
+                // Around every edge: a full bucket, room for exactly one token, none, a TAT
+                // left by a clock that stepped back, and the largest TAT a grant can store.
+                let tats = [
+                    0,
+                    now,
+                    now + burst - token - 1,
+                    now + burst - token,
+                    now + burst - token + 1,
+                    now + burst,
+                    HORIZON_TICKS + burst,
+                    RETIRED - 1,
+                ];
+                for tat in tats {
+                    let word = Word::new(tat);
+                    let answer = bucket.acquire_one(&word, &clock);
+                    let (decision, stored) = bucket.decide(tat, now_nanos, 1);
+                    let expected = if decision.is_allowed() {
+                        Admit::Granted
+                    } else {
+                        Admit::Denied
+                    };
+                    assert_eq!(answer, Ok(expected), "{bucket:?}: TAT {tat} at {now_nanos}");
+                    assert_eq!(
+                        word.load(Ordering::Relaxed),
+                        stored.unwrap_or(tat),
+                        "{bucket:?}: TAT {tat} at {now_nanos}"
+                    );
+                }
+                let retired = Word::new(RETIRED);
+                assert_eq!(bucket.acquire_one(&retired, &clock), Err(Retired));
+                assert_eq!(retired.load(Ordering::Relaxed), RETIRED);
+            }
+        }
     }
 
     #[test]
