@@ -157,11 +157,14 @@ pub(crate) fn render(release: &Value, release_lto: &Value) -> Result<String, Err
          within 2 instructions): one unit in release, units left unmerged with thin LTO. Left to the defaults, a crate of many \
          cases has its units merged differently as unrelated code changes, and governor's \
          `check` counted 96 or 54 from one build to the next. Even in a small program, whether \
-         `check` is inlined into the caller depends on the unit its instance lands in: in \
-         release it is (its clock read stays a call), with thin LTO it is not, which is why \
-         governor counts more with thin LTO; in release with every unit left unmerged it \
-         counted about 90. tollgate's `try_acquire` is inlined whole, clock read included, \
-         in both builds.\n\n\
+         `check` is inlined into its caller depends on the unit its instance lands in, and so \
+         on the rest of the program: in release, a plain loop counted governor's allowed \
+         decision at 50 (inlined, its clock read a call) in one small program and 89 (a call) \
+         in the same program with two more cases; the release columns give governor the \
+         inlined, lower count, as one unit does. With thin LTO both programs counted 59 (a \
+         call), as units left unmerged do; with thin LTO and one codegen unit governor counts \
+         42 allowed and 35 denied, against tollgate's 48 and 45. tollgate counted the same in \
+         every one of these builds, its `try_acquire` inlined whole, clock read included.\n\n\
          *allow*: 10⁹ per second for the token bucket (full again at every decision), 10⁹ per \
          hour for the fixed window, 65 536 per hour for the sliding log and 10⁶ per hour for \
          the sliding window counter (more than a run takes). *deny*: 1 per hour, its one permit \
