@@ -2,8 +2,8 @@
 //! shared by the harnesses that write the results and the report (`cargo xtask report`) that
 //! reads them, both of which include this file by path.
 //!
-//! Relative paths are the package's root: cargo runs benchmarks there, and the report runs
-//! there too.
+//! Relative paths are the workspace's root: cargo runs the root package's benchmarks there, the
+//! instruction harness (a package of its own) and the report move there.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -27,10 +27,22 @@ pub(crate) const MEMORY_JSON: &str = "memory.json";
 /// time on a core).
 pub(crate) const RUN_JSON: &str = "run.json";
 
-/// The instruction counts of the last full run of `--bench instructions`, beside callgrind's
+/// The build profile of the default release build, as cargo names its folder (`cargo bench`
+/// builds in the bench profile, which inherits release, into `release`).
+pub(crate) const RELEASE: &str = "release";
+
+/// The build profile of release with thin LTO (the workspace's Cargo.toml).
+pub(crate) const RELEASE_LTO: &str = "release-lto";
+
+/// Where the instruction harness keeps its figures (one file per build profile) and callgrind's
 /// files.
-pub(crate) fn instructions_json() -> PathBuf {
-    target_dir().join("instructions").join("instructions.json")
+pub(crate) fn instructions_dir() -> PathBuf {
+    target_dir().join("instructions")
+}
+
+/// The instruction counts of the last full run of the instruction harness built in `profile`.
+pub(crate) fn instructions_json(profile: &str) -> PathBuf {
+    instructions_dir().join(format!("{profile}.json"))
 }
 
 /// The figures of the last run of `--bench footprint`.

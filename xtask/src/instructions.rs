@@ -1,83 +1,130 @@
 //! The section of BENCHMARKS.md with the instruction counts, written from the figures the last
-//! full run of `cargo bench --bench instructions` kept (`instructions.json`).
+//! full runs of the instruction harness kept, one per build profile (`release.json`,
+//! `release-lto.json` in `target/instructions/`).
 //!
 //! The cases are the harness's (`benches/instructions/cases.rs`), read from the figures: a case
 //! is named `{row}/{implementation}` and says what its row is called; a row shows tollgate's
-//! case beside governor's, where there is one.
+//! case beside governor's, where there is one, in each profile.
 
 use std::fmt::Write as _;
 use std::path::Path;
 
 use serde_json::Value;
 
+use crate::results::{RELEASE, RELEASE_LTO, instructions_json};
 use crate::section::{self, Error, thousands};
 
-/// The command that produces the figures.
-const PRODUCING_COMMAND: &str = "cargo bench --bench instructions";
+/// The command that produces the figures of the default release profile; with
+/// `--profile release-lto`, those of release with thin LTO.
+const PRODUCING_COMMAND: &str = "cargo bench --package tollgate-instructions";
 
-/// Writes the section of the figures in `figures_json` into `output`.
-pub(crate) fn write_section(figures_json: &Path, output: &Path) -> Result<(), Error> {
-    let text = std::fs::read_to_string(figures_json).map_err(|error| {
-        format!(
-            "cannot read {} ({error}): run `{PRODUCING_COMMAND}` (a few minutes, needs \
-             valgrind), then this again",
-            figures_json.display()
-        )
-    })?;
-    let figures: Value = serde_json::from_str(&text)
-        .map_err(|error| format!("{}: {error}", figures_json.display()))?;
-    let section =
-        render(&figures).map_err(|error| format!("{}: {error}", figures_json.display()))?;
+/// Writes the section of the figures in `figures_dir` (one file per profile) into `output`.
+pub(crate) fn write_section(figures_dir: &Path, output: &Path) -> Result<(), Error> {
+    let [release, release_lto] = [RELEASE, RELEASE_LTO].map(|profile| {
+        let path = figures_dir.join(instructions_json(profile).file_name().expect("a file name"));
+        read_figures(&path, profile)
+    });
+    let section = render(&release?, &release_lto?)?;
     section::INSTRUCTIONS.write(output, &section)
 }
 
-/// One line of the table.
-struct Row<'a> {
-    label: &'a str,
-    tollgate: Option<f64>,
-    governor: Option<f64>,
+/// The figures the harness built in `profile` kept in `path`.
+fn read_figures(path: &Path, profile: &str) -> Result<Value, Error> {
+    let command = if profile == RELEASE {
+        PRODUCING_COMMAND.to_owned()
+    } else {
+        format!("{PRODUCING_COMMAND} --profile {profile}")
+    };
+    let text = std::fs::read_to_string(path).map_err(|error| {
+        format!(
+            "cannot read {} ({error}): run `{command}` (about a minute, needs valgrind), then \
+             this again",
+            path.display()
+        )
+    })?;
+    let figures: Value =
+        serde_json::from_str(&text).map_err(|error| format!("{}: {error}", path.display()))?;
+    if figures["profile"].as_str() != Some(profile) {
+        return Err(format!(
+            "{}: figures of profile {}, not {profile}",
+            path.display(),
+            figures["profile"]
+        )
+        .into());
+    }
+    Ok(figures)
 }
 
-/// The section, markers included.
-pub(crate) fn render(figures: &Value) -> Result<String, Error> {
-    let text = |field: &str| figures[field].as_str().ok_or_else(|| format!("no {field}"));
-    let number = |field: &str| figures[field].as_u64().ok_or_else(|| format!("no {field}"));
-    let [fewer, more] = [0, 1].map(|index| figures["per_decision_rounds"][index].as_u64());
+/// One line of the table: per profile (default release, thin LTO), tollgate's and governor's.
+struct Row<'a> {
+    label: &'a str,
+    tollgate: [Option<f64>; 2],
+    governor: [Option<f64>; 2],
+}
+
+/// The section, markers included, from the figures of the default release build and of the
+/// build with thin LTO.
+pub(crate) fn render(release: &Value, release_lto: &Value) -> Result<String, Error> {
+    let text = |field: &str| release[field].as_str().ok_or_else(|| format!("no {field}"));
+    let number = |field: &str| release[field].as_u64().ok_or_else(|| format!("no {field}"));
+    // Both runs must have counted the same source the same way to share a table.
+    for field in [
+        "source",
+        "valgrind",
+        "rustc",
+        "per_decision_rounds",
+        "lookup_clients",
+        "first_request_batch",
+    ] {
+        if release[field] != release_lto[field] {
+            return Err(format!(
+                "the two profiles' runs differ in {field} ({} and {}): run both again",
+                release[field], release_lto[field]
+            )
+            .into());
+        }
+    }
+    let [fewer, more] = [0, 1].map(|index| release["per_decision_rounds"][index].as_u64());
     let (Some(fewer), Some(more)) = (fewer, more) else {
         return Err("no per_decision_rounds".into());
     };
-    let loop_per_round = figures["loop_per_round"]
-        .as_f64()
-        .ok_or("no loop_per_round")?;
+    let [loop_release, loop_lto] = [release, release_lto].map(|figures| {
+        figures["loop_per_round"]
+            .as_f64()
+            .ok_or("no loop_per_round")
+    });
+    let (loop_release, loop_lto) = (loop_release?, loop_lto?);
 
     let mut rows: Vec<(&str, Row<'_>)> = Vec::new();
-    for case in figures["cases"].as_array().ok_or("no cases")? {
-        let name = case["name"].as_str().ok_or("a case without a name")?;
-        let per_decision = case["per_decision"]
-            .as_f64()
-            .ok_or_else(|| format!("{name}: no per_decision"))?;
-        let (row_id, implementation) = name
-            .split_once('/')
-            .ok_or_else(|| format!("{name}: not `row/implementation`"))?;
-        let index = match rows.iter().position(|(id, _)| *id == row_id) {
-            Some(index) => index,
-            None => {
-                rows.push((
-                    row_id,
-                    Row {
-                        label: case["label"].as_str().unwrap_or(row_id),
-                        tollgate: None,
-                        governor: None,
-                    },
-                ));
-                rows.len() - 1
+    for (profile, figures) in [release, release_lto].into_iter().enumerate() {
+        for case in figures["cases"].as_array().ok_or("no cases")? {
+            let name = case["name"].as_str().ok_or("a case without a name")?;
+            let per_decision = case["per_decision"]
+                .as_f64()
+                .ok_or_else(|| format!("{name}: no per_decision"))?;
+            let (row_id, implementation) = name
+                .split_once('/')
+                .ok_or_else(|| format!("{name}: not `row/implementation`"))?;
+            let index = match rows.iter().position(|(id, _)| *id == row_id) {
+                Some(index) => index,
+                None => {
+                    rows.push((
+                        row_id,
+                        Row {
+                            label: case["label"].as_str().unwrap_or(row_id),
+                            tollgate: [None; 2],
+                            governor: [None; 2],
+                        },
+                    ));
+                    rows.len() - 1
+                }
+            };
+            let row = &mut rows[index].1;
+            match implementation {
+                "tollgate" => row.tollgate[profile] = Some(per_decision),
+                "governor" => row.governor[profile] = Some(per_decision),
+                other => return Err(format!("{name}: no column for {other}").into()),
             }
-        };
-        let row = &mut rows[index].1;
-        match implementation {
-            "tollgate" => row.tollgate = Some(per_decision),
-            "governor" => row.governor = Some(per_decision),
-            other => return Err(format!("{name}: no column for {other}").into()),
         }
     }
 
@@ -86,22 +133,44 @@ pub(crate) fn render(figures: &Value) -> Result<String, Error> {
         out,
         "{}\n\
          ## Instructions per decision\n\n\
-         Generated from `{PRODUCING_COMMAND}` by `cargo xtask report instructions`; do not edit \
-         by hand. Source: {}. Counted by callgrind ({}), built by {}.\n\n\
+         Generated from `{PRODUCING_COMMAND}` (the default release profile) and \
+         `{PRODUCING_COMMAND} --profile {RELEASE_LTO}` (release with thin LTO) by `cargo xtask \
+         report instructions`; do not edit by hand. Source: {}. Counted by callgrind ({}), \
+         built by {}.\n\n\
          Instructions executed per decision, on one thread: exact, and (but for the default \
          hasher's rows, below) the same on every run of the same build, where the timings \
          above move with the machine's load; the figure \
          to judge a change of the hot path by. They do not show cache misses, contention or \
          what each instruction costs, so they complement the timings rather than replace them. \
          Each is the count over {} decisions less the count over {} (set-up and one-time \
-         costs cancel), divided by the {} between, less the counting loop's own {:.1} per \
-         round. tollgate reads `MonotonicClock`, governor its default \
-         `QuantaClock`: both read quanta's counter.\n\n\
+         costs cancel), divided by the {} between, less the counting loop's own instructions \
+         per round ({:.1} in release, {:.1} with thin LTO). tollgate reads `MonotonicClock`, \
+         governor its default `QuantaClock`: both read quanta's counter.\n\n\
+         *How each is compiled*: *release* is the workspace's release profile as cargo sets it \
+         (opt-level 3, 16 codegen units per crate, no LTO across crates); *thin LTO* is the \
+         same with `lto = \"thin\"` (the `{RELEASE_LTO}` profile). tollgate, governor and every \
+         other dependency keep those settings. The harness's own crate, where the generic code \
+         each case calls (tollgate's limiters, governor's `check`) is instantiated, as it is in \
+         a user's program, has its codegen units fixed so that each library counts what a \
+         small program's plain loop (`limiter.try_acquire()` or `limiter.check().is_ok()`, \
+         counted in a loop) counts in the same profile (checked on the token bucket's rows: \
+         within 2 instructions): one unit in release, units left unmerged with thin LTO. Left to the defaults, a crate of many \
+         cases has its units merged differently as unrelated code changes, and governor's \
+         `check` counted 96 or 54 from one build to the next. Even in a small program, whether \
+         `check` is inlined into its caller depends on the unit its instance lands in, and so \
+         on the rest of the program: in release, a plain loop counted governor's allowed \
+         decision at 50 (inlined, its clock read a call) in one small program and 89 (a call) \
+         in the same program with two more cases; the release columns give governor the \
+         inlined, lower count, as one unit does. With thin LTO both programs counted 59 (a \
+         call), as units left unmerged do; with thin LTO and one codegen unit governor counts \
+         42 allowed and 35 denied, against tollgate's 48 and 45. tollgate counted the same in \
+         every one of these builds, its `try_acquire` inlined whole, clock read included.\n\n\
          *allow*: 10⁹ per second for the token bucket (full again at every decision), 10⁹ per \
          hour for the fixed window, 65 536 per hour for the sliding log and 10⁶ per hour for \
-         the sliding window counter (more than a run takes). *deny*: 1 per hour, its one permit taken before counting. *whole `Decision`*: \
-         `try_acquire_n(1)`, keeping what response headers need, instead of `try_acquire`. \
-         governor has only GCRA, the token bucket's algorithm.\n\n\
+         the sliding window counter (more than a run takes). *deny*: 1 per hour, its one permit \
+         taken before counting. *whole `Decision`*: `try_acquire_n(1)`, keeping what response \
+         headers need, instead of `try_acquire`. governor has only GCRA, the token bucket's \
+         algorithm.\n\n\
          *service*: token bucket, `u64` keys, one plan: `RateLimiterService::allow` against \
          governor's keyed limiter (`check_key` on a `DashMap`), both with the same hasher: \
          their default (std's SipHash-1-3 with random keys, which move entries and so probe \
@@ -109,7 +178,8 @@ pub(crate) fn render(figures: &Value) -> Result<String, Error> {
          exact), or foldhash with a fixed seed. A lookup is a request from one of {} clients \
          already in the map, taken in turn; a first request makes the client's limiter, {} \
          of them into a fresh default-sized map (its growth included), counted over two such \
-         batches after a first.\n",
+         batches after a first. A ratio above 1.00x is a case where tollgate executes more \
+         instructions than governor.\n",
         section::INSTRUCTIONS.begin,
         text("source")?,
         text("valgrind")?,
@@ -117,30 +187,33 @@ pub(crate) fn render(figures: &Value) -> Result<String, Error> {
         thousands(more),
         thousands(fewer),
         thousands(more - fewer),
-        loop_per_round,
+        loop_release,
+        loop_lto,
         thousands(number("lookup_clients")?),
         thousands(number("first_request_batch")?),
     );
     let _ = writeln!(
         out,
-        "| case | tollgate | governor | tollgate / governor |\n|---|---:|---:|---:|"
+        "| case | tollgate, release | governor, release | tollgate / governor, release \
+         | tollgate, thin LTO | governor, thin LTO | tollgate / governor, thin LTO |\n\
+         |---|---:|---:|---:|---:|---:|---:|"
     );
     for (_, row) in &rows {
-        let Some(tollgate) = row.tollgate else {
-            continue;
-        };
-        let (governor_cell, ratio_cell) = match row.governor {
-            Some(governor) => (
-                format!("{governor:.1}"),
-                format!("{:.2}x", tollgate / governor),
-            ),
-            None => ("—".to_owned(), String::new()),
-        };
-        let _ = writeln!(
-            out,
-            "| {} | {tollgate:.1} | {governor_cell} | {ratio_cell} |",
-            row.label
-        );
+        let _ = write!(out, "| {} |", row.label);
+        for profile in 0..2 {
+            let cell = |figure: Option<f64>| figure.map_or("—".to_owned(), |f| format!("{f:.1}"));
+            let ratio = match (row.tollgate[profile], row.governor[profile]) {
+                (Some(tollgate), Some(governor)) => format!("{:.2}x", tollgate / governor),
+                _ => String::new(),
+            };
+            let _ = write!(
+                out,
+                " {} | {} | {ratio} |",
+                cell(row.tollgate[profile]),
+                cell(row.governor[profile])
+            );
+        }
+        out.push('\n');
     }
     out.push_str(section::INSTRUCTIONS.end);
     Ok(out)

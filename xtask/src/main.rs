@@ -3,13 +3,15 @@
 //!
 //! ```text
 //! cargo xtask report criterion      # after `cargo bench --bench tollgate`
-//! cargo xtask report instructions   # after `cargo bench --bench instructions`
+//! cargo xtask report instructions   # after `cargo bench --package tollgate-instructions`,
+//!                                   # with and without `--profile release-lto`
 //! cargo xtask report footprint      # after `cargo bench --bench footprint`
 //! ```
 //!
 //! Each writes its part of BENCHMARKS.md and leaves the others as they are. After the part's
-//! name, `[<results> [<output>]]` name another results folder (criterion's) or file (the
-//! others') and another output than the workspace's BENCHMARKS.md.
+//! name, `[<results> [<output>]]` name another results folder (criterion's, or the instruction
+//! harness's, with a file per profile) or file (the footprint's) and another output than the
+//! workspace's BENCHMARKS.md.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -67,7 +69,7 @@ fn run(args: Vec<String>) -> Result<(), section::Error> {
             println!("wrote {} from {benchmarks} benchmarks", output.display());
         }
         "instructions" => {
-            let figures = results.unwrap_or_else(results::instructions_json);
+            let figures = results.unwrap_or_else(results::instructions_dir);
             instructions::write_section(&figures, &output)?;
             println!("wrote the instruction counts into {}", output.display());
         }

@@ -12,7 +12,7 @@ pub(crate) struct Section {
     pub(crate) end: &'static str,
 }
 
-/// The instruction counts (`--bench instructions`).
+/// The instruction counts (`cargo bench --package tollgate-instructions`).
 pub(crate) const INSTRUCTIONS: Section = Section {
     begin: "<!-- instructions:begin -->",
     end: "<!-- instructions:end -->",

@@ -61,8 +61,12 @@ fn write_suite_tables(criterion_dir: &Path) {
 
 const PREVIOUS_REPORT: &str = "# Benchmarks\n\nthe previous run's figures\n";
 
-const INSTRUCTIONS_FIGURES: &str = r#"{
+/// The instruction harness's figures of one profile.
+fn instructions_figures(profile: &str, governor_allow: f64) -> String {
+    format!(
+        r#"{{
   "source": "commit 0000000",
+  "profile": "{profile}",
   "valgrind": "valgrind-3.19.0",
   "rustc": "rustc 1.95.0",
   "loop_per_round": 4.0,
@@ -70,11 +74,27 @@ const INSTRUCTIONS_FIGURES: &str = r#"{
   "lookup_clients": 10000,
   "first_request_batch": 10000,
   "cases": [
-    {"name": "token_bucket_allow/tollgate", "label": "token bucket, allow", "per_decision": 61.04},
-    {"name": "token_bucket_allow/governor", "label": "token bucket, allow", "per_decision": 96.0},
-    {"name": "fixed_window_allow/tollgate", "label": "fixed window, allow", "per_decision": 40.0}
+    {{"name": "token_bucket_allow/tollgate", "label": "token bucket, allow", "per_decision": 61.04}},
+    {{"name": "token_bucket_allow/governor", "label": "token bucket, allow", "per_decision": {governor_allow:.1}}},
+    {{"name": "fixed_window_allow/tollgate", "label": "fixed window, allow", "per_decision": 40.0}}
   ]
-}"#;
+}}"#
+    )
+}
+
+/// Writes the instruction harness's figures of both profiles into `dir`, as the harness does.
+fn write_instructions_figures(dir: &Path) {
+    std::fs::write(
+        dir.join("release.json"),
+        instructions_figures("release", 96.0),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("release-lto.json"),
+        instructions_figures("release-lto", 48.0),
+    )
+    .unwrap();
+}
 
 const FOOTPRINT_FIGURES: &str = r#"{
   "source": "commit 0000000",
@@ -169,25 +189,26 @@ fn each_part_keeps_the_others() {
     let dir = TempDir::new("report-parts");
     let output = dir.0.join("BENCHMARKS.md");
     std::fs::write(&output, PREVIOUS_REPORT).unwrap();
-    let instructions_json = dir.0.join("instructions.json");
-    std::fs::write(&instructions_json, INSTRUCTIONS_FIGURES).unwrap();
+    let instructions_dir = dir.0.join("instructions");
+    std::fs::create_dir_all(&instructions_dir).unwrap();
+    write_instructions_figures(&instructions_dir);
     let footprint_json = dir.0.join("footprint.json");
     std::fs::write(&footprint_json, FOOTPRINT_FIGURES).unwrap();
 
-    instructions::write_section(&instructions_json, &output).unwrap();
+    instructions::write_section(&instructions_dir, &output).unwrap();
     footprint::write_section(&footprint_json, &output).unwrap();
     let written = std::fs::read_to_string(&output).unwrap();
     assert!(written.starts_with(PREVIOUS_REPORT), "{written}");
     assert!(
-        written.contains("| token bucket, allow | 61.0 | 96.0 | 0.64x |\n"),
+        written.contains("| token bucket, allow | 61.0 | 96.0 | 0.64x | 61.0 | 48.0 | 1.27x |\n"),
         "{written}"
     );
     assert!(
-        written.contains("| fixed window, allow | 40.0 | — |  |\n"),
+        written.contains("| fixed window, allow | 40.0 | — |  | 40.0 | — |  |\n"),
         "{written}"
     );
     assert!(
-        written.contains("the counting loop's own 4.0 per round"),
+        written.contains("(4.0 in release, 4.0 with thin LTO)"),
         "{written}"
     );
     assert!(
@@ -208,7 +229,7 @@ fn each_part_keeps_the_others() {
     assert!(rewritten.ends_with(sections), "{rewritten}");
 
     // Rewriting a section replaces it.
-    instructions::write_section(&instructions_json, &output).unwrap();
+    instructions::write_section(&instructions_dir, &output).unwrap();
     assert_eq!(std::fs::read_to_string(&output).unwrap(), rewritten);
 }
 
@@ -217,11 +238,25 @@ fn figures_that_are_not_there_are_named() {
     let dir = TempDir::new("report-no-figures");
     let output = dir.0.join("BENCHMARKS.md");
     std::fs::write(&output, PREVIOUS_REPORT).unwrap();
-    let error = instructions::write_section(&dir.0.join("instructions.json"), &output)
+    let error = instructions::write_section(&dir.0, &output)
         .unwrap_err()
         .to_string();
     assert!(
-        error.contains("run `cargo bench --bench instructions`"),
+        error.contains("run `cargo bench --package tollgate-instructions`"),
+        "{error}"
+    );
+    // One profile's figures without the other's: the missing one is named, with its command.
+    std::fs::write(
+        dir.0.join("release.json"),
+        instructions_figures("release", 50.0),
+    )
+    .unwrap();
+    let error = instructions::write_section(&dir.0, &output)
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("release-lto.json"), "{error}");
+    assert!(
+        error.contains("run `cargo bench --package tollgate-instructions --profile release-lto`"),
         "{error}"
     );
     let error = footprint::write_section(&dir.0.join("footprint.json"), &output)
@@ -231,6 +266,29 @@ fn figures_that_are_not_there_are_named() {
         error.contains("run `cargo bench --bench footprint`"),
         "{error}"
     );
+    assert_eq!(std::fs::read_to_string(&output).unwrap(), PREVIOUS_REPORT);
+}
+
+#[test]
+fn instruction_figures_of_different_sources_or_profiles_are_refused() {
+    let dir = TempDir::new("report-mismatched-figures");
+    let output = dir.0.join("BENCHMARKS.md");
+    std::fs::write(&output, PREVIOUS_REPORT).unwrap();
+    write_instructions_figures(&dir.0);
+    let lto = dir.0.join("release-lto.json");
+    let figures = std::fs::read_to_string(&lto).unwrap();
+
+    std::fs::write(&lto, figures.replace("0000000", "1111111")).unwrap();
+    let error = instructions::write_section(&dir.0, &output)
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("differ in source"), "{error}");
+
+    std::fs::write(&lto, figures.replace("release-lto", "release")).unwrap();
+    let error = instructions::write_section(&dir.0, &output)
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("not release-lto"), "{error}");
     assert_eq!(std::fs::read_to_string(&output).unwrap(), PREVIOUS_REPORT);
 }
 

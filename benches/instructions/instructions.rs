@@ -2,14 +2,26 @@
 //! every run of one build, where the criterion suite's timings move with the machine's load.
 //!
 //! ```text
-//! cargo bench --bench instructions        # counts, prints, and keeps the figures
-//! cargo xtask report instructions         # writes them into BENCHMARKS.md
+//! cargo bench --package tollgate-instructions                         # default release profile
+//! cargo bench --package tollgate-instructions --profile release-lto   # release with thin LTO
+//! cargo xtask report instructions                                     # both into BENCHMARKS.md
 //! ```
 //!
-//! A run of every case keeps its figures in `target/instructions/instructions.json` (see
-//! `benches/support/results.rs`), from which the report writes its section of BENCHMARKS.md.
+//! A run of every case keeps its figures in `target/instructions/<profile>.json` (see
+//! `benches/support/results.rs`), one file per build profile, from which the report writes its
+//! section of BENCHMARKS.md.
 //!
-//! Needs valgrind (`apt-get install -y valgrind`); a run takes a few minutes.
+//! Needs valgrind (`apt-get install -y valgrind`); a run takes about a minute.
+//!
+//! Built as a user's program is: this harness is a package of its own, so that the workspace's
+//! Cargo.toml can set its codegen units alone. The generic code of tollgate and governor that a
+//! case calls is instantiated here, and whether it is inlined into the case's loop depends on the
+//! unit its instance lands in; in a large crate that changes with unrelated code (governor's
+//! `check` counted 96 or 54 from one build to the next). The units are fixed so that each
+//! library counts what a small program's plain loop counts in the same profile. Each case's
+//! round calls the library as such a loop does, with no `black_box` around the limiter or its
+//! answer (its atomic operations cannot be optimised away; a `black_box` would add its own stores
+//! and loads).
 //!
 //! How: this binary runs itself under `valgrind --tool=callgrind`, once per case and round count,
 //! as `measure <case> <rounds>`. That child sets the case up, then makes `rounds` rounds in
@@ -17,22 +29,21 @@
 //! The difference between two round counts, divided by the decisions between them, cancels what
 //! is paid once (set-up, lazy symbol binding, thread-local initialisation) and leaves the cost of
 //! one decision; the loop's own instructions, measured by a case that decides nothing, are taken
-//! off. The callgrind files stay in `target/instructions/` for `callgrind_annotate`.
+//! off. The callgrind files stay in `target/instructions/<profile>/` for `callgrind_annotate`.
 //!
 //! Other arguments: words select the cases whose names contain one of them (the figures of such
 //! a run are printed, not kept); `--list` names the cases. Without `--bench` (as `cargo test
 //! --benches` runs it) or with `--test`, each case runs once natively, without valgrind, to check
 //! that it answers as it should.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-// Beside this file in `instructions/`, a folder cargo does not take for a target of its own.
-#[path = "instructions/cases.rs"]
+#[path = "cases.rs"]
 mod cases;
 // Shared with the report, which reads what this harness leaves there.
 #[allow(dead_code)]
-#[path = "support/results.rs"]
+#[path = "../support/results.rs"]
 mod results;
 
 use cases::{CASES, Case, EMPTY_LOOP, FIRST_REQUEST_BATCH, LOOKUP_CLIENTS, PER_DECISION_ROUNDS};
@@ -40,11 +51,22 @@ use cases::{CASES, Case, EMPTY_LOOP, FIRST_REQUEST_BATCH, LOOKUP_CLIENTS, PER_DE
 /// The first argument of a child run: `measure <case> <rounds>`.
 const MEASURE: &str = "measure";
 
+/// The workspace's root, two folders above this package's.
+const WORKSPACE_ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+
+/// The build profiles the report shows, by the folder cargo builds each into.
+const PROFILES: [&str; 2] = [results::RELEASE, results::RELEASE_LTO];
+
 /// The function callgrind counts in (see `cases::counted_rounds`).
 const COUNTED_FUNCTION: &str = "*counted_rounds*";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    // Cargo runs a benchmark in its package's folder; the results are the workspace's.
+    if let Err(error) = std::env::set_current_dir(WORKSPACE_ROOT) {
+        eprintln!("error: cannot enter the workspace's root {WORKSPACE_ROOT}: {error}");
+        return ExitCode::FAILURE;
+    }
     let result = if args.first().map(String::as_str) == Some(MEASURE) {
         measure_in_child(&args[1..])
     } else {
@@ -108,7 +130,8 @@ impl Options {
                 "--test" => test = true,
                 "--write" => {
                     return Err("the report writes BENCHMARKS.md now: run \
-                         `cargo bench --bench instructions`, then `cargo xtask report instructions`"
+                         `cargo bench --package tollgate-instructions` in each profile, then \
+                         `cargo xtask report instructions`"
                         .to_owned());
                 }
                 "--list" => options.list = true,
@@ -176,8 +199,8 @@ impl Options {
             eprintln!("instructions: a run of some cases is printed, not kept for the report");
             return Ok(());
         }
-        let path = results::instructions_json();
-        let figures = figures_json(&callgrind.version, loop_per_round, &measured);
+        let path = results::instructions_json(&callgrind.profile);
+        let figures = figures_json(&callgrind, loop_per_round, &measured);
         std::fs::write(&path, figures)
             .map_err(|error| format!("cannot write {}: {error}", path.display()))?;
         eprintln!(
@@ -190,7 +213,7 @@ impl Options {
 }
 
 /// The figures of a run of every case, and what they were counted under, for the report.
-fn figures_json(valgrind: &str, loop_per_round: f64, measured: &[(&Case, f64)]) -> String {
+fn figures_json(callgrind: &Callgrind, loop_per_round: f64, measured: &[(&Case, f64)]) -> String {
     let cases: Vec<serde_json::Value> = measured
         .iter()
         .map(|(case, per_decision)| {
@@ -203,7 +226,8 @@ fn figures_json(valgrind: &str, loop_per_round: f64, measured: &[(&Case, f64)]) 
         .collect();
     let figures = serde_json::json!({
         "source": results::source_revision(),
-        "valgrind": valgrind,
+        "profile": callgrind.profile,
+        "valgrind": callgrind.version,
         "rustc": rustc_version(),
         "loop_per_round": loop_per_round,
         "per_decision_rounds": PER_DECISION_ROUNDS,
@@ -232,6 +256,8 @@ struct Callgrind {
     version: String,
     /// This binary, run again as the child.
     executable: PathBuf,
+    /// The build profile this binary was built in (see [`PROFILES`]).
+    profile: String,
     /// Where callgrind's files go.
     out_dir: PathBuf,
 }
@@ -253,13 +279,14 @@ impl Callgrind {
         let version = String::from_utf8_lossy(&output.stdout).trim().to_owned();
         let executable = std::env::current_exe()
             .map_err(|error| format!("cannot find this benchmark's executable: {error}"))?;
-        // Beside criterion's results: cargo runs benchmarks from the package's root.
-        let out_dir = results::target_dir().join("instructions");
+        let profile = build_profile(&executable)?;
+        let out_dir = results::instructions_dir().join(&profile);
         std::fs::create_dir_all(&out_dir)
             .map_err(|error| format!("cannot create {}: {error}", out_dir.display()))?;
         Ok(Callgrind {
             version,
             executable,
+            profile,
             out_dir,
         })
     }
@@ -330,4 +357,26 @@ fn callgrind_total(text: &str) -> Option<u64> {
     text.lines()
         .find_map(|line| line.strip_prefix("summary:"))
         .and_then(|total| total.trim().parse().ok())
+}
+
+/// The profile `executable` was built in: cargo builds a benchmark into
+/// `<target>/<profile folder>/deps/`, `release` for the default bench profile.
+fn build_profile(executable: &Path) -> Result<String, String> {
+    let profile = executable
+        .parent()
+        .and_then(Path::parent)
+        .and_then(Path::file_name)
+        .and_then(|name| name.to_str())
+        .unwrap_or_default();
+    if PROFILES.contains(&profile) {
+        Ok(profile.to_owned())
+    } else {
+        Err(format!(
+            "{} is not in a folder of the profiles the report shows ({}): run \
+             `cargo bench --package tollgate-instructions [--profile {}]`",
+            executable.display(),
+            PROFILES.join(", "),
+            results::RELEASE_LTO
+        ))
+    }
 }
