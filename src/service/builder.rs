@@ -104,8 +104,8 @@ impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher + Clone> ServiceBuilder<P, C, 
     /// proxy (addresses, API keys, header values). Where they cannot (identifiers the server
     /// assigned), a faster hasher pays: with `foldhash::fast::RandomState`, which its authors
     /// call "minimally DoS-resistant" and advise against where someone may reverse-engineer the
-    /// seed of a long-running process, a lookup among 10 000 `u64` keys executes about 249
-    /// instructions instead of 391 (BENCHMARKS.md, "Instructions per decision").
+    /// seed of a long-running process, a lookup among 10 000 `u64` keys executes roughly 250
+    /// instructions instead of roughly 390 (BENCHMARKS.md, "Instructions per decision").
     pub fn hasher<T: BuildHasher>(self, hasher: T) -> ServiceBuilder<P, C, T> {
         ServiceBuilder {
             algorithm: self.algorithm,
