@@ -13,6 +13,9 @@
 //!   over-admits (`service`: the service's own protocol, run on the crate's loom map);
 //! - a read of a plan's versioned rule never mixes versions, and a rule change racing a sweep and
 //!   a client's requests starts the client afresh at most once (`rule_change`);
+//! - the service's store of one-word states (its own `decide`, `insert` and `sweep`): first
+//!   requests make one state, a rule change starts a client afresh once, an eviction racing a
+//!   decision grants nothing but fresh permits, a sweep never retires an active state (`store`);
 //! - a plan of several limits takes from all or none, exactly (`several_limits`);
 //!
 //! and `negative_controls` shows that each of these checks fails on a variant broken in one
@@ -26,5 +29,6 @@ mod service;
 mod several_limits;
 mod sliding_window_counter;
 mod sliding_window_log;
+mod store;
 mod support;
 mod token_bucket;

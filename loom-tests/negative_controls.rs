@@ -29,7 +29,10 @@
 
 use loom::sync::atomic::{AtomicU64, Ordering};
 use tollgate::loom_support::service::MapFault;
-use tollgate::loom_support::{AtomicWord, CounterParams, GcraParams, Retired, WindowParams};
+use tollgate::loom_support::store::StoreFault;
+use tollgate::loom_support::{
+    AtomicWord, CounterParams, GcraParams, OwnedWord, Retired, WindowParams,
+};
 use tollgate::{Decision, Rule};
 
 use crate::fixed_window::{self, window};
@@ -577,13 +580,19 @@ fn service_with_blind_removal_fails_sweep_model() {
 #[derive(Debug)]
 struct UnfencedWord(AtomicU64);
 
-impl AtomicWord for UnfencedWord {
+impl OwnedWord for UnfencedWord {
     fn new(value: u64) -> Self {
         UnfencedWord(AtomicU64::new(value))
     }
+}
 
+impl AtomicWord for UnfencedWord {
     fn load(&self, order: Ordering) -> u64 {
         self.0.load(order)
+    }
+
+    fn store(&self, value: u64, order: Ordering) {
+        self.0.store(value, order)
     }
 
     fn compare_exchange_weak(
@@ -619,6 +628,10 @@ impl AtomicWord for UnfencedWord {
     }
 
     fn wait_for_writer() {
+        loom::thread::yield_now();
+    }
+
+    fn yield_thread() {
         loom::thread::yield_now();
     }
 }
@@ -664,4 +677,22 @@ fn several_limits_taken_in_the_plans_order_fail_the_moved_window_model() {
     crate::several_limits::check_a_refusal_leaves_no_window_moved(
         crate::several_limits::Order::AsListed,
     );
+}
+
+#[test]
+#[should_panic(expected = "more than one state for one client")]
+fn store_inserting_without_the_lock_fails_first_requests_model() {
+    crate::store::check_first_requests(StoreFault::InsertWithoutLock);
+}
+
+#[test]
+#[should_panic(expected = "started afresh twice")]
+fn store_taking_a_taken_tag_fails_rule_change_model() {
+    crate::store::check_change_racing_requests(StoreFault::TakeTakenTag);
+}
+
+#[test]
+#[should_panic(expected = "stays used")]
+fn store_sweep_retiring_active_states_fails_sweep_model() {
+    crate::store::check_sweep_racing_requests(StoreFault::SweepRetiresActive);
 }

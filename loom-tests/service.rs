@@ -24,7 +24,7 @@ use tollgate::loom_support::service::{
     Acquired, ClientMap, Fresh, LoomClientMap, MapFault, MapGuard, Pinned, Request, Versioned,
     decide, sweep,
 };
-use tollgate::loom_support::{AtomicWord, Retired};
+use tollgate::loom_support::{OwnedWord, Retired};
 
 use crate::fixed_window::window;
 use crate::models::{EvictionCoverage, prefill};
@@ -45,22 +45,22 @@ const ENTRIES: usize = 12;
 
 /// One client's entry: the method's state, and the version of the plan it was made under.
 pub(crate) struct ModelEntry<M: Evictable> {
-    version: u32,
+    version: u16,
     pub(crate) state: M::State,
 }
 
 impl<M: Evictable> Versioned for ModelEntry<M> {
-    fn version(&self) -> u32 {
+    fn version(&self) -> u16 {
         self.version
     }
 }
 
 /// The plan's version, as a request read it.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct ModelHead(u32);
+pub(crate) struct ModelHead(u16);
 
 impl Versioned for ModelHead {
-    fn version(&self) -> u32 {
+    fn version(&self) -> u16 {
         self.0
     }
 }
@@ -104,10 +104,10 @@ impl<M: Evictable> ModelPlan<M> {
         }
     }
 
-    fn read_version(&self) -> u32 {
+    fn read_version(&self) -> u16 {
         // Acquire, as `PinnedPlan::head`'s load of the published version.
         let version = self.version.load(Ordering::Acquire);
-        u32::try_from(version).expect("a model's version fits in 32 bits")
+        u16::try_from(version).expect("a model's version fits in 16 bits")
     }
 
     /// The client's entry, once every thread is joined.
@@ -129,7 +129,7 @@ impl<M: Evictable> ModelPlan<M> {
 pub(crate) struct ModelPin<'p, M: Evictable> {
     plan: &'p ModelPlan<M>,
     /// With [`PlanRead::OnceBeforeLookup`], the version read when pinned.
-    version_at_pin: Option<u32>,
+    version_at_pin: Option<u16>,
 }
 
 impl<M: Evictable> Pinned for ModelPin<'_, M> {
@@ -216,7 +216,7 @@ pub(crate) struct ModelService<M: Evictable, W> {
     evicted_up_to: W,
 }
 
-impl<M: Evictable, W: AtomicWord> ModelService<M, W> {
+impl<M: Evictable, W: OwnedWord> ModelService<M, W> {
     pub(crate) fn new(method: M, fault: MapFault) -> Self {
         ModelService {
             plan: ModelPlan::new(method, fault),
@@ -265,7 +265,7 @@ impl FirstRequests {
         self.check_with::<M, AtomicU64>(method, MapFault::None);
     }
 
-    pub(crate) fn check_with<M: Evictable, W: AtomicWord + 'static>(
+    pub(crate) fn check_with<M: Evictable, W: OwnedWord + 'static>(
         &'static self,
         method: M,
         fault: MapFault,
@@ -322,7 +322,7 @@ impl SweepRace {
         self.check_with::<M, AtomicU64>(method, MapFault::None);
     }
 
-    pub(crate) fn check_with<M: Evictable, W: AtomicWord + 'static>(
+    pub(crate) fn check_with<M: Evictable, W: OwnedWord + 'static>(
         &'static self,
         method: M,
         fault: MapFault,

@@ -157,13 +157,17 @@ pub enum ServiceError {
         /// The lookups made.
         tries: u32,
     },
-    /// A service was built with a larger initial capacity than it allocates up front.
+    /// A service was built to hold more clients than [`ServiceBuilder::MAX_CAPACITY`](crate::ServiceBuilder::MAX_CAPACITY)
+    /// over all its plans.
     CapacityTooLarge {
         /// The capacity asked for.
         capacity: usize,
         /// The most allowed.
         max: usize,
     },
+    /// [`ServiceBuilder::capacity`](crate::ServiceBuilder::capacity) was 0: a plan must hold
+    /// at least one client.
+    CapacityZero,
 }
 
 impl fmt::Display for ServiceError {
@@ -192,8 +196,14 @@ impl fmt::Display for ServiceError {
             ServiceError::CapacityTooLarge { capacity, max } => {
                 write!(
                     f,
-                    "capacity {capacity} is too large: at most {max} clients are allocated up \
-                     front (the map grows past its capacity as clients arrive)"
+                    "capacity {capacity} is too large: at most {max} clients per plan (2^28 over \
+                     all plans, allocated up front)"
+                )
+            }
+            ServiceError::CapacityZero => {
+                write!(
+                    f,
+                    "capacity 0 is invalid: each plan must hold at least 1 client"
                 )
             }
         }

@@ -130,7 +130,7 @@ pub mod loom_support {
     pub use crate::method::sliding_window_counter::CounterParams;
     pub use crate::method::sliding_window_log::{LogParams, LogRing};
     pub use crate::method::token_bucket::GcraParams;
-    pub use crate::sync::AtomicWord;
+    pub use crate::sync::{AtomicWord, OwnedWord};
 
     /// The service's protocol ([`decide`](service::decide), [`sweep`](service::sweep)),
     /// generic over the map, the plan and the request, and a map of loom atomics to run it with.
@@ -138,6 +138,16 @@ pub mod loom_support {
         pub use crate::service::{
             Acquired, ClientMap, Fresh, LoomClientMap, MapFault, MapGuard, Pinned, Request,
             Versioned, decide, sweep,
+        };
+    }
+
+    /// The service's store of one-word states ([`ClientStore`](store::ClientStore)) and its
+    /// protocol ([`decide`](store::decide)), generic over the atomic word, the plan and the
+    /// request.
+    pub mod store {
+        pub use crate::service::{
+            ClientStore, Place, SlotWord, StoreFault, StoreHead, StorePlan, Stored, WordLimit,
+            WordRequest, decide_in_store as decide,
         };
     }
 }

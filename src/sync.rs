@@ -18,10 +18,10 @@ pub(crate) type Word = portable_atomic::AtomicU64;
 /// Implemented for the production word and, with the `loom` feature, for loom's `AtomicU64`.
 #[doc(hidden)]
 pub trait AtomicWord: Send + Sync + std::fmt::Debug {
-    /// A word holding `value`.
-    fn new(value: u64) -> Self;
     /// Atomic load.
     fn load(&self, order: Ordering) -> u64;
+    /// Atomic store.
+    fn store(&self, value: u64, order: Ordering);
     /// Weak compare-and-exchange; may fail spuriously.
     fn compare_exchange_weak(
         &self,
@@ -48,18 +48,36 @@ pub trait AtomicWord: Send + Sync + std::fmt::Debug {
     /// Waits a moment for another thread to finish a write this one must see: a spin hint, or
     /// under loom a yield (loom must know the thread is waiting for another).
     fn wait_for_writer();
+    /// Gives the core to another thread, after waiting with [`AtomicWord::wait_for_writer`] has
+    /// not been enough (the writer may be descheduled): the OS's yield, or loom's.
+    fn yield_thread();
+}
+
+/// An [`AtomicWord`] that is a word of its own, which can be made (a state is made of these); a
+/// view of another's word, as the service's store decides through, is not.
+#[doc(hidden)]
+pub trait OwnedWord: AtomicWord + Sized {
+    /// A word holding `value`.
+    fn new(value: u64) -> Self;
 }
 
 macro_rules! impl_atomic_word {
-    ($ty:ty, $fence:path, $wait:path) => {
-        impl AtomicWord for $ty {
+    ($ty:ty, $fence:path, $wait:path, $yield:path) => {
+        impl OwnedWord for $ty {
             #[inline]
             fn new(value: u64) -> Self {
                 <$ty>::new(value)
             }
+        }
+
+        impl AtomicWord for $ty {
             #[inline]
             fn load(&self, order: Ordering) -> u64 {
                 <$ty>::load(self, order)
+            }
+            #[inline]
+            fn store(&self, value: u64, order: Ordering) {
+                <$ty>::store(self, value, order)
             }
             #[inline]
             fn compare_exchange_weak(
@@ -97,6 +115,10 @@ macro_rules! impl_atomic_word {
             fn wait_for_writer() {
                 $wait()
             }
+            #[inline]
+            fn yield_thread() {
+                $yield()
+            }
         }
     };
 }
@@ -104,11 +126,13 @@ macro_rules! impl_atomic_word {
 impl_atomic_word!(
     portable_atomic::AtomicU64,
     core::sync::atomic::fence,
-    core::hint::spin_loop
+    core::hint::spin_loop,
+    std::thread::yield_now
 );
 #[cfg(feature = "loom")]
 impl_atomic_word!(
     loom::sync::atomic::AtomicU64,
     loom::sync::atomic::fence,
+    loom::thread::yield_now,
     loom::thread::yield_now
 );

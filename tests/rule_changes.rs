@@ -26,21 +26,56 @@ struct Park {
 
 thread_local! {
     static PARK: RefCell<Option<Park>> = const { RefCell::new(None) };
+    static PARK_AT_READING: RefCell<Option<Park>> = const { RefCell::new(None) };
+}
+
+/// Counts one more step of a thread that may have asked to park (`park`), and parks it at the
+/// asked one.
+fn step_towards_park(park: &'static std::thread::LocalKey<RefCell<Option<Park>>>) {
+    park.with(|park| {
+        let mut park = park.borrow_mut();
+        if let Some(plan) = park.as_mut() {
+            plan.countdown -= 1;
+            if plan.countdown == 0 {
+                let plan = park.take().expect("just seen");
+                plan.parked.send(()).expect("the test waits for the park");
+                plan.resume.recv().expect("the test resumes the thread");
+            }
+        }
+    });
+}
+
+/// A clock (a [`FakeClock`]'s readings) that parks the reading thread at its `n`th reading, when
+/// that thread has asked for it: a stand-in for the thread being preempted at that point of a
+/// request.
+#[derive(Debug, Clone, Default)]
+struct ParkingClock(FakeClock);
+
+impl Clock for ParkingClock {
+    fn now_nanos(&self) -> u64 {
+        step_towards_park(&PARK_AT_READING);
+        self.0.now_nanos()
+    }
+}
+
+/// Parks this thread at its `nth` clock reading from now; returns the channel that says it has
+/// parked and the one that resumes it.
+fn park_at_reading(nth: usize) -> (Receiver<()>, Sender<()>) {
+    let (parked_tx, parked_rx) = channel();
+    let (resume_tx, resume_rx) = channel();
+    PARK_AT_READING.with(|park| {
+        *park.borrow_mut() = Some(Park {
+            countdown: nth,
+            parked: parked_tx,
+            resume: resume_rx,
+        })
+    });
+    (parked_rx, resume_tx)
 }
 
 impl Hash for ParkingKey {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        PARK.with(|park| {
-            let mut park = park.borrow_mut();
-            if let Some(plan) = park.as_mut() {
-                plan.countdown -= 1;
-                if plan.countdown == 0 {
-                    let plan = park.take().expect("just seen");
-                    plan.parked.send(()).expect("the test waits for the park");
-                    plan.resume.recv().expect("the test resumes the thread");
-                }
-            }
-        });
+        step_towards_park(&PARK);
         self.0.hash(state);
     }
 }
@@ -127,9 +162,9 @@ fn requests_in_flight_across_a_rule_change_and_a_sweep_never_start_the_client_af
 fn a_first_request_preempted_before_its_insert_does_not_start_a_second_limiter() {
     for algorithm in Algorithm::ALL {
         for others_while_parked in [false, true] {
-            let clock = FakeClock::new();
+            let clock = ParkingClock::default();
             let old = Rule::per_second(5).unwrap();
-            let service: Arc<ParkingService> =
+            let service: Arc<RateLimiterService<ParkingKey, &str, ParkingClock>> =
                 Arc::new(RateLimiterService::new(algorithm, [("free", old)], clock).unwrap());
             // Another client first, so that the map has a table and the lookup hashes.
             assert!(service.allow(&ParkingKey(1), &"free").unwrap());
@@ -139,8 +174,16 @@ fn a_first_request_preempted_before_its_insert_does_not_start_a_second_limiter()
                 let service = Arc::clone(&service);
                 let client = client.clone();
                 std::thread::spawn(move || {
-                    // Hash 1: the lookup (finds nothing); hash 2: the insert.
-                    let (parked, resume) = park_at_hash(2);
+                    let (parked, resume) = if algorithm == Algorithm::SlidingWindowLog {
+                        // The sliding log's map: hash 1, the lookup (finds nothing); hash 2,
+                        // the insert.
+                        park_at_hash(2)
+                    } else {
+                        // The store of one-word states: its lookup finds nothing, then the
+                        // insert reads the clock, after the plan's limits and before the slot
+                        // is taken.
+                        park_at_reading(1)
+                    };
                     ready_tx.send((parked, resume)).unwrap();
                     service.allow(&client, &"free").unwrap()
                 })

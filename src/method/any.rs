@@ -7,7 +7,7 @@
 //! as retired ([`Retired`]), so that the service replaces it.
 
 use super::Method;
-use super::client_state::ClientState;
+use super::client_state::{ClientState, StateRef};
 use super::fixed_window::WindowParams;
 use super::sliding_window_counter::CounterParams;
 use super::sliding_window_log::LogParams;
@@ -16,6 +16,7 @@ use super::word::Reservation;
 use crate::clock::Clock;
 use crate::decision::{Admit, Retired};
 use crate::error::RuleError;
+use crate::sync::AtomicWord;
 use crate::{Algorithm, Decision, Rule};
 
 /// One limit's constants, for any method.
@@ -39,18 +40,15 @@ macro_rules! on_params {
     };
 }
 
-/// The arms of a match on `AnyParams` and a `ClientState`: `$body` with `$params` bound to the
+/// The arms of a match on `AnyParams` and a state (anything that is a [`StateRef`]): `$body` with `$params` bound to the
 /// method's constants and `$state` to the state's shape that method keeps, else `$other`.
 macro_rules! on_state {
     ($any:expr, $client:expr, $params:ident, $state:ident => $body:expr, else $other:expr) => {
-        match ($any, $client) {
-            (AnyParams::TokenBucket($params), ClientState::Word(_, $state)) => $body,
-            (AnyParams::FixedWindow($params), ClientState::Word(_, $state)) => $body,
-            (AnyParams::SlidingWindowCounter($params), ClientState::Word(_, $state)) => $body,
-            (AnyParams::SlidingWindowLog($params), ClientState::Ring(_, ring)) => {
-                let $state = &**ring;
-                $body
-            }
+        match ($any, $client.into()) {
+            (AnyParams::TokenBucket($params), StateRef::Word($state)) => $body,
+            (AnyParams::FixedWindow($params), StateRef::Word($state)) => $body,
+            (AnyParams::SlidingWindowCounter($params), StateRef::Word($state)) => $body,
+            (AnyParams::SlidingWindowLog($params), StateRef::Ring($state)) => $body,
             _ => $other,
         }
     };
@@ -131,9 +129,9 @@ impl AnyParams {
 
     /// See [`Method::acquire`].
     #[inline]
-    pub(crate) fn acquire(
+    pub(crate) fn acquire<'s, A: AtomicWord + 's>(
         &self,
-        state: &ClientState,
+        state: impl Into<StateRef<'s, A>>,
         n: u64,
         clock: &impl Clock,
     ) -> Result<Decision, Retired> {
@@ -143,9 +141,9 @@ impl AnyParams {
 
     /// See [`Method::acquire_one`].
     #[inline(always)]
-    pub(crate) fn acquire_one(
+    pub(crate) fn acquire_one<'s, A: AtomicWord + 's>(
         &self,
-        state: &ClientState,
+        state: impl Into<StateRef<'s, A>>,
         clock: &impl Clock,
     ) -> Result<Admit, Retired> {
         on_state!(self, state, params, state => Method::acquire_one(params, state, clock),
@@ -155,9 +153,9 @@ impl AnyParams {
     /// See [`Method::acquire_one_uncounted`].
     #[cfg(feature = "tower")]
     #[inline]
-    pub(crate) fn acquire_one_uncounted(
+    pub(crate) fn acquire_one_uncounted<'s, A: AtomicWord + 's>(
         &self,
-        state: &ClientState,
+        state: impl Into<StateRef<'s, A>>,
         clock: &impl Clock,
     ) -> Result<Decision, Retired> {
         on_state!(self, state, params, state => Method::acquire_one_uncounted(params, state, clock),
@@ -166,9 +164,9 @@ impl AnyParams {
 
     /// See [`Method::peek`].
     #[inline]
-    pub(crate) fn peek(
+    pub(crate) fn peek<'s, A: AtomicWord + 's>(
         &self,
-        state: &ClientState,
+        state: impl Into<StateRef<'s, A>>,
         clock: &impl Clock,
     ) -> Result<Decision, Retired> {
         on_state!(self, state, params, state => Method::peek(params, state, clock),
@@ -176,9 +174,9 @@ impl AnyParams {
     }
 
     /// See [`Method::dry_run`].
-    pub(crate) fn dry_run(
+    pub(crate) fn dry_run<'s, A: AtomicWord + 's>(
         &self,
-        state: &ClientState,
+        state: impl Into<StateRef<'s, A>>,
         n: u64,
         clock: &impl Clock,
     ) -> Result<Decision, Retired> {
@@ -187,16 +185,20 @@ impl AnyParams {
     }
 
     /// See [`Method::would_roll`].
-    pub(crate) fn would_roll(&self, state: &ClientState, clock: &impl Clock) -> bool {
+    pub(crate) fn would_roll<'s, A: AtomicWord + 's>(
+        &self,
+        state: impl Into<StateRef<'s, A>>,
+        clock: &impl Clock,
+    ) -> bool {
         on_state!(self, state, params, state => Method::would_roll(params, state, clock),
             else false)
     }
 
     /// See [`Method::reserve`].
     #[inline]
-    pub(crate) fn reserve(
+    pub(crate) fn reserve<'s, A: AtomicWord + 's>(
         &self,
-        state: &ClientState,
+        state: impl Into<StateRef<'s, A>>,
         n: u64,
         clock: &impl Clock,
     ) -> Result<(Decision, Option<Reservation>), Retired> {
@@ -205,9 +207,9 @@ impl AnyParams {
     }
 
     /// See [`Method::undo`].
-    pub(crate) fn undo(
+    pub(crate) fn undo<'s, A: AtomicWord + 's>(
         &self,
-        state: &ClientState,
+        state: impl Into<StateRef<'s, A>>,
         n: u64,
         granted: &Decision,
         reservation: Reservation,
@@ -228,19 +230,25 @@ impl AnyParams {
     }
 
     /// Retires `state` whatever it holds, so that no acquire can succeed on it any more (for a
-    /// client that moved to another plan or rule).
-    pub(crate) fn retire_now(&self, state: &ClientState) {
-        if let ClientState::Several(_, several) = state {
-            several.retire_now();
-            return;
+    /// client that moved to another plan or rule). Returns whether this call did (false if it
+    /// already was).
+    pub(crate) fn retire_now<'s, A: AtomicWord + 's>(
+        &self,
+        state: impl Into<StateRef<'s, A>>,
+    ) -> bool {
+        let state = state.into();
+        if let StateRef::Several(several) = state {
+            return several.retire_now();
         }
-        on_state!(self, state, params, state => {
-            Method::retire_now(params, state);
-        }, else ())
+        on_state!(self, state, params, state => Method::retire_now(params, state), else false)
     }
 
     /// Retires `state` if it is indistinguishable from a fresh one at `now_nanos`.
-    pub(crate) fn retire_if_idle(&self, state: &ClientState, now_nanos: u64) -> bool {
+    pub(crate) fn retire_if_idle<'s, A: AtomicWord + 's>(
+        &self,
+        state: impl Into<StateRef<'s, A>>,
+        now_nanos: u64,
+    ) -> bool {
         on_state!(self, state, params, state => Method::retire_if_idle(params, state, now_nanos),
             else false)
     }

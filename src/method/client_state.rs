@@ -7,15 +7,15 @@
 
 use super::several_limits::SeveralLimits;
 use super::sliding_window_log::LogRing;
-use crate::sync::Word;
+use crate::sync::{AtomicWord, Word};
 
 /// The version of a plan's limits that a client's state was made under (the service's plan
 /// table numbers them).
 ///
-/// 32 bits, so that it sits beside [`ClientState`]'s tag: a one-word state takes 16 bytes, and a
-/// service entry with a `u64` key 24, the allocator's smallest chunk. The plan table refuses a
-/// change that would take a plan past `Version::MAX`.
-pub(crate) type Version = u32;
+/// 16 bits: the service's store of one-word states keeps it in each slot's tag beside a 47-bit
+/// fingerprint of the key (see `service/store.rs`). The plan table refuses a change that would
+/// take a plan past `Version::MAX`.
+pub(crate) type Version = u16;
 
 /// One client's state, and the version of its plan's limits it was made under (0 for the
 /// per-limit states inside [`ClientState::Several`], whose own version is the one that counts).
@@ -53,5 +53,44 @@ impl ClientState {
             | ClientState::Several(made_under, _) => *made_under = version,
         }
         self
+    }
+}
+
+/// A client's state borrowed in its shape, whatever holds it: a service's entry
+/// ([`ClientState`]), or a word kept elsewhere (the service's store of one-word states, which
+/// decides through a view of its slot's word: `A`).
+#[derive(Debug)]
+pub(crate) enum StateRef<'s, A = Word> {
+    /// A one-word method's word.
+    Word(&'s A),
+    /// The sliding log's ring.
+    Ring(&'s LogRing<A>),
+    /// The states of a plan of several limits.
+    Several(&'s SeveralLimits),
+}
+
+impl<A> Clone for StateRef<'_, A> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<A> Copy for StateRef<'_, A> {}
+
+impl<'s> From<&'s ClientState> for StateRef<'s> {
+    #[inline]
+    fn from(state: &'s ClientState) -> Self {
+        match state {
+            ClientState::Word(_, word) => StateRef::Word(word),
+            ClientState::Ring(_, ring) => StateRef::Ring(ring),
+            ClientState::Several(_, several) => StateRef::Several(several),
+        }
+    }
+}
+
+impl<'s, A: AtomicWord> From<&'s A> for StateRef<'s, A> {
+    #[inline]
+    fn from(word: &'s A) -> Self {
+        StateRef::Word(word)
     }
 }

@@ -15,7 +15,7 @@ use crate::error::RuleError;
 use crate::method::Method;
 use crate::method::standalone::{Standalone, Wraps};
 use crate::method::word::{self, Reservation, Step};
-use crate::sync::{AtomicWord, Ordering};
+use crate::sync::{AtomicWord, Ordering, OwnedWord};
 use crate::{Algorithm, Rule};
 
 /// Set on a word retired for eviction; no permit is granted from it.
@@ -348,7 +348,7 @@ impl Method for WindowParams {
         self.origin_nanos
     }
 
-    fn fresh<A: AtomicWord>(&self, since_nanos: u64) -> A {
+    fn fresh<A: OwnedWord>(&self, since_nanos: u64) -> A {
         A::new(self.empty_since(since_nanos))
     }
 

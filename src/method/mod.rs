@@ -31,7 +31,7 @@ use crate::clock::Clock;
 use crate::decision::{Admit, Decision, Retired};
 use crate::error::RuleError;
 use crate::rule::Rule;
-use crate::sync::{AtomicWord, Word};
+use crate::sync::{AtomicWord, OwnedWord, Word};
 use word::Reservation;
 
 /// A method: its constants for one rule, deciding on one client's state. Each method's file
@@ -65,7 +65,7 @@ pub trait Method: Copy + Sized {
     /// The state of a client that has taken nothing yet, as of `since_nanos`: identical to a
     /// fresh one for any reading from then on, and stricter for earlier readings, so that it is
     /// at least as strict as any state retired as idle at or before `since_nanos`.
-    fn fresh<A: AtomicWord>(&self, since_nanos: u64) -> Self::State<A>;
+    fn fresh<A: OwnedWord>(&self, since_nanos: u64) -> Self::State<A>;
 
     /// What a fresh state (as of `since_nanos`) would report, without keeping one: a peek, or
     /// with `zero_permits` an acquire of 0 permits.

@@ -47,7 +47,7 @@ use super::client_state::ClientState;
 use crate::clock::Clock;
 use crate::decision::{Decision, Retired};
 use crate::method::word::{self, Reservation, Step};
-use crate::sync::{AtomicWord, Ordering, Word};
+use crate::sync::{AtomicWord, Ordering, OwnedWord, Word};
 
 /// The gate of a retired entry.
 const RETIRED: u64 = u64::MAX;
@@ -68,12 +68,14 @@ pub struct Gate<A> {
     word: A,
 }
 
-impl<A: AtomicWord> Gate<A> {
+impl<A: OwnedWord> Gate<A> {
     /// An open gate: nothing granted yet.
     pub fn new() -> Self {
         Gate { word: A::new(0) }
     }
+}
 
+impl<A: AtomicWord> Gate<A> {
     /// Whether the gate is retired (an early exit only: [`Gate::commit`] decides).
     pub fn is_retired(&self) -> bool {
         // Relaxed: see above.
@@ -99,8 +101,8 @@ impl<A: AtomicWord> Gate<A> {
     }
 
     /// Retires the gate whatever it holds.
-    pub fn retire_now(&self) {
-        word::retire_now(&self.word, |gate| (gate != RETIRED).then_some(RETIRED));
+    pub fn retire_now(&self) -> bool {
+        word::retire_now(&self.word, |gate| (gate != RETIRED).then_some(RETIRED))
     }
 
     /// Retires the gate if every committed permit has left its limit by `now_nanos`. One
@@ -132,7 +134,7 @@ impl<A: AtomicWord> Gate<A> {
     }
 }
 
-impl<A: AtomicWord> Default for Gate<A> {
+impl<A: OwnedWord> Default for Gate<A> {
     fn default() -> Self {
         Self::new()
     }
@@ -324,8 +326,8 @@ impl SeveralLimits {
     }
 
     /// Retires the entry whatever it holds (a client whose plan changed its limits).
-    pub(crate) fn retire_now(&self) {
-        self.gate.retire_now();
+    pub(crate) fn retire_now(&self) -> bool {
+        self.gate.retire_now()
     }
 
     /// Retires the entry if every permit it granted has left its limit by `now_nanos`.

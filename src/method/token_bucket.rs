@@ -17,7 +17,7 @@ use crate::error::RuleError;
 use crate::method::Method;
 use crate::method::standalone::{Standalone, Wraps};
 use crate::method::word::{self, Reservation, Step};
-use crate::sync::{AtomicWord, Ordering};
+use crate::sync::{AtomicWord, Ordering, OwnedWord};
 use crate::{Algorithm, Rule};
 
 /// The TAT of a retired bucket: no acquire can succeed from it (see `retire_if_idle`).
@@ -340,7 +340,7 @@ impl Method for GcraParams {
         self.origin_nanos
     }
 
-    fn fresh<A: AtomicWord>(&self, since_nanos: u64) -> A {
+    fn fresh<A: OwnedWord>(&self, since_nanos: u64) -> A {
         A::new(self.full_since(since_nanos))
     }
 

@@ -14,7 +14,7 @@ use crate::plans::{Plans, Together, limits_of};
 use crate::sync::Word;
 use crate::{Algorithm, PlanError, Rule};
 
-/// Builds a [`RateLimiterService`] with a chosen hasher or initial capacity.
+/// Builds a [`RateLimiterService`] with a chosen hasher or capacity.
 ///
 /// # Examples
 ///
@@ -35,7 +35,8 @@ pub struct ServiceBuilder<P, C, S = RandomState> {
     clock: C,
     plans: Vec<(P, Vec<Rule>)>,
     hasher: S,
-    capacity: usize,
+    /// Clients per plan; `None` for [`ServiceBuilder::DEFAULT_CAPACITY`].
+    capacity: Option<usize>,
     count_decisions: bool,
 }
 
@@ -47,16 +48,21 @@ impl<P: Eq + fmt::Debug, C: Clock> ServiceBuilder<P, C> {
             clock,
             plans: Vec::new(),
             hasher: RandomState::new(),
-            capacity: 0,
+            capacity: None,
             count_decisions: false,
         }
     }
 }
 
 impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher + Clone> ServiceBuilder<P, C, S> {
-    /// The largest initial capacity a service may be built with: 2^28 clients, whose table
-    /// takes a few GiB up front. Larger maps come from growth, as clients arrive.
+    /// The most clients a service may hold over all its plans: 2^28, whose tables take 4.25 GiB
+    /// up front with a one-word method.
     pub const MAX_CAPACITY: usize = 1 << 28;
+
+    /// The clients each plan holds unless [`ServiceBuilder::capacity`] says otherwise: 65,536
+    /// (about 1.1 MiB per plan with a one-word method), or fewer where more than 4,096 plans
+    /// would take the service past [`ServiceBuilder::MAX_CAPACITY`].
+    pub const DEFAULT_CAPACITY: usize = 1 << 16;
 
     /// Adds `plan` with its `rule`.
     pub fn plan(mut self, plan: P, rule: Rule) -> Self {
@@ -124,13 +130,21 @@ impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher + Clone> ServiceBuilder<P, C, 
         self
     }
 
-    /// Room for `capacity` clients under each plan before that plan's map first grows (each
-    /// plan has its own map, so that a lookup hashes only the client's key). The tables are
-    /// allocated when the service is built (about 10 to 20 bytes per client of capacity), so
-    /// [`build`](ServiceBuilder::build) refuses more than [`ServiceBuilder::MAX_CAPACITY`] over
-    /// all plans; the maps still grow past their capacity as clients arrive.
+    /// The most clients each plan holds (each plan has its own table, so that a lookup hashes
+    /// only the client's key), rounded up to a multiple of 8. With the token bucket, the fixed
+    /// window or the sliding window counter, each plan's table is allocated when the service is
+    /// built, 17 bytes per client of capacity, and never grows: a new client whose slots are all
+    /// taken reuses an idle client's slot (no answer changes), else evicts the client closest to
+    /// fresh among the 16 slots its key may use (counted by
+    /// [`RateLimiterService::evictions`](crate::RateLimiterService::evictions); an evicted
+    /// client starts afresh on its next request, which can give it at most one limit's worth
+    /// more, once). The sliding log's clients, and those of a plan of several limits, are kept in
+    /// a map presized to `capacity`, which grows past it as clients arrive.
+    ///
+    /// [`build`](ServiceBuilder::build) refuses 0, and more than
+    /// [`ServiceBuilder::MAX_CAPACITY`] over all plans.
     pub fn capacity(mut self, capacity: usize) -> Self {
-        self.capacity = capacity;
+        self.capacity = Some(capacity);
         self
     }
 
@@ -142,12 +156,19 @@ impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher + Clone> ServiceBuilder<P, C, 
     /// the plans (none, more than the service can tell apart, one twice, a plan's limits too
     /// few, too many, repeated, or not honoured by the method, naming the plan).
     pub fn build<K: Hash + Eq>(self) -> Result<RateLimiterService<K, P, C, S>, ServiceError> {
-        if self.capacity.saturating_mul(self.plans.len().max(1)) > Self::MAX_CAPACITY {
-            return Err(ServiceError::CapacityTooLarge {
-                capacity: self.capacity,
-                max: Self::MAX_CAPACITY / self.plans.len().max(1),
-            });
-        }
+        let plan_count = self.plans.len().max(1);
+        let most_per_plan = Self::MAX_CAPACITY / plan_count;
+        let capacity = match self.capacity {
+            None => Self::DEFAULT_CAPACITY.min(most_per_plan),
+            Some(0) => return Err(ServiceError::CapacityZero),
+            Some(capacity) if capacity.saturating_mul(plan_count) > Self::MAX_CAPACITY => {
+                return Err(ServiceError::CapacityTooLarge {
+                    capacity,
+                    max: most_per_plan,
+                });
+            }
+            Some(capacity) => capacity,
+        };
         let checked = Plans::new(self.algorithm, Together::GivingBack, self.plans)?;
         // Every rule's timeline starts here, so that a limiter's horizon is counted from the
         // service's start, wherever the clock's origin lies.
@@ -164,12 +185,18 @@ impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher + Clone> ServiceBuilder<P, C, 
             .collect::<Result<Vec<_>, PlanError>>()?;
         // Blocking resizes: the default incremental mode, filled by inserts, was measured to leave
         // lookups about ten times slower and to collapse multi-threaded throughput.
+        // Only the sliding log keeps every client in a map; under the other methods the map holds
+        // only the clients of plans of several limits, and starts small.
+        let map_capacity = if self.algorithm == Algorithm::SlidingWindowLog {
+            capacity
+        } else {
+            0
+        };
         let hasher = self.hasher;
-        let capacity = self.capacity;
         let new_map = || {
             papaya::HashMap::builder()
                 .hasher(hasher.clone())
-                .capacity(capacity)
+                .capacity(map_capacity)
                 .resize_mode(ResizeMode::Blocking)
                 .build()
         };
@@ -180,9 +207,11 @@ impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher + Clone> ServiceBuilder<P, C, 
                 start_nanos,
                 plans,
                 self.count_decisions,
+                capacity,
                 new_map,
             ),
             clock: self.clock,
+            hasher,
         })
     }
 }

@@ -18,6 +18,7 @@ mod plan_table;
 mod protocol;
 mod rate_limiter;
 pub(crate) mod stats;
+mod store;
 mod sweeper;
 
 pub use builder::ServiceBuilder;
@@ -30,3 +31,9 @@ pub use sweeper::Sweeper;
 pub use client_map::{ClientMap, LoomClientMap, MapFault};
 #[cfg(feature = "loom")]
 pub use protocol::{Acquired, Fresh, MapGuard, Pinned, Request, Versioned, decide, sweep};
+/// The store of one-word states and its protocol, for the loom models (`tollgate::loom_support`).
+#[cfg(feature = "loom")]
+pub use store::{
+    ClientStore, Place, SlotWord, StoreFault, StoreHead, StorePlan, Stored, WordLimit, WordRequest,
+    decide as decide_in_store,
+};

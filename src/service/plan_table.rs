@@ -3,14 +3,15 @@
 //!
 //! Requests read a plan's limits on every decision, so reads take no lock and never wait for a
 //! writer. Each version of a plan's limits is an immutable [`PlanVersion`], published whole
-//! through one atomic pointer, and read under the guard that a request already holds for its
-//! lookup in the plan's client map ([`PinnedPlan`]). A change publishes a new version, then
-//! retires the old one through that map's collector (seize, papaya's own memory reclamation),
-//! which frees it only once no guard that could have read it remains. A read therefore returns
-//! one version whole, with its number, copied out under its guard. Changes are rare and
-//! serialized by a mutex that readers never touch. (A request stalled inside its lookup, in a
-//! key's `Hash` say, holds back the freeing of every version replaced meanwhile, as it holds
-//! back papaya's own garbage: bounded by the changes made in that time, and freed after.)
+//! through one atomic pointer and copied out by the reader. A version is never freed while the
+//! table lives: a change keeps the version it replaces (one `PlanVersion`, a few hundred bytes),
+//! so a read needs no guard, and a plan changes at most `Version::MAX` (65,535) times. Changes
+//! are rare and serialized by a mutex that readers never touch.
+//!
+//! Each plan's clients are kept in one of two places, by the shape of their state: a
+//! [`ClientStore`] of fixed size for one-word states (one limit of the token bucket, the fixed
+//! window or the sliding window counter), and a papaya map for the others (the sliding log's
+//! rings, and the states of a plan of several limits), whose entries are allocated one by one.
 
 // The one module with unsafe code: the reads and the reclamation of published versions, each
 // block with why it is sound.
@@ -19,14 +20,15 @@
 use std::sync::Mutex;
 use std::sync::atomic::AtomicPtr;
 
-use papaya::{Guard, LocalGuard};
+use papaya::LocalGuard;
 
 use super::protocol::ClientEntry;
 use super::stats::{DecisionCounts, PlanStats};
+use super::store::{ClientStore, StoreHead, StorePlan};
 use crate::method::any::AnyParams;
 use crate::method::client_state::Version;
 use crate::method::several_limits::SeveralLimits;
-use crate::sync::Ordering;
+use crate::sync::{Ordering, Word};
 use crate::{Algorithm, Rule, RuleError};
 
 /// One version of a plan's limits, never changed once published.
@@ -36,12 +38,6 @@ pub(crate) struct PlanVersion {
     count: usize,
     limits: [AnyParams; SeveralLimits::MAX_LIMITS],
 }
-
-// seize may free a replaced version on whichever thread reclaims it.
-const _: fn() = || {
-    fn is_send<T: Send>() {}
-    is_send::<PlanVersion>();
-};
 
 impl PlanVersion {
     /// `limits` (1 to [`SeveralLimits::MAX_LIMITS`] of them) as version `version`.
@@ -94,10 +90,13 @@ pub(crate) struct PlanHead {
 /// One plan: its name, its clients, its current limits, its counts.
 struct PlanEntry<K, P, S> {
     plan: P,
+    /// Clients whose state is not one word (see the module's docs).
     clients: papaya::HashMap<K, ClientEntry, S>,
-    /// The current [`PlanVersion`], a `Box` of it, owned by the table: read only under a guard
-    /// of `clients` (see [`PinnedPlan::limits`]); replaced ones are retired through that guard's
-    /// collector, the current one is freed when the table is dropped.
+    /// Clients whose state is one word; `None` where the service's method keeps none (the
+    /// sliding log).
+    store: Option<ClientStore<Word>>,
+    /// The current [`PlanVersion`], a `Box` of it, owned by the table (see [`read_version`]):
+    /// freed when the table is dropped; replaced ones are kept in [`PlanTable::replaced`].
     current: AtomicPtr<PlanVersion>,
     /// `None` unless the service was built to count decisions.
     counts: Option<DecisionCounts>,
@@ -107,8 +106,9 @@ impl<K, P, S> Drop for PlanEntry<K, P, S> {
     fn drop(&mut self) {
         let current = *self.current.get_mut();
         // SAFETY: `current` came from `Box::into_raw` (see `PlanTable::new` and
-        // `PlanTable::set_limits`) and is the table's own, never retired: only replaced versions
-        // are. `&mut self` means that no reader holds it any more.
+        // `PlanTable::set_limits`) and is the table's own: a replaced version is moved into
+        // `PlanTable::replaced` as a `Box`, the current one never is. `&mut self` means that no
+        // reader holds it any more.
         drop(unsafe { Box::from_raw(current) });
     }
 }
@@ -119,9 +119,17 @@ pub(crate) struct PinnedPlan<'t, K, S> {
     clients: &'t papaya::HashMap<K, ClientEntry, S>,
     guard: LocalGuard<'t>,
     current: &'t AtomicPtr<PlanVersion>,
+    has_store: bool,
 }
 
 impl<'t, K, S> PinnedPlan<'t, K, S> {
+    /// Whether the plan keeps its one-word clients in a store (then its map holds only the
+    /// clients of several limits).
+    #[inline]
+    pub(crate) fn has_store(&self) -> bool {
+        self.has_store
+    }
+
     /// The plan's clients.
     #[inline]
     pub(crate) fn clients(&self) -> &'t papaya::HashMap<K, ClientEntry, S> {
@@ -134,40 +142,66 @@ impl<'t, K, S> PinnedPlan<'t, K, S> {
         &self.guard
     }
 
-    /// What a decision under the plan's current limits needs first, copied out as
-    /// [`PinnedPlan::limits`] copies the whole: the version, whether the plan has several
-    /// limits (then read them all with [`PinnedPlan::limits`]), and the first limit.
+    /// What a decision under the plan's current limits needs first (see [`head_of`]).
     #[inline]
     pub(crate) fn head(&self) -> PlanHead {
-        // Acquire (seize strengthens it to SeqCst): as in `limits`.
-        let current = self.guard.protect(self.current, Ordering::Acquire);
-        // SAFETY: as in `limits`: valid while `guard` lives, and read whole before any other
-        // code runs.
-        let version = unsafe { &*current };
-        PlanHead {
-            version: version.version,
-            several: version.count > 1,
-            first: version.limits[0],
-        }
+        head_of(self.current)
     }
 
-    /// The plan's current limits, whole, with their version: a copy, so that nothing of a
-    /// published version is used after this call returns (the caller goes on to run user code,
-    /// a clock or a key's `Hash`, which may itself change the plan's limits and retire the
-    /// version; the copy needs nothing of seize beyond what it promises for the guard's life).
+    /// The plan's current limits, whole, with their version (see [`read_version`]).
     #[inline]
     pub(crate) fn limits(&self) -> PlanVersion {
-        // Acquire (seize strengthens it to SeqCst): pairs with the Release of the swap that
-        // published the version, so its contents are seen whole.
-        let current = self.guard.protect(self.current, Ordering::Acquire);
-        // SAFETY: `current` is never null (the table publishes only boxes), and points to a
-        // version that is either the current one, freed only with the table (which `'t`
-        // outlives), or one replaced since it was loaded: a replaced version is retired only
-        // through a guard of this very map's collector (`set_limits`), after it was swapped out,
-        // and seize frees nothing retired while a guard of that collector that could have loaded
-        // it (this `guard`, held for the borrow's life) is alive. No other code runs between the
-        // load and the copy, and published versions are never written again.
-        unsafe { *current }
+        read_version(self.current)
+    }
+}
+
+/// The version `current` points to, copied whole.
+#[inline]
+fn read_version(current: &AtomicPtr<PlanVersion>) -> PlanVersion {
+    // Acquire: pairs with the Release of the swap that published the version, so its contents
+    // are seen whole.
+    let version = current.load(Ordering::Acquire);
+    // SAFETY: `version` is never null (the table publishes only boxes), and points to a version
+    // that is either the current one or one replaced since it was loaded; the table frees
+    // neither while it lives (a replaced one is kept in `PlanTable::replaced`), and the caller
+    // borrows the table. Published versions are never written again.
+    unsafe { *version }
+}
+
+/// What a decision under the plan's current limits (at `current`) needs first, copied out as
+/// [`read_version`] copies the whole: the version, whether the plan has several limits (then
+/// read them all), and the first limit.
+#[inline]
+fn head_of(current: &AtomicPtr<PlanVersion>) -> PlanHead {
+    // Acquire: as in `read_version`.
+    let version = current.load(Ordering::Acquire);
+    // SAFETY: as in `read_version`.
+    let version = unsafe { &*version };
+    PlanHead {
+        version: version.version,
+        several: version.count > 1,
+        first: version.limits[0],
+    }
+}
+
+/// A plan's one-word clients ([`ClientStore`]) with its current limits, for a decision.
+#[derive(Clone, Copy)]
+pub(crate) struct StoredPlan<'t> {
+    pub(crate) store: &'t ClientStore<Word>,
+    current: &'t AtomicPtr<PlanVersion>,
+}
+
+impl StorePlan for StoredPlan<'_> {
+    type Limit = AnyParams;
+
+    #[inline]
+    fn head(&self) -> StoreHead<AnyParams> {
+        let head = head_of(self.current);
+        StoreHead {
+            version: head.version,
+            kept: !head.several,
+            limit: head.first,
+        }
     }
 }
 
@@ -183,8 +217,11 @@ pub(crate) struct PlanTable<K, P, S> {
     /// `AnyParams::new`).
     start_nanos: u64,
     plans: Box<[PlanEntry<K, P, S>]>,
-    /// Serializes rule changes; never taken on a decision.
-    change: Mutex<()>,
+    /// Every version a change replaced, kept until the table is dropped (see the module's
+    /// docs); its lock serializes rule changes, and is never taken on a decision. Boxed: a
+    /// reader may hold a version's address, which the vector's growth must not move.
+    #[allow(clippy::vec_box)]
+    replaced: Mutex<Vec<Box<PlanVersion>>>,
 }
 
 impl<K, P: std::fmt::Debug, S> std::fmt::Debug for PlanTable<K, P, S> {
@@ -198,13 +235,15 @@ impl<K, P: std::fmt::Debug, S> std::fmt::Debug for PlanTable<K, P, S> {
 
 impl<K, P, S> PlanTable<K, P, S> {
     /// A table of `plans`, each already checked against `algorithm` with timelines starting at
-    /// `start_nanos`, each with an empty client map from `new_map`. At most
+    /// `start_nanos`, each with an empty client map from `new_map` and, unless the method is
+    /// the sliding log, an empty store of `capacity` one-word clients. At most
     /// [`MAX_PLANS`](crate::plans::MAX_PLANS).
     pub(crate) fn new(
         algorithm: Algorithm,
         start_nanos: u64,
         plans: Vec<(P, Vec<AnyParams>)>,
         count_decisions: bool,
+        capacity: usize,
         mut new_map: impl FnMut() -> papaya::HashMap<K, ClientEntry, S>,
     ) -> Self {
         let shards = std::thread::available_parallelism()
@@ -219,11 +258,13 @@ impl<K, P, S> PlanTable<K, P, S> {
                 .map(|(plan, limits)| PlanEntry {
                     plan,
                     clients: new_map(),
+                    store: (algorithm != Algorithm::SlidingWindowLog)
+                        .then(|| ClientStore::new(capacity)),
                     current: AtomicPtr::new(Box::into_raw(Box::new(PlanVersion::new(0, &limits)))),
                     counts: count_decisions.then(|| DecisionCounts::new(shards)),
                 })
                 .collect(),
-            change: Mutex::new(()),
+            replaced: Mutex::new(Vec::new()),
         }
     }
 
@@ -242,9 +283,37 @@ impl<K, P, S> PlanTable<K, P, S> {
         self.plans.len()
     }
 
-    /// Every plan's client map.
-    pub(crate) fn client_maps(&self) -> impl Iterator<Item = &papaya::HashMap<K, ClientEntry, S>> {
-        self.plans.iter().map(|entry| &entry.clients)
+    /// How many clients the table holds, over every plan (at some instant during the call, map
+    /// by map and slot by slot).
+    pub(crate) fn clients(&self) -> usize
+    where
+        K: std::hash::Hash + Eq,
+        S: std::hash::BuildHasher,
+    {
+        self.plans
+            .iter()
+            .map(|entry| entry.clients.len() + entry.store.as_ref().map_or(0, ClientStore::clients))
+            .sum()
+    }
+
+    /// How many one-word states inserts have evicted, over every plan.
+    pub(crate) fn evictions(&self) -> u64 {
+        self.plans
+            .iter()
+            .filter_map(|entry| entry.store.as_ref())
+            .map(ClientStore::evictions)
+            .sum()
+    }
+
+    /// The one-word clients of the plan at `index`, with its current limits, if the method
+    /// keeps any.
+    #[inline]
+    pub(crate) fn stored(&self, index: usize) -> Option<StoredPlan<'_>> {
+        let entry = &self.plans[index];
+        Some(StoredPlan {
+            store: entry.store.as_ref()?,
+            current: &entry.current,
+        })
     }
 
     /// The client map of the plan at `index`, with a guard of it held, and the plan's limits
@@ -256,12 +325,13 @@ impl<K, P, S> PlanTable<K, P, S> {
             clients: &entry.clients,
             guard: entry.clients.guard(),
             current: &entry.current,
+            has_store: entry.store.is_some(),
         }
     }
 
     /// The current limits of the plan at `index`.
     pub(crate) fn read(&self, index: usize) -> PlanVersion {
-        self.pin(index).limits()
+        read_version(&self.plans[index].current)
     }
 
     /// The constants `rule` would have in this table, or why the method cannot honour it.
@@ -282,13 +352,12 @@ impl<K, P, S> PlanTable<K, P, S> {
         index: usize,
         limits: &[AnyParams],
     ) -> Result<bool, TooManyChanges> {
-        let _writer = self
-            .change
+        let mut replaced = self
+            .replaced
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let entry = &self.plans[index];
-        let pinned = self.pin(index);
-        let current = pinned.limits();
+        let current = read_version(&entry.current);
         // The same limits in another order are a change: the order is the plan's own (the
         // headers list the limits in it, and each client's states follow it).
         if current.as_slice() == limits {
@@ -298,14 +367,12 @@ impl<K, P, S> PlanTable<K, P, S> {
             return Err(TooManyChanges);
         };
         let next = Box::into_raw(Box::new(PlanVersion::new(version, limits)));
-        // Release: publishes the new version's contents to readers' Acquire loads. (Acquire: the
-        // replaced version is read no further here, but seize's swap takes one ordering.)
-        let replaced = pinned.guard().swap(&entry.current, next, Ordering::AcqRel);
-        // SAFETY: `replaced` came from `Box::into_raw`, and is no longer reachable by any thread
-        // that loads the pointer from now on; it is retired through a guard of the plan's map's
-        // collector, the one every reader protects it with (`PinnedPlan::limits`), exactly once
-        // (the mutex serializes changes, so no other change swapped it out).
-        unsafe { pinned.guard().defer_retire(replaced, seize::reclaim::boxed) };
+        // Release: publishes the new version's contents to readers' Acquire loads.
+        let old = entry.current.swap(next, Ordering::Release);
+        // SAFETY: `old` came from `Box::into_raw` and was the current version until the swap;
+        // the mutex serializes changes, so no other change took it out. Readers may still hold
+        // it: it is kept, not freed, until the table is dropped.
+        replaced.push(unsafe { Box::from_raw(old) });
         Ok(true)
     }
 
@@ -347,6 +414,7 @@ mod tests {
             0,
             vec![("free", vec![params(5)])],
             false,
+            8,
             papaya::HashMap::default,
         );
         // As if the plan had been changed `Version::MAX - 1` times.
@@ -376,11 +444,11 @@ mod tests {
             max: u64::from(Version::MAX),
         };
         assert!(error.to_string().contains("plan \"free\""), "{error}");
-        assert!(error.to_string().contains("4294967295"), "{error}");
+        assert!(error.to_string().contains("65535"), "{error}");
     }
 
     #[test]
-    fn readers_racing_changes_read_each_version_whole_and_old_versions_are_freed() {
+    fn readers_racing_changes_read_each_version_whole() {
         // Every version's limits are rules of `version + 1` per second, so a reader can tell a
         // mixed read; the changes retire thousands of versions while readers hold guards.
         let params = |limit| {
@@ -391,9 +459,10 @@ mod tests {
             0,
             vec![("plan", vec![params(1), params(1)])],
             false,
+            8,
             papaya::HashMap::default,
         );
-        let changes = 5_000_u32;
+        let changes: Version = 5_000;
         std::thread::scope(|scope| {
             for _ in 0..2 {
                 scope.spawn(|| {

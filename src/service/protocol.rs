@@ -18,13 +18,14 @@ use std::marker::PhantomData;
 
 use super::client_map::ClientMap;
 use super::plan_table::{PinnedPlan, PlanHead};
+use super::store::{SlotWord, WordLimit, WordRequest};
 use crate::Decision;
 use crate::clock::Clock;
 use crate::decision::{Admit, Retired};
 use crate::method::any::AnyParams;
-use crate::method::client_state::{ClientState, Version};
+use crate::method::client_state::{ClientState, StateRef, Version};
 use crate::method::several_limits::SeveralLimits;
-use crate::sync::{AtomicWord, Ordering};
+use crate::sync::{AtomicWord, Ordering, Word};
 #[cfg(feature = "tower")]
 use crate::verdict::Verdict;
 
@@ -33,9 +34,9 @@ use crate::verdict::Verdict;
 /// layer, a `Verdict` (`Checked`).
 pub(super) trait Answer: Sized {
     /// `Retired` when the state is retired (the caller moves to a fresh one).
-    fn acquire(
+    fn acquire<A: AtomicWord>(
         params: &AnyParams,
-        state: &ClientState,
+        state: StateRef<'_, A>,
         n: u64,
         clock: &impl Clock,
     ) -> Result<Self, Retired>;
@@ -56,9 +57,9 @@ pub(super) trait Answer: Sized {
 
 impl Answer for Decision {
     #[inline]
-    fn acquire(
+    fn acquire<A: AtomicWord>(
         params: &AnyParams,
-        state: &ClientState,
+        state: StateRef<'_, A>,
         n: u64,
         clock: &impl Clock,
     ) -> Result<Self, Retired> {
@@ -77,9 +78,9 @@ impl Answer for Decision {
 impl Answer for Admit {
     /// One permit (`n` is always 1 here).
     #[inline(always)]
-    fn acquire(
+    fn acquire<A: AtomicWord>(
         params: &AnyParams,
-        state: &ClientState,
+        state: StateRef<'_, A>,
         _n: u64,
         clock: &impl Clock,
     ) -> Result<Self, Retired> {
@@ -110,9 +111,9 @@ pub(super) struct Checked<const GRANT_FIGURES: bool>(pub(super) Verdict);
 #[cfg(feature = "tower")]
 impl<const GRANT_FIGURES: bool> Answer for Checked<GRANT_FIGURES> {
     #[inline]
-    fn acquire(
+    fn acquire<A: AtomicWord>(
         params: &AnyParams,
-        state: &ClientState,
+        state: StateRef<'_, A>,
         n: u64,
         clock: &impl Clock,
     ) -> Result<Self, Retired> {
@@ -475,6 +476,11 @@ impl<T: Answer, C, R: Fn(bool)> Asking<'_, T, C, R> {
     }
 }
 
+/// The answer of a request on a plan's map when the plan's current limits keep its clients in
+/// the plan's store instead (it has changed to one limit): the caller decides there.
+#[derive(Debug)]
+pub(super) struct InStore;
+
 impl<K, S, T, C, R> Request<PinnedPlan<'_, K, S>> for Asking<'_, T, C, R>
 where
     K: Hash + Eq,
@@ -483,7 +489,7 @@ where
     C: Clock,
     R: Fn(bool),
 {
-    type Answer = T;
+    type Answer = Result<T, InStore>;
 
     #[inline]
     fn fresh(
@@ -491,7 +497,7 @@ where
         pinned: &PinnedPlan<'_, K, S>,
         head: &PlanHead,
         since_nanos: u64,
-    ) -> Fresh<ClientEntry, T> {
+    ) -> Fresh<ClientEntry, Result<T, InStore>> {
         let (version, state) = if head.several {
             let limits = pinned.limits();
             if !limits.has_several() {
@@ -502,17 +508,20 @@ where
             if self.n == 0
                 && let Ok(answer) = T::acquire_several(&fresh, limits.as_slice(), 0, self.clock)
             {
-                return Fresh::Answer(self.counted(answer));
+                return Fresh::Answer(Ok(self.counted(answer)));
             }
             (limits.version(), ClientState::Several(0, Box::new(fresh)))
         } else {
+            if pinned.has_store() {
+                return Fresh::Answer(Err(InStore));
+            }
             let params = head.first;
             if self.n == 0 {
-                return Fresh::Answer(self.counted(T::from_decision(params.fresh_report(
+                return Fresh::Answer(Ok(self.counted(T::from_decision(params.fresh_report(
                     true,
                     since_nanos,
                     self.clock,
-                ))));
+                )))));
             }
             (head.version, params.fresh_state(since_nanos))
         };
@@ -527,7 +536,7 @@ where
         pinned: &PinnedPlan<'_, K, S>,
         head: &PlanHead,
         entry: &ClientEntry,
-    ) -> Result<Acquired<T>, Retired> {
+    ) -> Result<Acquired<Result<T, InStore>>, Retired> {
         let answer = match &entry.state {
             ClientState::Several(_, several) if head.several => {
                 let limits = pinned.limits();
@@ -536,8 +545,68 @@ where
                 }
                 T::acquire_several(several, limits.as_slice(), self.n, self.clock)?
             }
-            state => T::acquire(&head.first, state, self.n, self.clock)?,
+            state => T::acquire(&head.first, state.into(), self.n, self.clock)?,
         };
-        Ok(Acquired::Answer(self.counted(answer)))
+        Ok(Acquired::Answer(Ok(self.counted(answer))))
+    }
+}
+
+/// A request decided on a one-word state in a plan's store.
+impl<T, C, R> WordRequest<Word, AnyParams> for Asking<'_, T, C, R>
+where
+    T: Answer,
+    C: Clock,
+    R: Fn(bool),
+{
+    type Answer = T;
+
+    #[inline(always)]
+    fn acquire(&self, limit: &AnyParams, state: &SlotWord<'_, Word>) -> Result<T, Retired> {
+        T::acquire(limit, StateRef::Word(state), self.n, self.clock)
+    }
+
+    #[inline(always)]
+    fn answered(&self, answer: T) -> T {
+        self.counted(answer)
+    }
+}
+
+/// A clock stopped at one reading: the store's judgements of idleness and closeness to fresh
+/// take one reading for all the states they compare.
+struct Reading(u64);
+
+impl Clock for Reading {
+    #[inline]
+    fn now_nanos(&self) -> u64 {
+        self.0
+    }
+}
+
+/// One limit's constants, on a state word of the plan's store.
+impl WordLimit<Word> for AnyParams {
+    fn fresh(&self, since_nanos: u64) -> u64 {
+        match self.fresh_state(since_nanos) {
+            ClientState::Word(_, word) => word.into_inner(),
+            // The store holds only the methods of one word; a plan of the sliding log has none.
+            _ => unreachable!("a store holds only one-word states"),
+        }
+    }
+
+    fn retire_now(&self, state: &Word) -> bool {
+        AnyParams::retire_now(self, state)
+    }
+
+    fn retire_if_idle(&self, state: &Word, now_nanos: u64) -> bool {
+        AnyParams::retire_if_idle(self, state, now_nanos)
+    }
+
+    fn available(&self, state: &Word, now_nanos: u64) -> Option<u64> {
+        self.peek(state, &Reading(now_nanos))
+            .ok()
+            .map(|decision| decision.remaining())
+    }
+
+    fn is_idle(&self, state: &Word, now_nanos: u64) -> bool {
+        self.available(state, now_nanos) == Some(self.rule().limit())
     }
 }

@@ -10,13 +10,14 @@ use super::client_map::ClientMap;
 use super::plan_table::{PinnedPlan, PlanTable, PlanVersion};
 #[cfg(feature = "tower")]
 use super::protocol::Checked;
-use super::protocol::{self, Answer, Asking, ClientEntry, MAX_LOOKUP_TRIES};
+use super::protocol::{self, Answer, Asking, MAX_LOOKUP_TRIES};
+use super::store::{self, StorePlan, Stored};
 use crate::clock::Clock;
 use crate::decision::Admit;
 use crate::error::ServiceError;
 use crate::headers::LimitFigures;
 use crate::method::any::AnyParams;
-use crate::method::client_state::{ClientState, Version};
+use crate::method::client_state::{StateRef, Version};
 use crate::method::several_limits::SeveralLimits;
 use crate::plans::{Together, limits_of};
 use crate::sync::Word;
@@ -27,9 +28,14 @@ use crate::{Algorithm, Decision, MonotonicClock, PlanStats, Rule};
 /// Rate limits many clients, each by the rule of its plan.
 ///
 /// The service owns one limiter per client and plan, made on the client's first request under
-/// that plan (exactly one, even when first requests race), with the method the service was built
-/// for and the plan's rule. Limiters are kept in a lock-free [`papaya::HashMap`]; a request for a
-/// known client is a lookup and the limiter's own lock-free decision.
+/// for and the plan's rule. Under the token bucket, the fixed window and the sliding window
+/// counter, a plan's clients are kept in a table of fixed size
+/// ([`ServiceBuilder::capacity`]), one 16-byte slot per client, allocated when the service is
+/// built: a request for a known client is a probe of at most two buckets and the limiter's own
+/// lock-free decision, with no allocation and no lock; a new client takes a free or idle slot,
+/// else evicts the client closest to fresh among those its key may displace (see
+/// [`RateLimiterService::evictions`]). The sliding log's clients, and those of a plan of several
+/// limits, are kept in a lock-free [`papaya::HashMap`].
 ///
 /// A client's plan is the one its request names. A client moved to another plan starts afresh
 /// under it, from its next request; what it used under the old plan stays with the old plan's
@@ -72,6 +78,8 @@ pub struct RateLimiterService<K, P, C = MonotonicClock, S = RandomState> {
     /// so that one replacing a retired limiter is at least as strict for every reading, even one
     /// older than the sweep's (a clock stepped back, or another core's counter slightly behind).
     pub(super) evicted_up_to: Word,
+    /// Hashes keys for the plans' stores (each plan's map has a copy of its own).
+    pub(super) hasher: S,
 }
 
 impl<K, P, C, S> fmt::Debug for RateLimiterService<K, P, C, S>
@@ -85,14 +93,7 @@ where
         f.debug_struct("RateLimiterService")
             .field("plans", &self.plans)
             .field("clock", &self.clock)
-            .field(
-                "clients",
-                &self
-                    .plans
-                    .client_maps()
-                    .map(ClientMap::count)
-                    .sum::<usize>(),
-            )
+            .field("clients", &self.plans.clients())
             .finish()
     }
 }
@@ -149,9 +150,18 @@ where
         &self.clock
     }
 
-    /// How many clients the service holds a limiter for.
+    /// How many clients the service holds a limiter for (a scan of every plan's table: a
+    /// figure for monitoring, not for the request path).
     pub fn len(&self) -> usize {
-        self.plans.client_maps().map(ClientMap::count).sum()
+        self.plans.clients()
+    }
+
+    /// How many clients were evicted so far: a new client found every slot its key may use
+    /// taken by a client that was not idle, and took the slot of the one closest to fresh (see
+    /// [`ServiceBuilder::capacity`]). Clients whose slot is reused while idle are not counted:
+    /// that changes no answer.
+    pub fn evictions(&self) -> u64 {
+        self.plans.evictions()
     }
 
     /// Whether the service holds no client.
@@ -183,8 +193,8 @@ where
     /// [`ServiceError::UnknownPlan`] when the service has no such plan,
     /// [`ServiceError::Plan`] when its method cannot honour `rule` (the old rule stays),
     /// [`ServiceError::TooManyRuleChanges`] when the plan's limits have already changed
-    /// `u32::MAX` times (each client's state records the version it was made under in 32 bits,
-    /// which keeps a client's entry small).
+    /// 65,535 times (each client's slot records the version its state was made under in 16
+    /// bits, beside the key's fingerprint, which keeps a client at 16 bytes).
     pub fn set_rule(&self, plan: &P, rule: Rule) -> Result<(), ServiceError> {
         self.set_limits(plan, [rule])
     }
@@ -244,13 +254,62 @@ where
             record: |allowed| self.plans.record(index, allowed),
             answer: PhantomData::<T>,
         };
-        protocol::decide(
-            &self.plans.pin(index),
-            client,
-            &request,
-            &self.evicted_up_to,
-            || Self::unstable_key(plan),
-        )
+        // A plan moves between its store and its map only when its limits change between one
+        // and several, so this goes round more than once only across such changes.
+        for _ in 0..MAX_LOOKUP_TRIES {
+            if let Some(stored) = self.plans.stored(index) {
+                let place = stored.store.place(self.hasher.hash_one(client));
+                let insert_reading = || {
+                    self.retire_in_map(index, client);
+                    self.clock.now_nanos()
+                };
+                match store::decide(
+                    stored.store,
+                    place,
+                    &stored,
+                    &request,
+                    &self.evicted_up_to,
+                    insert_reading,
+                ) {
+                    Stored::Answer(answer) => return Ok(answer),
+                    Stored::GaveUp => return Err(Self::unstable_key(plan)),
+                    Stored::Elsewhere => {}
+                }
+            }
+            // `Err(InStore)` (see `protocol::InStore`): the plan changed back to one limit meanwhile; decide in the store.
+            if let Ok(answer) = protocol::decide(
+                &self.plans.pin(index),
+                client,
+                &request,
+                &self.evicted_up_to,
+                || Self::unstable_key(plan),
+            )? {
+                return Ok(answer);
+            }
+        }
+        Err(Self::unstable_key(plan))
+    }
+
+    /// Retires and removes `client`'s entry in the map of the plan at `index`, if it has one:
+    /// before a state is put in the plan's store, so that a request still holding the map's
+    /// entry (made under the plan's earlier limits, of several) cannot be granted on it. A
+    /// lookup only where the plan has had several limits.
+    #[cold]
+    fn retire_in_map<Q>(&self, index: usize, client: &Q)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let pinned = self.plans.pin(index);
+        if pinned.clients().count() == 0 {
+            return;
+        }
+        if let Some(entry) = pinned.clients().get(client, pinned.guard()) {
+            pinned.head().first.retire_now(&entry.state);
+            pinned
+                .clients()
+                .remove_if_same(client, entry, pinned.guard());
+        }
     }
 
     /// The error of a decision that gave up looking its client up (see [`MAX_LOOKUP_TRIES`]);
@@ -275,25 +334,48 @@ where
     /// older than the sweep's). Memory therefore stays bounded by the clients active within one
     /// window, however many distinct clients pass through.
     pub fn sweep(&self) -> usize {
+        let now_nanos = self.clock.now_nanos();
         let plans = (0..self.plans.len()).map(|index| self.plans.pin(index));
-        protocol::sweep(&self.evicted_up_to, self.clock.now_nanos(), plans)
+        let from_maps = protocol::sweep(&self.evicted_up_to, now_nanos, plans);
+        let from_stores: usize = (0..self.plans.len())
+            .filter_map(|index| self.plans.stored(index))
+            .map(|stored| {
+                stored
+                    .store
+                    .sweep(&stored.head(), now_nanos, &self.evicted_up_to)
+            })
+            .sum();
+        from_maps + from_stores
     }
 
-    /// The plan's current limits, and `client`'s entry if it was made under them: read once,
+    /// The plan's current limits, and `client`'s state if it was made under them: read once,
     /// after the lookup, as `decide` does (see there), so that every figure taken from them
     /// comes from one version.
-    fn current_entry<'p, Q>(
+    fn current_state<'p, Q>(
+        &'p self,
+        index: usize,
         pinned: &'p PinnedPlan<'_, K, S>,
         client: &Q,
-    ) -> (PlanVersion, Option<&'p ClientEntry>)
+    ) -> (PlanVersion, Option<StateRef<'p>>)
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
         let entry = pinned.clients().get(client, pinned.guard());
+        let stored = self.plans.stored(index).and_then(|stored| {
+            let place = stored.store.place(self.hasher.hash_one(client));
+            stored.store.find(place)
+        });
         let limits = pinned.limits();
-        let entry = entry.filter(|entry| entry.state.version() == limits.version());
-        (limits, entry)
+        let state = match stored {
+            Some((version, word)) if !limits.has_several() => {
+                (version == limits.version()).then_some(StateRef::Word(word))
+            }
+            _ => entry
+                .filter(|entry| entry.state.version() == limits.version())
+                .map(|entry| StateRef::from(&entry.state)),
+        };
+        (limits, state)
     }
 
     /// The instant new limiters are made as of (see `protocol::made_as_of`).
@@ -385,11 +467,11 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let pinned = self.plans.pin(self.plan_index(plan)?);
-        let (limits, entry) = Self::current_entry(&pinned, client);
+        let index = self.plan_index(plan)?;
+        let pinned = self.plans.pin(index);
+        let (limits, state) = self.current_state(index, &pinned, client);
         if limits.has_several() {
-            if let Some(entry) = entry
-                && let ClientState::Several(_, several) = &entry.state
+            if let Some(StateRef::Several(several)) = state
                 && let Ok(decision) = several.peek(limits.as_slice(), &self.clock)
             {
                 return Ok(decision);
@@ -400,8 +482,8 @@ where
             }
         }
         let params = limits.first();
-        if let Some(entry) = entry
-            && let Ok(decision) = params.peek(&entry.state, &self.clock)
+        if let Some(state) = state
+            && let Ok(decision) = params.peek(state, &self.clock)
         {
             return Ok(decision);
         }
@@ -441,11 +523,12 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let pinned = self.plans.pin(self.plan_index(plan)?);
-        let (current, entry) = Self::current_entry(&pinned, client);
+        let index = self.plan_index(plan)?;
+        let pinned = self.plans.pin(index);
+        let (current, state) = self.current_state(index, &pinned, client);
         let limits = current.as_slice();
-        let several = entry.and_then(|entry| match &entry.state {
-            ClientState::Several(_, several) => several
+        let several = state.and_then(|state| match state {
+            StateRef::Several(several) => several
                 .peek_each(limits, &self.clock)
                 .ok()
                 .map(|each| each.map(|decision| LimitFigures::of(&decision)).collect()),

@@ -21,7 +21,7 @@ use crate::error::RuleError;
 use crate::method::Method;
 use crate::method::standalone::{Standalone, Wraps};
 use crate::method::word::{self, Reservation, Step};
-use crate::sync::{AtomicWord, Ordering};
+use crate::sync::{AtomicWord, Ordering, OwnedWord};
 use crate::{Algorithm, Rule};
 use weighting::Rolled;
 
@@ -340,7 +340,7 @@ impl Method for CounterParams {
         self.origin_nanos
     }
 
-    fn fresh<A: AtomicWord>(&self, since_nanos: u64) -> A {
+    fn fresh<A: OwnedWord>(&self, since_nanos: u64) -> A {
         A::new(self.empty_since(since_nanos))
     }
 

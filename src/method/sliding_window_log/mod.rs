@@ -17,7 +17,7 @@ use crate::decision::{Admit, Decision, Rejection, Retired};
 use crate::error::RuleError;
 use crate::method::Method;
 use crate::method::standalone::{Standalone, Wraps};
-use crate::sync::{AtomicWord, Ordering};
+use crate::sync::{AtomicWord, Ordering, OwnedWord};
 use crate::{Algorithm, Rule};
 pub use ring::LogRing;
 use ring::{
@@ -476,7 +476,7 @@ impl Method for LogParams {
         self.origin_nanos
     }
 
-    fn fresh<A: AtomicWord>(&self, since_nanos: u64) -> LogRing<A> {
+    fn fresh<A: OwnedWord>(&self, since_nanos: u64) -> LogRing<A> {
         LogRing::empty_since(self, since_nanos)
     }
 

@@ -6,7 +6,7 @@
 #![cfg_attr(not(feature = "loom"), allow(unreachable_pub))]
 
 use super::LogParams;
-use crate::sync::{AtomicWord, Ordering};
+use crate::sync::{AtomicWord, Ordering, OwnedWord};
 
 pub(super) const LAP_MARK: u64 = 1 << 63;
 pub(super) const EXPIRY_MASK: u64 = LAP_MARK - 1;
@@ -21,7 +21,7 @@ pub struct LogRing<A> {
     slots: Box<[A]>,
 }
 
-impl<A: AtomicWord> LogRing<A> {
+impl<A: OwnedWord> LogRing<A> {
     /// An empty ring for `params`: every slot expired, in the lap before the first.
     #[cfg(any(test, feature = "loom"))]
     pub fn new(params: &LogParams) -> LogRing<A> {
@@ -38,7 +38,9 @@ impl<A: AtomicWord> LogRing<A> {
             slots: (0..params.capacity).map(|_| A::new(expiry)).collect(),
         }
     }
+}
 
+impl<A: AtomicWord> LogRing<A> {
     /// How many slots the ring has. Counts over the ring use this, not a rule's limit, so that
     /// no index can pass its end whatever constants it is used with.
     #[inline]

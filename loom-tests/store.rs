@@ -1,0 +1,285 @@
+//! The service's store of one-word states (`service/store.rs`): its own protocol, `decide`,
+//! `insert` and `sweep`, run on loom's atomics with the token bucket's real state machine, in a
+//! table of one bucket of two slots (every key of the model shares it, so slots are fought over
+//! and reused).
+//!
+//! - A lookup racing an insert of the same key: first requests of one client make one state.
+//! - A rule change racing requests: the client starts afresh once across the change.
+//! - An eviction racing a decision on the state being evicted, and a slot reused for another
+//!   client while a stale request holds it: no grant is made but from a fresh state's permits.
+//! - A sweep racing requests: nothing is granted twice.
+//!
+//! `negative_controls` runs the first-request, rule-change and sweep checkers on broken
+//! variants of the store and shows that each is caught.
+
+use loom::sync::Arc;
+use loom::sync::atomic::{AtomicU64, Ordering};
+use loom::thread;
+
+use tollgate::loom_support::store::{
+    ClientStore, Place, SlotWord, StoreFault, StoreHead, StorePlan, Stored, WordLimit, WordRequest,
+    decide,
+};
+use tollgate::loom_support::{Admit, GcraParams, Method as Core, Retired};
+
+use crate::support::{FixedClock, explore};
+use crate::token_bucket::bucket;
+
+/// A token bucket's constants, as the store's plan hands them out.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ModelLimit(pub(crate) GcraParams);
+
+impl WordLimit<AtomicU64> for ModelLimit {
+    fn fresh(&self, since_nanos: u64) -> u64 {
+        self.0.full_since(since_nanos)
+    }
+
+    fn retire_now(&self, state: &AtomicU64) -> bool {
+        Core::retire_now(&self.0, state)
+    }
+
+    fn retire_if_idle(&self, state: &AtomicU64, now_nanos: u64) -> bool {
+        Core::retire_if_idle(&self.0, state, now_nanos)
+    }
+
+    fn available(&self, state: &AtomicU64, now_nanos: u64) -> Option<u64> {
+        Core::peek(&self.0, state, &FixedClock(now_nanos))
+            .ok()
+            .map(|decision| decision.remaining())
+    }
+
+    fn is_idle(&self, state: &AtomicU64, now_nanos: u64) -> bool {
+        self.available(state, now_nanos) == Some(Core::rule(&self.0).limit())
+    }
+}
+
+/// A plan whose version is one atomic word (a read of the table's published pointer is one
+/// atomic snapshot, as a word's load is), with the limit of each version.
+pub(crate) struct ModelPlan {
+    pub(crate) version: AtomicU64,
+    pub(crate) limits: [GcraParams; 2],
+}
+
+impl StorePlan for ModelPlan {
+    type Limit = ModelLimit;
+
+    fn head(&self) -> StoreHead<ModelLimit> {
+        // Acquire: as the table's read of its published version.
+        let version = self.version.load(Ordering::Acquire);
+        StoreHead {
+            version: version as u16,
+            kept: true,
+            limit: ModelLimit(self.limits[version as usize]),
+        }
+    }
+}
+
+/// One permit at a fixed reading; answers whether it was granted.
+pub(crate) struct ModelRequest {
+    pub(crate) now: u64,
+}
+
+impl WordRequest<AtomicU64, ModelLimit> for ModelRequest {
+    type Answer = bool;
+
+    fn acquire(
+        &self,
+        limit: &ModelLimit,
+        state: &SlotWord<'_, AtomicU64>,
+    ) -> Result<bool, Retired> {
+        Core::acquire_one(&limit.0, state, &FixedClock(self.now))
+            .map(|admit| admit == Admit::Granted)
+    }
+
+    fn answered(&self, answer: bool) -> bool {
+        answer
+    }
+}
+
+/// A service's store, plan and `evicted_up_to`, with one bucket of two slots. Every model's
+/// rule is a bucket of one permit per window, before and after the change.
+pub(crate) struct ModelStore {
+    pub(crate) store: ClientStore<AtomicU64, 2>,
+    pub(crate) plan: ModelPlan,
+    pub(crate) evicted_up_to: AtomicU64,
+}
+
+impl ModelStore {
+    /// A store for a plan of `limits[0]`, changed to `limits[1]` by [`ModelStore::change`],
+    /// with `fault` in its protocol.
+    pub(crate) fn new(limits: [GcraParams; 2], fault: StoreFault) -> Self {
+        ModelStore {
+            store: ClientStore::with_fault(2, fault),
+            plan: ModelPlan {
+                version: AtomicU64::new(0),
+                limits,
+            },
+            evicted_up_to: AtomicU64::new(0),
+        }
+    }
+
+    /// Where the client `key` lives (every key shares the one bucket; keys differ by
+    /// fingerprint).
+    pub(crate) fn place(&self, key: u64) -> Place {
+        self.store.place(key)
+    }
+
+    /// One permit for `key` at `now`, as the service decides it; whether it was granted.
+    pub(crate) fn request(&self, key: u64, now: u64) -> bool {
+        match decide(
+            &self.store,
+            self.place(key),
+            &self.plan,
+            &ModelRequest { now },
+            &self.evicted_up_to,
+            || now,
+        ) {
+            Stored::Answer(granted) => granted,
+            other => panic!("the store gave no answer: {other:?}"),
+        }
+    }
+
+    /// `set_rule`: publishes the plan's next version.
+    pub(crate) fn change(&self) {
+        // Release: as the table's publication.
+        self.plan.version.store(1, Ordering::Release);
+    }
+
+    /// The service's sweep of the store at `now`.
+    pub(crate) fn sweep(&self, now: u64) -> usize {
+        self.store
+            .sweep(&self.plan.head(), now, &self.evicted_up_to)
+    }
+}
+
+/// Key values: their fingerprints differ, and every one lives in the model's one bucket.
+pub(crate) const ALICE: u64 = 1;
+pub(crate) const BOB: u64 = 2;
+pub(crate) const CAROL: u64 = 3;
+
+/// Two first requests of one client race: one state is made, so a bucket of one grants once.
+/// Panics with "more than one state" otherwise.
+pub(crate) fn check_first_requests(fault: StoreFault) {
+    explore(3, move || {
+        let model = Arc::new(ModelStore::new([bucket(1), bucket(1)], fault));
+        // Every racing request on a thread of its own (not the model's main thread), so that
+        // loom interleaves them.
+        let [here, there] = [0, 1].map(|_| {
+            let model = Arc::clone(&model);
+            thread::spawn(move || model.request(ALICE, 0))
+        });
+        let here = here.join().expect("a request panicked");
+        let there = there.join().expect("a request panicked");
+        assert!(
+            !(here && there),
+            "more than one state for one client: both first requests granted"
+        );
+        assert!(here || there, "one of the first requests is granted");
+    });
+}
+
+/// A client that has used its one permit; the rule changes (to the same rule: the point is the
+/// version) while two requests race it. The client may start afresh once: at most one request
+/// is granted. Panics with "started afresh twice" otherwise.
+pub(crate) fn check_change_racing_requests(fault: StoreFault) {
+    explore(2, move || {
+        let model = Arc::new(ModelStore::new([bucket(1), bucket(1)], fault));
+        assert!(model.request(ALICE, 0), "the prefill is granted");
+        let changer = {
+            let model = Arc::clone(&model);
+            thread::spawn(move || model.change())
+        };
+        let other = {
+            let model = Arc::clone(&model);
+            thread::spawn(move || model.request(ALICE, 0))
+        };
+        let here = model.request(ALICE, 0);
+        changer.join().expect("the change panicked");
+        let there = other.join().expect("a request panicked");
+        assert!(
+            !(here && there),
+            "started afresh twice across one change: both requests granted"
+        );
+    });
+}
+
+/// Bob and Alice fill the bucket's two slots, each having used its one permit. Carol's first
+/// request evicts one of them while Alice asks again, her request holding the slot that
+/// Carol's state may then take (and her own re-insert may evict Carol's in turn). Every grant
+/// is taken from a fresh state, and every fresh state here comes from an eviction, of one
+/// permit: no more grants than evictions, however the requests and evictions interleave (a
+/// request that decided on a slot that changed hands meanwhile drops its answer and looks
+/// again). Panics with "more grants than" otherwise.
+pub(crate) fn check_eviction_racing_a_decision(fault: StoreFault) {
+    explore(3, move || {
+        let model = Arc::new(ModelStore::new([bucket(1), bucket(1)], fault));
+        for client in [BOB, ALICE] {
+            assert!(model.request(client, 0), "the prefill is granted");
+        }
+        // Both requests on threads of their own (not the model's main thread), so that loom
+        // interleaves them.
+        let carol = {
+            let model = Arc::clone(&model);
+            thread::spawn(move || model.request(CAROL, 0))
+        };
+        let alice = {
+            let model = Arc::clone(&model);
+            thread::spawn(move || model.request(ALICE, 0))
+        };
+        let alice = alice.join().expect("Alice's request panicked");
+        let carol = carol.join().expect("Carol's request panicked");
+        let evictions = model.store.evictions();
+        assert!(evictions >= 1, "a full bucket of active states evicts");
+        assert!(
+            u64::from(alice) + u64::from(carol) <= evictions,
+            "more grants than fresh states: Alice {alice}, Carol {carol}, {evictions} evictions"
+        );
+    });
+}
+
+/// Alice has used her permit; a sweep at the same instant frees only states indistinguishable
+/// from fresh, racing Bob's first two requests (his state is fresh until the first is granted,
+/// and may be retired then): Bob is granted once, never twice, and Alice's used permit stays
+/// used. Panics with "granted twice" or "stays used" otherwise.
+pub(crate) fn check_sweep_racing_requests(fault: StoreFault) {
+    explore(2, move || {
+        let model = Arc::new(ModelStore::new([bucket(1), bucket(1)], fault));
+        assert!(model.request(ALICE, 0), "Alice's permit");
+        let sweeper = {
+            let model = Arc::clone(&model);
+            thread::spawn(move || model.sweep(0))
+        };
+        let bob = {
+            let model = Arc::clone(&model);
+            thread::spawn(move || [model.request(BOB, 0), model.request(BOB, 0)])
+        };
+        sweeper.join().expect("the sweep panicked");
+        let [first, second] = bob.join().expect("Bob's requests panicked");
+        assert!(first, "Bob's first request is granted");
+        assert!(
+            !second,
+            "Bob granted twice: the sweep retired an active state"
+        );
+        assert!(!model.request(ALICE, 0), "Alice's used permit stays used");
+    });
+}
+
+#[test]
+fn store_first_requests_make_one_state() {
+    check_first_requests(StoreFault::None);
+}
+
+#[test]
+fn store_rule_change_racing_requests_starts_a_client_afresh_once() {
+    check_change_racing_requests(StoreFault::None);
+}
+
+#[test]
+fn store_eviction_racing_a_decision_never_grants_more_than_fresh_states() {
+    check_eviction_racing_a_decision(StoreFault::None);
+}
+
+#[test]
+fn store_sweep_racing_requests_never_grants_twice() {
+    check_sweep_racing_requests(StoreFault::None);
+}

@@ -1,0 +1,779 @@
+//! [`ClientStore`]: a plan's clients whose state is one word (the token bucket, the fixed window
+//! and the sliding window counter under one limit), in a table of fixed size allocated when the
+//! service is built: no allocation per client, no guard per decision, and memory bounded by the
+//! capacity whatever number of distinct keys passes through.
+//!
+//! # Layout
+//!
+//! Slots in buckets of `B` (8 in production): a bucket is `B` tag words then `B` state words,
+//! two cache lines. A slot's tag is `version (16 bits) | busy (1) | retiring (1) | generation
+//! (6) | fingerprint (40)`: free when the busy bit and the fingerprint are 0, *being filled* by
+//! the one thread that claimed it when the busy bit is set, and otherwise *live*: a state made
+//! under that version of the plan's limits for the key of that fingerprint (40 bits of the key's
+//! keyed hash, never 0). The generation counts the states the slot has held (wrapping at 64).
+//! The state word is the method's own (a TAT, a packed window).
+//!
+//! A slot changes hands only through its tag: a thread that retires a live state first sets the
+//! tag's retiring bit by an exchange from the tag it read, which exactly one thread wins for one
+//! holding of the slot; only that thread then retires the state, and frees the slot, fills it
+//! anew, or (when an idle state turned out active) puts the tag back. Decisions change only the
+//! state, by the method's own exchange, so a retirement never lands on a state other than the
+//! one whose tag it won. One lock word per bucket serializes the inserts of the keys whose
+//! home the bucket is; decisions never take it. A one-word client costs 16 bytes, and the locks
+//! one more per client.
+//!
+//! Keys are not stored: a key is its fingerprint and its two buckets (its *home*, from the
+//! hash's high bits, and another from a remix of it). Two keys share a state only if they share
+//! both the 40-bit fingerprint and a bucket: then they share one limit, never more than one
+//! limit's worth between them. With a keyed hash (the service's default is randomly seeded, so
+//! clients cannot aim at a collision), a key that is not held meets a stored one by chance with
+//! probability at most `2 B / 2^40`: about 1 in 7 * 10^10 per new key, so about one pair of
+//! clients in a service that sees 70 billion new keys (one in 7,000 over ten million).
+//!
+//! # Protocol
+//!
+//! - **Decision on a known client** ([`decide`]): probe the key's two buckets for its
+//!   fingerprint (Acquire loads of the tags), read the plan's current limits *after* the lookup,
+//!   decide on the state with the method's own compare-and-swap, and check that the slot's tag
+//!   is still the one found (else the answer is dropped and the decision looks again). A state
+//!   made under an earlier version is retired and its slot freed; a retired state (evicted,
+//!   swept or being replaced) makes the probe go on, and then insert.
+//! - **Insert** ([`ClientStore::insert`]), under the home bucket's lock: a live state for the
+//!   key put meanwhile is used; otherwise the first free slot of the two buckets is claimed
+//!   (compare-and-swap of its tag from 0 to `BUSY`); otherwise a slot is *reused*: one made
+//!   under an earlier version, else one whose state is indistinguishable from fresh (retired by
+//!   one exchange on its state, so a state that is admitting is never taken), else the state
+//!   closest to fresh among the two buckets (the most permits available), which is an
+//!   **eviction**, counted. The slot's new state is stored before its tag is published
+//!   (Release), so a reader that finds the tag sees the state.
+//! - **Sweep** ([`ClientStore::sweep`]): retires idle states and ones made under earlier
+//!   versions, and frees their slots. The store never needs it to take new clients (inserts
+//!   reuse idle slots themselves); it keeps [`ClientStore::len`] to the clients that are active.
+//!
+//! # What reuse can change
+//!
+//! Every state is retired by an exchange on its own word before its slot changes hands, and
+//! the service publishes the clock reading it retires at first (`evicted_up_to`), so a fresh
+//! state made afterwards is at least as strict as the retired one for every reading. Reusing an
+//! idle state changes no answer. An evicted client (one not idle, in a full pair of buckets) is
+//! started afresh on its next request: it can gain at most one limit's worth, once per eviction.
+//! A request that read a slot's tag before the slot changed hands may land its exchange on the
+//! slot's next state (its compare-and-swap retried on the word it found). Its check of the tag
+//! afterwards sees the change (the fresh state is stored with Release before its tag, and the
+//! request fences with Acquire), so the answer is dropped and the request decides again on its
+//! own client's state: the slot's next state keeps what was taken from it, which is stricter for
+//! its client, and the request's own client is granted nothing from another's state. (The
+//! generation in the tag tells the change apart even when the slot came back to the same key
+//! under the same version, unless it changed hands a multiple of 128 times during one decision.)
+
+// The store is public (doc-hidden) only for the `loom` feature's models.
+#![cfg_attr(not(feature = "loom"), allow(unreachable_pub))]
+
+use crate::decision::Retired;
+use crate::method::client_state::Version;
+use crate::sync::{AtomicWord, Ordering, OwnedWord};
+
+/// Slots per bucket in production: 8 tags fill one cache line, 8 states another.
+pub(crate) const SLOTS_PER_BUCKET: usize = 8;
+
+/// The fingerprint's bits in a tag: 40, never all 0 in a live tag.
+const FINGERPRINT: u64 = (1 << 40) - 1;
+/// Where the slot's generation starts in a tag: 6 bits, one more (wrapping) each time the slot
+/// takes a new state, so that a request can tell its slot changed hands while it decided even
+/// when the slot came back to the same key (see [`decide`]).
+const GENERATION_SHIFT: u32 = 40;
+/// The generation's bits in a tag.
+const GENERATION: u64 = 0x3f << GENERATION_SHIFT;
+/// The tag bit of a live slot taken by one thread to retire its state: set by an exchange from
+/// the live tag, so that exactly one thread retires the state of one tag's holding.
+const RETIRING: u64 = 1 << 46;
+/// The tag bit of a slot being filled (its fingerprint bits are 0: no key matches it).
+const BUSY: u64 = 1 << 47;
+/// Where the version starts in a tag.
+const VERSION_SHIFT: u32 = 48;
+
+/// The most times one decision inserts its client (each insert after the first follows a change
+/// another thread made meanwhile: a rule change, an eviction of the state just put).
+const MAX_INSERTS: u32 = 1_000;
+
+/// How many times an insert into a full pair of buckets looks for a state to evict, when each
+/// one it picks changes before it can retire it (each change is a grant to an active client).
+const EVICTION_TRIES: u32 = 4;
+
+/// The tag of a live state made under `version` for `fingerprint`, in a slot whose previous
+/// tag was `previous`: the next generation.
+#[inline]
+fn live_tag(version: Version, fingerprint: u64, previous: u64) -> u64 {
+    let generation = (previous & GENERATION).wrapping_add(1 << GENERATION_SHIFT) & GENERATION;
+    (u64::from(version) << VERSION_SHIFT) | generation | fingerprint
+}
+
+/// The tag of a free slot, or of a slot being filled (`busy`), that last held `previous`: it
+/// keeps the generation (and drops `RETIRING`).
+#[inline]
+fn idle_tag(previous: u64, busy: bool) -> u64 {
+    (previous & GENERATION) | if busy { BUSY } else { 0 }
+}
+
+/// Whether `tag` is a free slot's.
+#[inline]
+fn is_free(tag: u64) -> bool {
+    tag & (FINGERPRINT | BUSY) == 0
+}
+
+/// The version a live tag names.
+#[inline]
+fn version_of(tag: u64) -> Version {
+    // The shift leaves 16 bits, and a `Version` holds 16.
+    (tag >> VERSION_SHIFT) as Version
+}
+
+/// Whether `tag` names a live state (neither free nor being filled: both have a fingerprint of
+/// 0).
+#[inline]
+fn is_live(tag: u64) -> bool {
+    tag & FINGERPRINT != 0
+}
+
+/// Where a key lives: its fingerprint and its two buckets.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Place {
+    fingerprint: u64,
+    home: usize,
+    other: usize,
+}
+
+/// `B` slots: their tags, then their states.
+#[derive(Debug)]
+struct Bucket<W, const B: usize> {
+    tags: [W; B],
+    states: [W; B],
+}
+
+/// A plan's clients in a fixed table (see the module's docs).
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct ClientStore<W, const B: usize = SLOTS_PER_BUCKET> {
+    buckets: Box<[Bucket<W, B>]>,
+    /// One per bucket: 1 while an insert of a key whose home it is runs.
+    insert_locks: Box<[W]>,
+    /// How many states were evicted (taken from a client that was not idle).
+    evictions: W,
+    /// A broken step, for the loom models' negative controls.
+    #[cfg(feature = "loom")]
+    fault: StoreFault,
+}
+
+/// A broken step of the store's protocol, for the loom models' negative controls: each checker
+/// must fail on it.
+#[cfg(feature = "loom")]
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreFault {
+    /// No fault.
+    None,
+    /// Inserts without the home bucket's lock: two first requests may each put a state.
+    InsertWithoutLock,
+    /// A state of an earlier version retired after taking a tag that another thread had
+    /// taken already (its retiring bit set): two threads may both retire it and both put a
+    /// fresh one.
+    TakeTakenTag,
+    /// A sweep that retires every state, idle or not.
+    SweepRetiresActive,
+}
+
+/// What one limit of a plan does to a state word, as the store needs it (the method's own
+/// operations: see `crate::method::Method`).
+#[doc(hidden)]
+pub trait WordLimit<W> {
+    /// The word of a client that has taken nothing, as of the clock reading `since_nanos`.
+    fn fresh(&self, since_nanos: u64) -> u64;
+    /// Retires `state` whatever it holds; whether this call did (false if it already was).
+    fn retire_now(&self, state: &W) -> bool;
+    /// Retires `state` if it is indistinguishable from a fresh one at `now_nanos`; whether it
+    /// did.
+    fn retire_if_idle(&self, state: &W, now_nanos: u64) -> bool;
+    /// The permits `state` has available at `now_nanos`; `None` when it is retired.
+    fn available(&self, state: &W, now_nanos: u64) -> Option<u64>;
+    /// Whether `state` looks indistinguishable from a fresh one at `now_nanos` (a load: the
+    /// retirement that follows decides, by an exchange).
+    fn is_idle(&self, state: &W, now_nanos: u64) -> bool;
+}
+
+/// A plan's current limits as the store reads them, after each lookup.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy)]
+pub struct StoreHead<L> {
+    /// The version of the plan's limits.
+    pub version: Version,
+    /// Whether the store keeps the plan's clients under these limits (one limit of a one-word
+    /// method); when not, the decision goes elsewhere.
+    pub kept: bool,
+    /// The plan's first limit: the whole plan when `kept`, and in any case one of the same
+    /// method, which retires the states of earlier versions.
+    pub limit: L,
+}
+
+/// A plan whose clients the store keeps: its current limits, read anew at every call.
+#[doc(hidden)]
+pub trait StorePlan {
+    /// One limit's constants.
+    type Limit;
+    /// The plan's current limits.
+    fn head(&self) -> StoreHead<Self::Limit>;
+}
+
+/// One request's decision on a state word.
+#[doc(hidden)]
+pub trait WordRequest<W, L> {
+    /// What the request answers.
+    type Answer;
+    /// Decides on `state` under `limit`; `Retired` when the state is retired, or the slot
+    /// changed hands before the decision could write (nothing granted). The answer is not yet
+    /// the request's: [`decide`] may drop it (see there).
+    fn acquire(&self, limit: &L, state: &SlotWord<'_, W>) -> Result<Self::Answer, Retired>;
+    /// `answer`, kept as the request's (counted, where the request counts its answers).
+    fn answered(&self, answer: Self::Answer) -> Self::Answer;
+}
+
+/// What [`decide`] came to.
+#[doc(hidden)]
+#[derive(Debug, PartialEq, Eq)]
+pub enum Stored<A> {
+    /// The answer.
+    Answer(A),
+    /// The plan's current limits are not kept in the store (it now has several): decide
+    /// elsewhere. Any state of the client's in the store was made under earlier limits, and is
+    /// retired.
+    Elsewhere,
+    /// The client was inserted [`MAX_INSERTS`] times and each time lost its state to another
+    /// thread before deciding: give up rather than spin.
+    GaveUp,
+}
+
+/// The bucket of `hash` among `buckets`: the high bits, by a multiply (no power of two needed).
+#[inline]
+fn bucket_of(hash: u64, buckets: usize) -> usize {
+    // The product's high word is below `buckets`, which is a `usize`.
+    ((u128::from(hash) * buckets as u128) >> 64) as usize
+}
+
+impl<W: OwnedWord, const B: usize> ClientStore<W, B> {
+    /// A store with `fault` in its protocol (see [`ClientStore::new`]).
+    #[cfg(feature = "loom")]
+    pub fn with_fault(capacity: usize, fault: StoreFault) -> Self {
+        ClientStore {
+            fault,
+            ..Self::new(capacity)
+        }
+    }
+
+    /// A store of at least `capacity` slots (rounded up to whole buckets), all free.
+    pub fn new(capacity: usize) -> Self {
+        let buckets = capacity.div_ceil(B).max(1);
+        ClientStore {
+            buckets: (0..buckets)
+                .map(|_| Bucket {
+                    tags: std::array::from_fn(|_| W::new(0)),
+                    states: std::array::from_fn(|_| W::new(0)),
+                })
+                .collect(),
+            insert_locks: (0..buckets).map(|_| W::new(0)).collect(),
+            evictions: W::new(0),
+            #[cfg(feature = "loom")]
+            fault: StoreFault::None,
+        }
+    }
+}
+
+impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
+    /// Whether the loom models planted `fault`; never, in production.
+    #[inline(always)]
+    fn has_fault(&self, fault: StoreFault) -> bool {
+        #[cfg(feature = "loom")]
+        return self.fault == fault;
+        #[cfg(not(feature = "loom"))]
+        {
+            let _ = fault;
+            false
+        }
+    }
+
+    /// Where the key of keyed hash `hash` lives.
+    #[inline]
+    pub fn place(&self, hash: u64) -> Place {
+        let buckets = self.buckets.len();
+        // The low bits, never 0 (0 marks a free slot).
+        let fingerprint = (hash & FINGERPRINT).max(1);
+        // A remix, so that keys of one home spread over different second buckets.
+        let remixed = (hash ^ (hash >> 31)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        Place {
+            fingerprint,
+            home: bucket_of(hash, buckets),
+            other: bucket_of(remixed, buckets),
+        }
+    }
+
+    /// The slots `place` may use, home bucket first: each slot's tag and state.
+    #[inline]
+    fn slots(&self, place: Place) -> impl Iterator<Item = (&W, &W)> {
+        let home = &self.buckets[place.home];
+        let other = (place.other != place.home).then(|| &self.buckets[place.other]);
+        home.tags.iter().zip(&home.states).chain(
+            other
+                .into_iter()
+                .flat_map(|bucket| bucket.tags.iter().zip(&bucket.states)),
+        )
+    }
+
+    /// The first state the key at `place` has in the store, with the version it was made
+    /// under, if any (live, or being retired: a decision on it answers `Retired` then).
+    pub fn find(&self, place: Place) -> Option<(Version, &W)> {
+        self.slots(place).find_map(|(tag, state)| {
+            // Acquire: as in `decide`.
+            let seen = tag.load(Ordering::Acquire);
+            (seen & FINGERPRINT == place.fingerprint).then(|| (version_of(seen), state))
+        })
+    }
+
+    /// How many slots hold a client (at some instant during the call, slot by slot).
+    pub fn clients(&self) -> usize {
+        self.buckets
+            .iter()
+            .flat_map(|bucket| &bucket.tags)
+            // Relaxed: a count, publishing nothing.
+            .filter(|tag| is_live(tag.load(Ordering::Relaxed)))
+            .count()
+    }
+
+    /// How many states inserts have evicted (taken from clients that were not idle).
+    pub fn evictions(&self) -> u64 {
+        // Relaxed: a count.
+        self.evictions.load(Ordering::Relaxed)
+    }
+
+    /// Retires `state` (under `tag`, which read `seen`) made under an earlier version than
+    /// `head`'s, and frees its slot, unless another thread has taken the slot since.
+    fn retire_earlier<L: WordLimit<W>>(&self, head: &StoreHead<L>, tag: &W, seen: u64, state: &W) {
+        let taken = if self.has_fault(StoreFault::TakeTakenTag) {
+            // The broken step: an exchange from a tag that may carry the bit already.
+            tag.compare_exchange(seen, seen | RETIRING, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+        } else {
+            take_live(tag, seen)
+        };
+        if taken {
+            head.limit.retire_now(state);
+            // Release: the slot is free only after its state is retired (see `claim_free`).
+            tag.store(idle_tag(seen, false), Ordering::Release);
+        }
+    }
+
+    /// Puts a fresh state for the key at `place` under `head` (made as of `made_as_of()`, read
+    /// after any retirement this call makes) unless a live one made under `head`'s version or a
+    /// later one is there; `now_nanos` decides which states are idle. Publishes `now_nanos` in
+    /// `evicted_up_to` before it retires a state to reuse its slot.
+    pub fn insert<L: WordLimit<W>>(
+        &self,
+        place: Place,
+        head: &StoreHead<L>,
+        now_nanos: u64,
+        evicted_up_to: &W,
+    ) {
+        let _lock = (!self.has_fault(StoreFault::InsertWithoutLock))
+            .then(|| InsertLock::take(&self.insert_locks[place.home]));
+        // Another insert of this key may have come first; a live state of an earlier version is
+        // retired here, so that the key never has two live states.
+        for (tag, state) in self.slots(place) {
+            let seen = settled(tag);
+            if seen & FINGERPRINT != place.fingerprint {
+                continue;
+            }
+            if version_of(seen) >= head.version {
+                return;
+            }
+            self.retire_earlier(head, tag, seen, state);
+        }
+        let (tag, previous, state) = match self.claim_free(place) {
+            Some(slot) => slot,
+            None => match self.reuse(place, head, now_nanos, evicted_up_to) {
+                Some(slot) => slot,
+                // Every state of the two buckets changed as the insert tried to take it: the
+                // decision inserts again.
+                None => return,
+            },
+        };
+        // Release: a request whose exchange lands on this state or a later one (an Acquire
+        // fence follows it) then sees the slot's tag no earlier than `BUSY`, so it knows the slot
+        // changed hands (see `decide`).
+        state.store(
+            head.limit.fresh(evicted_up_to.load(Ordering::Relaxed)),
+            Ordering::Release,
+        );
+        // Release: a reader that finds the tag (Acquire) sees the state.
+        tag.store(
+            live_tag(head.version, place.fingerprint, previous),
+            Ordering::Release,
+        );
+    }
+
+    /// Claims the first free slot of `place`'s buckets: its tag goes from free to `BUSY`.
+    /// Returns the slot's tag, the free tag it held, and its state.
+    fn claim_free(&self, place: Place) -> Option<(&W, u64, &W)> {
+        self.slots(place).find_map(|(tag, state)| {
+            // Relaxed: the exchange below decides.
+            let seen = tag.load(Ordering::Relaxed);
+            // Acquire: pairs with the Release that freed the slot, so the state's retirement
+            // comes before the fresh state this insert stores.
+            (is_free(seen)
+                && tag
+                    .compare_exchange(
+                        seen,
+                        idle_tag(seen, true),
+                        Ordering::Acquire,
+                        Ordering::Relaxed,
+                    )
+                    .is_ok())
+            .then_some((tag, seen, state))
+        })
+    }
+
+    /// Takes a live slot of `place`'s buckets for reuse: one made under an earlier version, else
+    /// an idle one, else the one closest to fresh (an eviction). Its state is retired by this
+    /// call, and its tag set to `BUSY`. Returns the slot's tag, the tag it held, and its state.
+    fn reuse<L: WordLimit<W>>(
+        &self,
+        place: Place,
+        head: &StoreHead<L>,
+        now_nanos: u64,
+        evicted_up_to: &W,
+    ) -> Option<(&W, u64, &W)> {
+        // Relaxed: published to the requests that meet the retired state by the Release of the
+        // retiring exchange (their Acquire fence follows).
+        evicted_up_to.fetch_max(now_nanos, Ordering::Relaxed);
+        let taken = |tag: &'_ W, seen: u64| {
+            // Relaxed: this thread holds the slot (its retiring bit), so no one else changes the
+            // tag; the fresh state and its tag are published by Releases.
+            tag.store(idle_tag(seen, true), Ordering::Relaxed);
+        };
+        // Acquire: as in `decide`.
+        let live = |tag: &W| {
+            Some(tag.load(Ordering::Acquire)).filter(|seen| is_live(*seen) && seen & RETIRING == 0)
+        };
+        for (tag, state) in self.slots(place) {
+            let Some(seen) = live(tag) else { continue };
+            if version_of(seen) < head.version {
+                if take_live(tag, seen) {
+                    head.limit.retire_now(state);
+                    taken(tag, seen);
+                    return Some((tag, seen, state));
+                }
+            } else if version_of(seen) == head.version
+                && head.limit.is_idle(state, now_nanos)
+                && retire_if_idle(&head.limit, tag, seen, state, now_nanos)
+            {
+                taken(tag, seen);
+                return Some((tag, seen, state));
+            }
+        }
+        for _ in 0..EVICTION_TRIES {
+            let closest = self
+                .slots(place)
+                .filter_map(|(tag, state)| {
+                    let seen = live(tag).filter(|seen| version_of(*seen) == head.version)?;
+                    Some((head.limit.available(state, now_nanos)?, tag, seen, state))
+                })
+                .max_by_key(|(available, ..)| *available);
+            let (_, tag, seen, state) = closest?;
+            if take_live(tag, seen) {
+                if !head.limit.retire_if_idle(state, now_nanos) {
+                    head.limit.retire_now(state);
+                    // Relaxed: a count.
+                    self.evictions.fetch_add(1, Ordering::Relaxed);
+                }
+                taken(tag, seen);
+                return Some((tag, seen, state));
+            }
+        }
+        None
+    }
+
+    /// Retires every state idle at `now_nanos` under `head` or made under an earlier version,
+    /// and frees its slot; how many it freed. Publishes `now_nanos` in `evicted_up_to` first.
+    pub fn sweep<L: WordLimit<W>>(
+        &self,
+        head: &StoreHead<L>,
+        now_nanos: u64,
+        evicted_up_to: &W,
+    ) -> usize {
+        // Relaxed: as in `reuse`.
+        evicted_up_to.fetch_max(now_nanos, Ordering::Relaxed);
+        let mut freed = 0;
+        for bucket in &*self.buckets {
+            for (tag, state) in bucket.tags.iter().zip(&bucket.states) {
+                // Acquire: as in `decide`.
+                let seen = tag.load(Ordering::Acquire);
+                if !is_live(seen) || seen & RETIRING != 0 {
+                    continue;
+                }
+                let retired = if self.has_fault(StoreFault::SweepRetiresActive) {
+                    take_live(tag, seen) && head.limit.retire_now(state)
+                } else if version_of(seen) < head.version {
+                    take_live(tag, seen) && head.limit.retire_now(state)
+                } else {
+                    version_of(seen) == head.version
+                        && head.limit.is_idle(state, now_nanos)
+                        && retire_if_idle(&head.limit, tag, seen, state, now_nanos)
+                };
+                if retired {
+                    // Release: as in `retire_earlier`.
+                    tag.store(idle_tag(seen, false), Ordering::Release);
+                    freed += 1;
+                }
+            }
+        }
+        freed
+    }
+}
+
+/// A decision for the key at `place` under `plan`: finds its state (or inserts a fresh one)
+/// and decides on it with `request`, only under the plan's limits read after the lookup.
+/// `now_nanos` reads the clock for an insert; `evicted_up_to` is the service's (see
+/// `protocol::made_as_of`).
+#[doc(hidden)]
+#[inline(always)]
+pub fn decide<W, const B: usize, P, R>(
+    store: &ClientStore<W, B>,
+    place: Place,
+    plan: &P,
+    request: &R,
+    evicted_up_to: &W,
+    now_nanos: impl Fn() -> u64,
+) -> Stored<R::Answer>
+where
+    W: AtomicWord,
+    P: StorePlan,
+    P::Limit: WordLimit<W>,
+    R: WordRequest<W, P::Limit>,
+{
+    let mut inserts = 0;
+    loop {
+        for (tag, state) in store.slots(place) {
+            // Acquire: pairs with the Release that published the tag after its state.
+            let seen = tag.load(Ordering::Acquire);
+            if seen & FINGERPRINT != place.fingerprint {
+                continue;
+            }
+            // The plan is read *after* the state is found: a state is used only if it was made
+            // under the version this read returns, and a state of an earlier version is retired
+            // before a fresh one is put under the later one (see `insert`), so a request that
+            // read the plan before a change never grants on a state put after it.
+            let head = plan.head();
+            let version = version_of(seen);
+            if version == head.version && head.kept {
+                let slot = SlotWord { state, tag, seen };
+                let decided = request.acquire(&head.limit, &slot);
+                // Checked whatever the answer: after a decision that met a retired state, the
+                // check's fence pairs with the Release of the retiring exchange, so that what
+                // the retiring thread had seen (the plan's later limits, the reading it retired
+                // at) is seen by the lookups and the insert that follow.
+                let same_holding = slot.same_holding();
+                if let Ok(answer) = decided
+                    && same_holding
+                {
+                    return Stored::Answer(request.answered(answer));
+                }
+                // Retired, or the slot changed hands: a denial read from the slot's next state, or
+                // a grant whose exchange landed in the instant between its check and the slot's
+                // change. The answer is dropped, and the decision looks again; what a grant took
+                // stays taken from that state (its client pays one permit for the race, and no
+                // client is granted one more).
+            } else if version < head.version {
+                store.retire_earlier(&head, tag, seen, state);
+            }
+        }
+        let head = plan.head();
+        if !head.kept {
+            return Stored::Elsewhere;
+        }
+        if inserts == MAX_INSERTS {
+            return Stored::GaveUp;
+        }
+        inserts += 1;
+        store.insert(place, &head, now_nanos(), evicted_up_to);
+    }
+}
+
+/// A slot's state word as a decision sees it, through the tag the decision found: every
+/// exchange first checks that the slot still has the same holding (the same tag, its retiring
+/// bit aside), and fails as on a retired word if not. So a decision made with the limits of one
+/// holding (its version) never writes another holding's state, even when the method's
+/// compare-and-swap loop retries on a word the slot's next holding wrote.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct SlotWord<'s, W> {
+    state: &'s W,
+    tag: &'s W,
+    seen: u64,
+}
+
+/// A word that every one-word method reads as retired: the token bucket's retired TAT, and the
+/// retired flag of the fixed window's and the sliding window counter's packed words.
+const READS_AS_RETIRED: u64 = u64::MAX;
+
+impl<W: AtomicWord> SlotWord<'_, W> {
+    /// Whether the slot still has the holding the decision found.
+    #[inline]
+    fn same_holding(&self) -> bool {
+        // Acquire: pairs with the Release store of any fresh state that this thread's accesses to
+        // the state word read from (or read a later write of), so the tag read below is no
+        // earlier than that holding's `BUSY`.
+        W::fence(Ordering::Acquire);
+        // Relaxed: ordered by the fence. The retiring bit aside: a retirement that lands after a
+        // decision leaves the decision standing.
+        (self.tag.load(Ordering::Relaxed) ^ self.seen) & !RETIRING == 0
+    }
+}
+
+impl<W: AtomicWord> AtomicWord for SlotWord<'_, W> {
+    #[inline]
+    fn load(&self, order: Ordering) -> u64 {
+        self.state.load(order)
+    }
+    #[inline]
+    fn store(&self, value: u64, order: Ordering) {
+        self.state.store(value, order);
+    }
+    #[inline]
+    fn compare_exchange_weak(
+        &self,
+        current: u64,
+        new: u64,
+        success: Ordering,
+        failure: Ordering,
+    ) -> Result<u64, u64> {
+        if !self.same_holding() {
+            return Err(READS_AS_RETIRED);
+        }
+        self.state
+            .compare_exchange_weak(current, new, success, failure)
+    }
+    #[inline]
+    fn compare_exchange(
+        &self,
+        current: u64,
+        new: u64,
+        success: Ordering,
+        failure: Ordering,
+    ) -> Result<u64, u64> {
+        if !self.same_holding() {
+            return Err(READS_AS_RETIRED);
+        }
+        self.state.compare_exchange(current, new, success, failure)
+    }
+    #[inline]
+    fn fetch_add(&self, value: u64, order: Ordering) -> u64 {
+        self.state.fetch_add(value, order)
+    }
+    #[inline]
+    fn fetch_max(&self, value: u64, order: Ordering) -> u64 {
+        self.state.fetch_max(value, order)
+    }
+    #[inline]
+    fn fence(order: Ordering) {
+        W::fence(order);
+    }
+    #[inline]
+    fn wait_for_writer() {
+        W::wait_for_writer();
+    }
+    #[inline]
+    fn yield_thread() {
+        W::yield_thread();
+    }
+}
+
+/// Takes the live slot whose tag read `seen` for this thread to retire its state: sets the
+/// retiring bit by one exchange, which fails if the tag changed (another thread took the slot,
+/// or it changed hands). Whether this thread took it.
+fn take_live<W: AtomicWord>(tag: &W, seen: u64) -> bool {
+    // A tag read with the bit set is another thread's already.
+    seen & RETIRING == 0
+        // Acquire: sees the state as the slot's filler published it.
+        && tag
+            .compare_exchange(seen, seen | RETIRING, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+}
+
+/// Takes the live slot whose tag read `seen` and retires its state if it is idle at `now_nanos`;
+/// when it is not (an acquire landed first), puts the tag back. Whether it retired it (the slot
+/// is then this thread's).
+fn retire_if_idle<W: AtomicWord, L: WordLimit<W>>(
+    limit: &L,
+    tag: &W,
+    seen: u64,
+    state: &W,
+    now_nanos: u64,
+) -> bool {
+    if !take_live(tag, seen) {
+        return false;
+    }
+    if limit.retire_if_idle(state, now_nanos) {
+        return true;
+    }
+    // Release: as every tag a live state is published under.
+    tag.store(seen, Ordering::Release);
+    false
+}
+
+/// `tag` once no thread holds it to retire its state (a few instructions' wait, unless that
+/// thread is descheduled): an insert must know whether a live state stays.
+fn settled<W: AtomicWord>(tag: &W) -> u64 {
+    let mut waits = 0_u32;
+    loop {
+        // Acquire: as in `decide`.
+        let seen = tag.load(Ordering::Acquire);
+        if seen & RETIRING == 0 {
+            return seen;
+        }
+        wait_a_moment::<W>(&mut waits);
+    }
+}
+
+/// One more wait (of `waits` so far) for another thread's short write: a spin hint, and every
+/// 64th time the core given up, in case that thread is descheduled.
+fn wait_a_moment<W: AtomicWord>(waits: &mut u32) {
+    *waits += 1;
+    if waits.is_multiple_of(64) {
+        W::yield_thread();
+    } else {
+        W::wait_for_writer();
+    }
+}
+
+/// The insert lock of one bucket, held while this lives.
+struct InsertLock<'l, W: AtomicWord>(&'l W);
+
+impl<'l, W: AtomicWord> InsertLock<'l, W> {
+    /// Takes `lock`, waiting while another insert holds it (a few dozen instructions, unless
+    /// that thread is descheduled).
+    fn take(lock: &'l W) -> Self {
+        let mut waits = 0_u32;
+        // Acquire: sees every slot the previous holder wrote.
+        while lock
+            .compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            wait_a_moment::<W>(&mut waits);
+        }
+        InsertLock(lock)
+    }
+}
+
+impl<W: AtomicWord> Drop for InsertLock<'_, W> {
+    fn drop(&mut self) {
+        // Release: publishes the slots written under the lock to the next holder.
+        self.0.store(0, Ordering::Release);
+    }
+}
