@@ -86,6 +86,28 @@ fn a_capacity_beyond_what_can_be_allocated_up_front_is_an_error() {
     }
 }
 
+#[test]
+fn a_capacity_of_zero_is_an_error() {
+    let error = ServiceBuilder::new(Algorithm::TokenBucket, FakeClock::new())
+        .plan(1u32, Rule::per_second(5).unwrap())
+        .capacity(0)
+        .build::<u64>()
+        .unwrap_err();
+    assert_eq!(error, ServiceError::CapacityZero);
+    assert!(error.to_string().contains("capacity 0"), "{error}");
+    assert!(error.to_string().contains("at least 1"), "{error}");
+    // One is enough: the table rounds up to a bucket, and a full one evicts.
+    let service = ServiceBuilder::new(Algorithm::TokenBucket, FakeClock::new())
+        .plan(1u32, Rule::per_second(5).unwrap())
+        .capacity(1)
+        .build::<u64>()
+        .unwrap();
+    for client in 0..100u64 {
+        assert!(service.allow(&client, &1).unwrap());
+    }
+    assert!(service.len() <= 8, "{} held", service.len());
+}
+
 /// A key whose `Hash` changes between calls (a hash of a mutable field): every other call
 /// hashes it elsewhere, so that a lookup finds the entry its removal then misses.
 #[derive(Debug)]

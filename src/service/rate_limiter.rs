@@ -331,8 +331,12 @@ where
     /// same word(s) an acquire changes, so a limiter that is admitting is never removed, and an
     /// acquire that meets a retired limiter moves to a fresh one, made as of this sweep's clock
     /// reading, which answers as the retired one would have (and no more generously to a reading
-    /// older than the sweep's). Memory therefore stays bounded by the clients active within one
-    /// window, however many distinct clients pass through.
+    /// older than the sweep's). The fixed tables of one-word states never need the sweep to take
+    /// new clients (an insert reuses idle slots itself): there it frees the slots of idle clients,
+    /// so that [`len`](RateLimiterService::len) counts the active ones, and of clients of earlier
+    /// rules. The maps of the sliding log and of plans of several limits grow with their
+    /// clients: there the sweep keeps memory bounded by the clients active within one window,
+    /// however many distinct clients pass through.
     pub fn sweep(&self) -> usize {
         let now_nanos = self.clock.now_nanos();
         let plans = (0..self.plans.len()).map(|index| self.plans.pin(index));

@@ -48,7 +48,7 @@
 //!   (Release), so a reader that finds the tag sees the state.
 //! - **Sweep** ([`ClientStore::sweep`]): retires idle states and ones made under earlier
 //!   versions, and frees their slots. The store never needs it to take new clients (inserts
-//!   reuse idle slots themselves); it keeps [`ClientStore::len`] to the clients that are active.
+//!   reuse idle slots themselves); it keeps [`ClientStore::clients`] to the clients that are active.
 //!
 //! # What reuse can change
 //!
@@ -57,14 +57,21 @@
 //! state made afterwards is at least as strict as the retired one for every reading. Reusing an
 //! idle state changes no answer. An evicted client (one not idle, in a full pair of buckets) is
 //! started afresh on its next request: it can gain at most one limit's worth, once per eviction.
-//! A request that read a slot's tag before the slot changed hands may land its exchange on the
-//! slot's next state (its compare-and-swap retried on the word it found). Its check of the tag
-//! afterwards sees the change (the fresh state is stored with Release before its tag, and the
-//! request fences with Acquire), so the answer is dropped and the request decides again on its
-//! own client's state: the slot's next state keeps what was taken from it, which is stricter for
-//! its client, and the request's own client is granted nothing from another's state. (The
-//! generation in the tag tells the change apart even when the slot came back to the same key
-//! under the same version, unless it changed hands a multiple of 128 times during one decision.)
+//! A decision writes a state only through a view of the slot's word ([`SlotWord`]) that checks,
+//! before each exchange (and each add), that the slot still has the holding whose tag the
+//! decision found, and fails as on a retired word if not; and the decision checks again after
+//! its answer, dropping the answer and looking again if the holding changed. (The fresh state is
+//! stored with Release before its tag, and the checks fence with Acquire, so a decision that has
+//! read any word of a later holding sees that holding's tag.) So a request's answer always comes
+//! from its own client's state, under the limits that state was made under, and no decision
+//! writes a later holding's state with an earlier version's limits, even when the method's
+//! compare-and-swap loop retries on a word the next holding wrote. One race is left: should the
+//! slot change hands in the few instructions between a check and its exchange, and the new
+//! state's word equal the one the exchange expects bit for bit, the exchange lands on the new
+//! state; the check after it drops the answer, and the new state keeps the permit taken (its
+//! client pays one permit, and no one is granted one more). The generation in the tag tells a
+//! change apart even when the slot came back to the same key under the same version, unless it
+//! changed hands a multiple of 64 times during one decision.
 
 // The store is public (doc-hidden) only for the `loom` feature's models.
 #![cfg_attr(not(feature = "loom"), allow(unreachable_pub))]
@@ -517,10 +524,15 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
                 if !is_live(seen) || seen & RETIRING != 0 {
                     continue;
                 }
-                let retired = if self.has_fault(StoreFault::SweepRetiresActive) {
-                    take_live(tag, seen) && head.limit.retire_now(state)
-                } else if version_of(seen) < head.version {
-                    take_live(tag, seen) && head.limit.retire_now(state)
+                let retired = if version_of(seen) < head.version
+                    || self.has_fault(StoreFault::SweepRetiresActive)
+                {
+                    // Once the tag is taken, the state is this thread's to retire (nothing else
+                    // retires it), and the slot to free.
+                    take_live(tag, seen) && {
+                        head.limit.retire_now(state);
+                        true
+                    }
                 } else {
                     version_of(seen) == head.version
                         && head.limit.is_idle(state, now_nanos)
@@ -672,12 +684,20 @@ impl<W: AtomicWord> AtomicWord for SlotWord<'_, W> {
         }
         self.state.compare_exchange(current, new, success, failure)
     }
+    /// The fixed window's one-permit fast path: checked as an exchange is, and on another
+    /// holding answers the retired word (having added nothing).
     #[inline]
     fn fetch_add(&self, value: u64, order: Ordering) -> u64 {
+        if !self.same_holding() {
+            return READS_AS_RETIRED;
+        }
         self.state.fetch_add(value, order)
     }
     #[inline]
     fn fetch_max(&self, value: u64, order: Ordering) -> u64 {
+        if !self.same_holding() {
+            return READS_AS_RETIRED;
+        }
         self.state.fetch_max(value, order)
     }
     #[inline]
