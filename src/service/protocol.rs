@@ -552,7 +552,7 @@ where
 }
 
 /// A request decided on a one-word state in a plan's store.
-impl<T, C, R> WordRequest<Word, AnyParams> for Asking<'_, T, C, R>
+impl<T, C, R> WordRequest<Word, &AnyParams> for Asking<'_, T, C, R>
 where
     T: Answer,
     C: Clock,
@@ -561,7 +561,7 @@ where
     type Answer = T;
 
     #[inline(always)]
-    fn acquire(&self, limit: &AnyParams, state: &SlotWord<'_, Word>) -> Result<T, Retired> {
+    fn acquire(&self, limit: &&AnyParams, state: &SlotWord<'_, Word>) -> Result<T, Retired> {
         T::acquire(limit, StateRef::Word(state), self.n, self.clock)
     }
 
@@ -582,8 +582,9 @@ impl Clock for Reading {
     }
 }
 
-/// One limit's constants, on a state word of the plan's store.
-impl WordLimit<Word> for AnyParams {
+/// One limit's constants (borrowed from the plan's version), on a state word of the plan's
+/// store.
+impl WordLimit<Word> for &AnyParams {
     fn fresh(&self, since_nanos: u64) -> u64 {
         match self.fresh_state(since_nanos) {
             ClientState::Word(_, word) => word.into_inner(),
