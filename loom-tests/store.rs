@@ -94,6 +94,10 @@ impl WordRequest<AtomicU64, ModelLimit> for ModelRequest {
     fn answered(&self, answer: bool) -> bool {
         answer
     }
+
+    fn without_state(&self, _limit: &ModelLimit, _since_nanos: u64) -> Option<bool> {
+        None
+    }
 }
 
 /// A service's store, plan and `evicted_up_to`, with one bucket of two slots. Every model's

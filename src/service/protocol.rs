@@ -569,6 +569,16 @@ where
     fn answered(&self, answer: T) -> T {
         self.counted(answer)
     }
+
+    fn without_state(&self, limit: &&AnyParams, since_nanos: u64) -> Option<T> {
+        (self.n == 0).then(|| {
+            self.counted(T::from_decision(limit.fresh_report(
+                true,
+                since_nanos,
+                self.clock,
+            )))
+        })
+    }
 }
 
 /// A clock stopped at one reading: the store's judgements of idleness and closeness to fresh

@@ -24,8 +24,8 @@
 //!
 //! Keys are not stored: a key is its fingerprint and its two buckets (its *home*, from the
 //! hash's high bits, and another from a remix of it). Two keys share a state only if they share
-//! both the 40-bit fingerprint and a bucket: then they share one limit, never more than one
-//! limit's worth between them. With a keyed hash (the service's default is randomly seeded, so
+//! the 40-bit fingerprint and one's state sits in a bucket the other probes: then they share one
+//! limit (never more than one limit's worth between them); otherwise each keeps its own. With a keyed hash (the service's default is randomly seeded, so
 //! clients cannot aim at a collision), a key that is not held meets a stored one by chance with
 //! probability at most `2 B / 2^40`: about 1 in 7 * 10^10 per new key, so about one pair of
 //! clients in a service that sees 70 billion new keys (one in 7,000 over ten million).
@@ -173,10 +173,11 @@ pub struct ClientStore<W, const B: usize = SLOTS_PER_BUCKET> {
 }
 
 /// A broken step of the store's protocol, for the loom models' negative controls: each checker
-/// must fail on it.
-#[cfg(feature = "loom")]
+/// must fail on it. (Named in production code too, where [`ClientStore::has_fault`] is always
+/// false and compiles away.)
 #[doc(hidden)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(feature = "loom"), allow(dead_code))]
 pub enum StoreFault {
     /// No fault.
     None,
@@ -242,6 +243,10 @@ pub trait WordRequest<W, L> {
     fn acquire(&self, limit: &L, state: &SlotWord<'_, W>) -> Result<Self::Answer, Retired>;
     /// `answer`, kept as the request's (counted, where the request counts its answers).
     fn answered(&self, answer: Self::Answer) -> Self::Answer;
+    /// For a client the store does not hold: the answer without a state, where the request
+    /// makes none (an attempt of 0 permits), from a fresh state as of the clock reading
+    /// `since_nanos` (see `protocol::made_as_of`); `None` where it makes one.
+    fn without_state(&self, limit: &L, since_nanos: u64) -> Option<Self::Answer>;
 }
 
 /// What [`decide`] came to.
@@ -608,6 +613,12 @@ where
         let head = plan.head();
         if !head.kept {
             return Stored::Elsewhere;
+        }
+        // Relaxed: as `protocol::made_as_of`.
+        if let Some(answer) =
+            request.without_state(&head.limit, evicted_up_to.load(Ordering::Relaxed))
+        {
+            return Stored::Answer(answer);
         }
         if inserts == MAX_INSERTS {
             return Stored::GaveUp;
