@@ -600,3 +600,56 @@ fn a_reading_older_than_a_sweep_is_not_admitted_by_the_fresh_state() {
         }
     }
 }
+
+/// A plan flipping between one limit and several as fast as it can, under requests from more
+/// threads than cores: each flip moves every client between the store and the map, and no
+/// request gives up or panics.
+#[test]
+fn requests_racing_a_plan_flipping_between_one_limit_and_several_never_give_up() {
+    for algorithm in [
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindowCounter,
+    ] {
+        let service = Arc::new(
+            ServiceBuilder::new(algorithm, FakeClock::new())
+                .plan("p", rule(5, 1))
+                .capacity(8)
+                .build::<u64>()
+                .unwrap(),
+        );
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads: Vec<_> = (0..6u64)
+            .map(|thread| {
+                let (service, stop) = (Arc::clone(&service), Arc::clone(&stop));
+                std::thread::spawn(move || {
+                    let mut i = thread;
+                    while !stop.load(Ordering::Relaxed) {
+                        i += 1;
+                        let client = i % 12;
+                        let answer = service.acquire(&client, &"p", 1 + i % 2);
+                        assert!(answer.is_ok(), "{algorithm}: {answer:?}");
+                        let _ = service.peek(&client, &"p").unwrap();
+                        let _ = service.ratelimit_headers(&client, &"p", "p").unwrap();
+                    }
+                })
+            })
+            .collect();
+        for flip in 0..3_000u32 {
+            let limits = if flip % 2 == 0 {
+                vec![rule(5, 1), rule(9, 2)]
+            } else {
+                vec![rule(5, 1)]
+            };
+            service.set_limits(&"p", limits).unwrap();
+            if flip % 100 == 0 {
+                service.sweep();
+            }
+            std::thread::yield_now();
+        }
+        stop.store(true, Ordering::Relaxed);
+        for thread in threads {
+            thread.join().unwrap();
+        }
+    }
+}
