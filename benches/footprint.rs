@@ -18,15 +18,26 @@
 //! number of clients is the time of one first request. Subjects alternate, so that a neighbour's
 //! load falls on all of them alike; the ratios of one run are the figures to compare.
 //!
+//! tollgate's table is allocated when the service is built, 17 bytes per client of capacity, and
+//! never grows: a new client whose 16 slots (its key's two buckets) are all taken reuses an idle
+//! client's slot, else evicts one. *tollgate* is given a capacity of exactly the 1 000 000
+//! clients, the bound the target speaks of: it holds a little fewer than all of them
+//! (the table prints how many, and how many were evicted). *tollgate, 4x capacity* is given
+//! four times as much, which held every client in our runs: what holding all 1 000 000 costs.
+//!
+//! *flood*: 10 000 000 distinct keys, one request each, through a service of capacity 1 000 000
+//! (one plan, token bucket): its resident growth must stay within the table (capacity × 17 B)
+//! plus 16 MiB, whatever number of keys passes through.
+//!
 //! *papaya floor*: a `papaya::HashMap<u64, AtomicU64>` filled the same way, the least any client
-//! map built on papaya can take (with blocking resizes, as the service's maps).
+//! map built on papaya can take (with blocking resizes), the store the service used before.
 
 use std::hint::black_box;
 use std::process::{Command, ExitCode};
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
-use tollgate::{Algorithm, MonotonicClock, RateLimiterService, Rule};
+use tollgate::{Algorithm, MonotonicClock, RateLimiterService, Rule, ServiceBuilder};
 
 // Shared with the report, which reads what this harness leaves there.
 #[allow(dead_code)]
@@ -34,7 +45,19 @@ use tollgate::{Algorithm, MonotonicClock, RateLimiterService, Rule};
 mod results;
 
 const CLIENTS: u64 = 1_000_000;
-const SUBJECTS: [&str; 3] = ["tollgate", "governor", "papaya-floor"];
+/// Distinct keys through the flood subject's service of capacity `CLIENTS`.
+const FLOOD_KEYS: u64 = 10_000_000;
+/// What a client of capacity costs in tollgate's table (16 bytes of slot, 1 of lock).
+const TABLE_BYTES_PER_CLIENT: u64 = 17;
+/// What the flood may grow past its table.
+const FLOOD_SLACK_BYTES: u64 = 16 << 20;
+const SUBJECTS: [&str; 5] = [
+    "tollgate",
+    "tollgate-4x",
+    "governor",
+    "papaya-floor",
+    "flood",
+];
 const CHILD: &str = "--child";
 
 fn main() -> ExitCode {
@@ -45,8 +68,15 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         };
         return match measure(subject) {
-            Ok((bytes, per_request)) => {
-                println!("{bytes} {}", per_request.as_nanos());
+            Ok(measured) => {
+                println!(
+                    "{} {} {} {} {}",
+                    measured.growth_bytes,
+                    measured.elapsed.as_nanos(),
+                    measured.requests,
+                    measured.held,
+                    measured.evictions
+                );
                 ExitCode::SUCCESS
             }
             Err(error) => {
@@ -86,6 +116,10 @@ fn run_all(runs: usize) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|error| error.to_string())?;
     let mut bytes: Vec<Vec<f64>> = vec![Vec::new(); SUBJECTS.len()];
     let mut nanos: Vec<Vec<f64>> = vec![Vec::new(); SUBJECTS.len()];
+    let mut growth: Vec<Vec<f64>> = vec![Vec::new(); SUBJECTS.len()];
+    // Clients held and evicted, of the last run (they hardly move from run to run).
+    let mut held = vec![0_f64; SUBJECTS.len()];
+    let mut evictions = vec![0_f64; SUBJECTS.len()];
     for _ in 0..runs {
         for (index, subject) in SUBJECTS.iter().enumerate() {
             let output = Command::new(&exe)
@@ -99,14 +133,25 @@ fn run_all(runs: usize) -> Result<(), String> {
                 ));
             }
             let text = String::from_utf8_lossy(&output.stdout);
-            let mut fields = text.split_whitespace().map(str::parse::<f64>);
-            match (fields.next(), fields.next()) {
-                (Some(Ok(b)), Some(Ok(n))) => {
-                    bytes[index].push(b);
-                    nanos[index].push(n);
-                }
-                _ => return Err(format!("{subject}: unexpected output {text:?}")),
-            }
+            let fields: Vec<f64> = text
+                .split_whitespace()
+                .map(str::parse::<f64>)
+                .collect::<Result<_, _>>()
+                .map_err(|_| format!("{subject}: unexpected output {text:?}"))?;
+            let [grown, elapsed, requests, clients_held, evicted] = fields[..] else {
+                return Err(format!("{subject}: unexpected output {text:?}"));
+            };
+            // Per client the subject holds space for: the flood's are its capacity.
+            let clients = if *subject == "flood" {
+                CLIENTS as f64
+            } else {
+                requests
+            };
+            bytes[index].push(grown / clients);
+            nanos[index].push(elapsed / requests);
+            growth[index].push(grown);
+            held[index] = clients_held;
+            evictions[index] = evicted;
         }
     }
     let median = |values: &mut Vec<f64>| {
@@ -115,16 +160,31 @@ fn run_all(runs: usize) -> Result<(), String> {
     };
     let bytes: Vec<f64> = bytes.iter_mut().map(median).collect();
     let nanos: Vec<f64> = nanos.iter_mut().map(median).collect();
+    let growth: Vec<f64> = growth.iter_mut().map(median).collect();
     println!(
-        "{:<14} {:>32} {:>22}",
-        "subject", "resident bytes per idle client", "ns per first request"
+        "{:<14} {:>32} {:>22} {:>14} {:>12}",
+        "subject",
+        "resident bytes per idle client",
+        "ns per first request",
+        "clients held",
+        "evictions"
     );
     for (index, subject) in SUBJECTS.iter().enumerate() {
         println!(
-            "{subject:<14} {:>32.1} {:>22.0}",
-            bytes[index], nanos[index]
+            "{subject:<14} {:>32.1} {:>22.0} {:>14} {:>12}",
+            bytes[index], nanos[index], held[index], evictions[index]
         );
     }
+    let flood = SUBJECTS
+        .iter()
+        .position(|subject| *subject == "flood")
+        .expect("a flood subject");
+    let flood_bound = (CLIENTS * TABLE_BYTES_PER_CLIENT + FLOOD_SLACK_BYTES) as f64;
+    println!(
+        "flood: {FLOOD_KEYS} keys at capacity {CLIENTS}: resident growth {:.1} MiB, bound {:.1} MiB",
+        growth[flood] / f64::from(1 << 20),
+        flood_bound / f64::from(1 << 20)
+    );
     let subjects: Vec<serde_json::Value> = SUBJECTS
         .iter()
         .enumerate()
@@ -133,12 +193,17 @@ fn run_all(runs: usize) -> Result<(), String> {
                 "subject": subject,
                 "resident_bytes_per_client": bytes[index],
                 "nanos_per_first_request": nanos[index],
+                "resident_growth_bytes": growth[index],
+                "clients_held": held[index],
+                "evictions": evictions[index],
             })
         })
         .collect();
     let figures = serde_json::json!({
         "source": results::source_revision(),
         "clients": CLIENTS,
+        "flood_keys": FLOOD_KEYS,
+        "flood_bound_bytes": flood_bound,
         "runs": runs,
         "subjects": subjects,
     });
@@ -158,28 +223,66 @@ fn run_all(runs: usize) -> Result<(), String> {
     Ok(())
 }
 
-/// The child's side: bytes per client and time per first request for `subject`.
-fn measure(subject: &str) -> Result<(f64, Duration), String> {
+/// What one child measured.
+struct Measured {
+    /// Growth of the resident set over the loop.
+    growth_bytes: u64,
+    /// The loop's wall time.
+    elapsed: Duration,
+    /// First requests made (one per key).
+    requests: u64,
+    /// Clients held at the end.
+    held: usize,
+    /// Clients evicted (tollgate only).
+    evictions: u64,
+}
+
+/// tollgate's service, token bucket *100 per 1s*, holding at most `capacity` clients.
+fn tollgate_service(capacity: usize) -> Result<RateLimiterService<u64, &'static str>, String> {
+    ServiceBuilder::new(Algorithm::TokenBucket, MonotonicClock::new())
+        .plan("plan", Rule::per_second(100).map_err(|e| e.to_string())?)
+        // The most clients the table holds, allocated up front: a subject given less than its
+        // clients would drop some, and measure a fuller table than it claims.
+        .capacity(capacity)
+        .build()
+        .map_err(|error| error.to_string())
+}
+
+/// The first request of each of `keys` clients; the wall time of the loop.
+fn first_requests(
+    service: &RateLimiterService<u64, &'static str>,
+    keys: u64,
+) -> Result<Duration, String> {
+    let start = Instant::now();
+    for client in 0..keys {
+        if !service.allow(&client, &"plan").map_err(|e| e.to_string())? {
+            return Err(format!("client {client} denied its first request"));
+        }
+    }
+    Ok(start.elapsed())
+}
+
+/// The child's side: what `subject` measured.
+fn measure(subject: &str) -> Result<Measured, String> {
     let before = resident_bytes()?;
-    let (elapsed, keep) = match subject {
-        "tollgate" => {
-            let service: RateLimiterService<u64, &str> = RateLimiterService::new(
-                Algorithm::TokenBucket,
-                [("plan", Rule::per_second(100).map_err(|e| e.to_string())?)],
-                MonotonicClock::new(),
+    let capacity = usize::try_from(CLIENTS).map_err(|error| error.to_string())?;
+    let (elapsed, requests, held, evictions, keep) = match subject {
+        "tollgate" | "tollgate-4x" | "flood" => {
+            let (capacity, keys) = match subject {
+                "tollgate" => (capacity, CLIENTS),
+                "tollgate-4x" => (4 * capacity, CLIENTS),
+                _ => (capacity, FLOOD_KEYS),
+            };
+            let service = tollgate_service(capacity)?;
+            let elapsed = first_requests(&service, keys)?;
+            let (held, evictions) = (service.len(), service.evictions());
+            (
+                elapsed,
+                keys,
+                held,
+                evictions,
+                Box::new(service) as Box<dyn std::any::Any>,
             )
-            .map_err(|error| error.to_string())?;
-            let start = Instant::now();
-            for client in 0..CLIENTS {
-                if !service.allow(&client, &"plan").map_err(|e| e.to_string())? {
-                    return Err(format!("client {client} denied its first request"));
-                }
-            }
-            let elapsed = start.elapsed();
-            if service.len() as u64 != CLIENTS {
-                return Err(format!("{} clients held", service.len()));
-            }
-            (elapsed, Box::new(service) as Box<dyn std::any::Any>)
         }
         "governor" => {
             use governor::{Quota, RateLimiter};
@@ -195,7 +298,14 @@ fn measure(subject: &str) -> Result<(f64, Duration), String> {
             if limiter.len() as u64 != CLIENTS {
                 return Err(format!("{} clients held", limiter.len()));
             }
-            (elapsed, Box::new(limiter) as Box<dyn std::any::Any>)
+            let held = limiter.len();
+            (
+                elapsed,
+                CLIENTS,
+                held,
+                0,
+                Box::new(limiter) as Box<dyn std::any::Any>,
+            )
         }
         "papaya-floor" => {
             // Blocking resizes, as the service's maps.
@@ -210,16 +320,26 @@ fn measure(subject: &str) -> Result<(f64, Duration), String> {
                 );
             }
             let elapsed = start.elapsed();
-            (elapsed, Box::new(map) as Box<dyn std::any::Any>)
+            let held = map.len();
+            (
+                elapsed,
+                CLIENTS,
+                held,
+                0,
+                Box::new(map) as Box<dyn std::any::Any>,
+            )
         }
         other => return Err(format!("no subject called {other}")),
     };
     let after = resident_bytes()?;
     black_box(&keep);
-    Ok((
-        after.saturating_sub(before) as f64 / CLIENTS as f64,
-        elapsed / CLIENTS as u32,
-    ))
+    Ok(Measured {
+        growth_bytes: after.saturating_sub(before),
+        elapsed,
+        requests,
+        held,
+        evictions,
+    })
 }
 
 /// This process's resident set, in bytes.

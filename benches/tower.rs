@@ -102,6 +102,8 @@ type TollgateLayer = RateLimitLayer<
 >;
 
 fn tollgate_layer(rule: Rule) -> TollgateLayer {
+    // The default capacity (65 536 clients per plan) holds the `CLIENTS` addresses many times
+    // over: none is evicted or loses its slot, so every request is a lookup.
     let service = RateLimiterService::new(
         Algorithm::TokenBucket,
         [("bench", rule)],

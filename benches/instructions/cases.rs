@@ -41,6 +41,22 @@ pub(crate) const EMPTY_LOOP: &str = "empty_loop";
 /// Clients pre-inserted for the lookup cases.
 pub(crate) const LOOKUP_CLIENTS: u64 = 10_000;
 
+/// Clients pre-inserted for the large lookup cases: most lookups miss the caches, which the
+/// counts do not show, but a probe that goes further in a fuller table does.
+pub(crate) const LOOKUP_CLIENTS_LARGE: u64 = 1_000_000;
+
+/// The capacity tollgate's service is given for `clients` clients: four times their number.
+/// Its table is allocated up front and never grows, and a new client whose 16 slots (its two
+/// buckets) are all taken reuses an idle client's slot (every client here is idle a nanosecond
+/// after its request) or evicts one: a lookup case whose clients did not all stay would count
+/// inserts as lookups (`Lookup::new` checks that every client is still held), and a first
+/// request would not be the only client in its slot. Measured with this harness's clients, a
+/// table of capacity equal to the clients held 92% of 10 000, twice 99.98%, three times 99.9994%
+/// of 1 000 000, four times all of them.
+fn service_capacity(clients: u64) -> usize {
+    usize::try_from(4 * clients).expect("the clients fit in memory")
+}
+
 /// First requests per round, each round into a fresh map (as the criterion suite's batches):
 /// the cost includes the map's growth from empty.
 pub(crate) const FIRST_REQUEST_BATCH: u64 = 10_000;
@@ -212,7 +228,10 @@ pub(crate) const CASES: &[Case] = &[
         rounds: PER_DECISION_ROUNDS,
         run: |rounds| {
             drive(
-                Lookup::new(tollgate_service(DefaultHashing::default()))?,
+                Lookup::new(
+                    tollgate_service(DefaultHashing::default(), LOOKUP_CLIENTS),
+                    LOOKUP_CLIENTS,
+                )?,
                 rounds,
                 Expect::Allowed,
             )
@@ -225,7 +244,39 @@ pub(crate) const CASES: &[Case] = &[
         rounds: PER_DECISION_ROUNDS,
         run: |rounds| {
             drive(
-                Lookup::new(governor_keyed(DefaultHashing::default()))?,
+                Lookup::new(governor_keyed(DefaultHashing::default()), LOOKUP_CLIENTS)?,
+                rounds,
+                Expect::Allowed,
+            )
+        },
+    },
+    Case {
+        name: "service_lookup_1m_default_hasher/tollgate",
+        label: "service lookup, 1 000 000 clients, default hasher",
+        decisions_per_round: 1,
+        rounds: PER_DECISION_ROUNDS,
+        run: |rounds| {
+            drive(
+                Lookup::new(
+                    tollgate_service(DefaultHashing::default(), LOOKUP_CLIENTS_LARGE),
+                    LOOKUP_CLIENTS_LARGE,
+                )?,
+                rounds,
+                Expect::Allowed,
+            )
+        },
+    },
+    Case {
+        name: "service_lookup_1m_default_hasher/governor",
+        label: "service lookup, 1 000 000 clients, default hasher",
+        decisions_per_round: 1,
+        rounds: PER_DECISION_ROUNDS,
+        run: |rounds| {
+            drive(
+                Lookup::new(
+                    governor_keyed(DefaultHashing::default()),
+                    LOOKUP_CLIENTS_LARGE,
+                )?,
                 rounds,
                 Expect::Allowed,
             )
@@ -238,7 +289,10 @@ pub(crate) const CASES: &[Case] = &[
         rounds: PER_DECISION_ROUNDS,
         run: |rounds| {
             drive(
-                Lookup::new(tollgate_service(FixedFoldHash::default()))?,
+                Lookup::new(
+                    tollgate_service(FixedFoldHash::default(), LOOKUP_CLIENTS),
+                    LOOKUP_CLIENTS,
+                )?,
                 rounds,
                 Expect::Allowed,
             )
@@ -251,7 +305,7 @@ pub(crate) const CASES: &[Case] = &[
         rounds: PER_DECISION_ROUNDS,
         run: |rounds| {
             drive(
-                Lookup::new(governor_keyed(FixedFoldHash::default()))?,
+                Lookup::new(governor_keyed(FixedFoldHash::default()), LOOKUP_CLIENTS)?,
                 rounds,
                 Expect::Allowed,
             )
@@ -263,7 +317,9 @@ pub(crate) const CASES: &[Case] = &[
         decisions_per_round: FIRST_REQUEST_BATCH,
         rounds: BATCH_ROUNDS,
         run: |rounds| {
-            let first = FirstRequests::new(|| tollgate_service(DefaultHashing::default()));
+            let first = FirstRequests::new(|| {
+                tollgate_service(DefaultHashing::default(), FIRST_REQUEST_BATCH)
+            });
             drive(first, rounds, Expect::Allowed)
         },
     },
@@ -283,7 +339,9 @@ pub(crate) const CASES: &[Case] = &[
         decisions_per_round: FIRST_REQUEST_BATCH,
         rounds: BATCH_ROUNDS,
         run: |rounds| {
-            let first = FirstRequests::new(|| tollgate_service(FixedFoldHash::default()));
+            let first = FirstRequests::new(|| {
+                tollgate_service(FixedFoldHash::default(), FIRST_REQUEST_BATCH)
+            });
             drive(first, rounds, Expect::Allowed)
         },
     },
@@ -488,10 +546,11 @@ enum Plan {
 /// tollgate's service: token bucket, one plan, the production clock, hasher `S`.
 type TollgateService<S> = RateLimiterService<u64, Plan, MonotonicClock, S>;
 
-fn tollgate_service<S: BuildHasher + Clone>(hasher: S) -> TollgateService<S> {
+fn tollgate_service<S: BuildHasher + Clone>(hasher: S, clients: u64) -> TollgateService<S> {
     ServiceBuilder::new(Algorithm::TokenBucket, MonotonicClock::new())
         .plan(Plan::Standard, refilling_rule())
         .hasher(hasher)
+        .capacity(service_capacity(clients))
         .build()
         .expect("the rule is valid for the token bucket")
 }
@@ -506,6 +565,9 @@ fn governor_keyed<S: BuildHasher + Clone + Default>(hasher: S) -> GovernorKeyed<
 /// A limiter keyed by client: one request from `client`, allowed or not.
 trait Keyed {
     fn allow(&self, client: u64) -> bool;
+
+    /// Clients held, and clients evicted (0 where the map never evicts).
+    fn held_and_evicted(&self) -> (usize, u64);
 }
 
 impl<S: BuildHasher> Keyed for TollgateService<S> {
@@ -514,6 +576,10 @@ impl<S: BuildHasher> Keyed for TollgateService<S> {
         self.allow(&client, &Plan::Standard)
             .expect("the plan has a rule")
     }
+
+    fn held_and_evicted(&self) -> (usize, u64) {
+        (self.len(), self.evictions())
+    }
 }
 
 impl<S: BuildHasher + Clone> Keyed for GovernorKeyed<S> {
@@ -521,27 +587,36 @@ impl<S: BuildHasher + Clone> Keyed for GovernorKeyed<S> {
     fn allow(&self, client: u64) -> bool {
         self.check_key(&client).is_ok()
     }
+
+    fn held_and_evicted(&self) -> (usize, u64) {
+        (self.len(), 0)
+    }
 }
 
-/// A request from a known client: the clients `0..LOOKUP_CLIENTS` in turn.
+/// A request from a known client: the clients `0..clients` in turn.
 struct Lookup<M> {
     map: M,
+    clients: u64,
     next_client: u64,
 }
 
 impl<M: Keyed> Lookup<M> {
-    /// `map` with every client's first request made.
-    fn new(map: M) -> Result<Self, String> {
-        let admitted = (0..LOOKUP_CLIENTS)
-            .filter(|&client| map.allow(client))
-            .count();
-        if admitted as u64 != LOOKUP_CLIENTS {
+    /// `map` with the first request of each of `clients` clients made, every one still held.
+    fn new(map: M, clients: u64) -> Result<Self, String> {
+        let admitted = (0..clients).filter(|&client| map.allow(client)).count();
+        if admitted as u64 != clients {
+            return Err(format!("{admitted} of {clients} first requests admitted"));
+        }
+        // A client dropped to make room would make its lookups inserts.
+        let (held, evicted) = map.held_and_evicted();
+        if held as u64 != clients || evicted != 0 {
             return Err(format!(
-                "{admitted} of {LOOKUP_CLIENTS} first requests admitted"
+                "{held} of {clients} clients held, {evicted} evicted: the capacity is too small"
             ));
         }
         Ok(Lookup {
             map,
+            clients,
             next_client: 0,
         })
     }
@@ -551,7 +626,7 @@ impl<M: Keyed> Round for Lookup<M> {
     #[inline]
     fn round(&mut self) -> u64 {
         let client = self.next_client;
-        self.next_client = if client + 1 == LOOKUP_CLIENTS {
+        self.next_client = if client + 1 == self.clients {
             0
         } else {
             client + 1

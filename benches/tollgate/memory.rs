@@ -44,7 +44,7 @@ pub(crate) fn report(write_json: bool) {
         rows.push(Footprint {
             method: algorithm.name(),
             implementation: TOLLGATE,
-            growth: grow(TollgateService::new(algorithm, rule)),
+            growth: grow(TollgateService::new(algorithm, rule, IDLE_CLIENTS)),
         });
     }
     rows.push(Footprint {

@@ -176,9 +176,12 @@ pub(crate) fn render(release: &Value, release_lto: &Value) -> Result<String, Err
          their default (std's SipHash-1-3 with random keys, which move entries and so probe \
          lengths: these rows move by up to about 1% from run to run; every other row is \
          exact), or foldhash with a fixed seed. A lookup is a request from one of {} clients \
-         already in the map, taken in turn; a first request makes the client's limiter, {} \
-         of them into a fresh default-sized map (its growth included), counted over two such \
-         batches after a first. A ratio above 1.00x is a case where tollgate executes more \
+         (or of 1 000 000) already in the map, taken in turn; a first request makes the \
+         client's limiter, {} of them into a fresh map, counted over two such batches after a \
+         first: governor's default-sized (its growth included), tollgate's of capacity four \
+         times the clients (allocated when the service is built, not counted; a capacity of \
+         exactly the clients would not hold them all, and a lookup of a client that lost its \
+         slot would count an insert). A ratio above 1.00x is a case where tollgate executes more \
          instructions than governor.\n",
         section::INSTRUCTIONS.begin,
         text("source")?,
