@@ -16,7 +16,7 @@ use super::word::Reservation;
 use crate::clock::Clock;
 use crate::decision::{Admit, Retired};
 use crate::error::RuleError;
-use crate::sync::AtomicWord;
+use crate::sync::{AtomicWord, Word};
 use crate::{Algorithm, Decision, Rule};
 
 /// One limit's constants, for any method.
@@ -114,6 +114,23 @@ impl AnyParams {
             AnyParams::SlidingWindowLog(params) => {
                 ClientState::Ring(0, Box::new(Method::fresh(params, since_nanos)))
             }
+        }
+    }
+
+    /// See [`Method::fresh`], for a one-word method: the word's value, with no state made;
+    /// `None` for the sliding log, whose state is a ring.
+    pub(crate) fn fresh_word(&self, since_nanos: u64) -> Option<u64> {
+        match self {
+            AnyParams::TokenBucket(params) => {
+                Some(Method::fresh::<Word>(params, since_nanos).into_inner())
+            }
+            AnyParams::FixedWindow(params) => {
+                Some(Method::fresh::<Word>(params, since_nanos).into_inner())
+            }
+            AnyParams::SlidingWindowCounter(params) => {
+                Some(Method::fresh::<Word>(params, since_nanos).into_inner())
+            }
+            AnyParams::SlidingWindowLog(_) => None,
         }
     }
 

@@ -60,9 +60,6 @@ pub trait ClientMap<K, V> {
     where
         K: 'g,
         V: 'g;
-
-    /// How many entries the map holds (at some instant during the call).
-    fn count(&self) -> usize;
 }
 
 /// The service's map: papaya's lock-free map, whose guard is its collector's (seize).
@@ -114,11 +111,6 @@ where
         V: 'g,
     {
         papaya::HashMap::iter(self, guard)
-    }
-
-    #[inline]
-    fn count(&self) -> usize {
-        papaya::HashMap::len(self)
     }
 }
 
@@ -301,13 +293,6 @@ mod model {
                 // Acquire: as `get`.
                 Some((key, self.entry(slot.load(Ordering::Acquire))?))
             })
-        }
-
-        fn count(&self) -> usize {
-            self.slots
-                .iter()
-                .filter(|slot| slot.load(Ordering::Acquire) != 0)
-                .count()
         }
     }
 }

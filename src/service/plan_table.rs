@@ -18,7 +18,7 @@
 #![allow(unsafe_code)]
 
 use std::sync::Mutex;
-use std::sync::atomic::AtomicPtr;
+use std::sync::atomic::{AtomicBool, AtomicPtr};
 
 use papaya::LocalGuard;
 
@@ -100,6 +100,8 @@ struct PlanEntry<K, P, S> {
     current: AtomicPtr<PlanVersion>,
     /// `None` unless the service was built to count decisions.
     counts: Option<DecisionCounts>,
+    /// Whether the plan has ever had several limits (whose clients the map holds); never reset.
+    had_several: AtomicBool,
 }
 
 impl<K, P, S> Drop for PlanEntry<K, P, S> {
@@ -107,7 +109,7 @@ impl<K, P, S> Drop for PlanEntry<K, P, S> {
         let current = *self.current.get_mut();
         // SAFETY: `current` came from `Box::into_raw` (see `PlanTable::new` and
         // `PlanTable::set_limits`) and is the table's own: a replaced version is moved into
-        // `PlanTable::replaced` as a `Box`, the current one never is. `&mut self` means that no
+        // `PlanTable::replaced`, the current one never is. `&mut self` means that no
         // reader holds it any more.
         drop(unsafe { Box::from_raw(current) });
     }
@@ -223,11 +225,26 @@ pub(crate) struct PlanTable<K, P, S> {
     /// `AnyParams::new`).
     start_nanos: u64,
     plans: Box<[PlanEntry<K, P, S>]>,
-    /// Every version a change replaced, kept until the table is dropped (see the module's
-    /// docs); its lock serializes rule changes, and is never taken on a decision. Boxed: a
-    /// reader may hold a version's address, which the vector's growth must not move.
-    #[allow(clippy::vec_box)]
-    replaced: Mutex<Vec<Box<PlanVersion>>>,
+    /// Every version a change replaced (each from `Box::into_raw`), kept as the pointer it was
+    /// published as until the table is dropped (see the module's docs): not as a `Box`, which
+    /// would claim it unique while readers still hold references to it. Its lock serializes rule
+    /// changes, and is never taken on a decision.
+    replaced: Mutex<Vec<AtomicPtr<PlanVersion>>>,
+}
+
+impl<K, P, S> Drop for PlanTable<K, P, S> {
+    fn drop(&mut self) {
+        let replaced = self
+            .replaced
+            .get_mut()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        for version in replaced.drain(..) {
+            // SAFETY: each came from `Box::into_raw` (see `set_limits`), was put here once, when
+            // it was swapped out, and is freed once, here; `&mut self` means that no reader holds
+            // it any more.
+            drop(unsafe { Box::from_raw(version.into_inner()) });
+        }
+    }
 }
 
 impl<K, P: std::fmt::Debug, S> std::fmt::Debug for PlanTable<K, P, S> {
@@ -268,6 +285,7 @@ impl<K, P, S> PlanTable<K, P, S> {
                         .then(|| ClientStore::new(capacity)),
                     current: AtomicPtr::new(Box::into_raw(Box::new(PlanVersion::new(0, &limits)))),
                     counts: count_decisions.then(|| DecisionCounts::new(shards)),
+                    had_several: AtomicBool::new(limits.len() > 1),
                 })
                 .collect(),
             replaced: Mutex::new(Vec::new()),
@@ -309,6 +327,15 @@ impl<K, P, S> PlanTable<K, P, S> {
             .filter_map(|entry| entry.store.as_ref())
             .map(ClientStore::evictions)
             .sum()
+    }
+
+    /// Whether the plan at `index` has ever had several limits, as of the version last read by
+    /// this thread (or a later one): if it has not, its map holds no client.
+    #[inline]
+    pub(crate) fn had_several(&self, index: usize) -> bool {
+        // Relaxed: ordered after the caller's read of the plan's version (Acquire), which
+        // `set_limits` publishes after setting the flag.
+        self.plans[index].had_several.load(Ordering::Relaxed)
     }
 
     /// The one-word clients of the plan at `index`, with its current limits, if the method
@@ -372,13 +399,15 @@ impl<K, P, S> PlanTable<K, P, S> {
         let Some(version) = current.version().checked_add(1) else {
             return Err(TooManyChanges);
         };
+        if limits.len() > 1 {
+            // Relaxed: published by the swap's Release below, with the version.
+            entry.had_several.store(true, Ordering::Relaxed);
+        }
         let next = Box::into_raw(Box::new(PlanVersion::new(version, limits)));
         // Release: publishes the new version's contents to readers' Acquire loads.
         let old = entry.current.swap(next, Ordering::Release);
-        // SAFETY: `old` came from `Box::into_raw` and was the current version until the swap;
-        // the mutex serializes changes, so no other change took it out. Readers may still hold
-        // it: it is kept, not freed, until the table is dropped.
-        replaced.push(unsafe { Box::from_raw(old) });
+        // Readers may still hold `old`: it is kept, not freed, until the table is dropped.
+        replaced.push(AtomicPtr::new(old));
         Ok(true)
     }
 

@@ -293,17 +293,18 @@ where
     /// Retires and removes `client`'s entry in the map of the plan at `index`, if it has one:
     /// before a state is put in the plan's store, so that a request still holding the map's
     /// entry (made under the plan's earlier limits, of several) cannot be granted on it. A
-    /// lookup only where the plan has had several limits.
-    #[cold]
+    /// lookup only where the plan has had several limits (read after the plan's version: see
+    /// `PlanTable::had_several`).
+    #[inline]
     fn retire_in_map<Q>(&self, index: usize, client: &Q)
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let pinned = self.plans.pin(index);
-        if pinned.clients().count() == 0 {
+        if !self.plans.had_several(index) {
             return;
         }
+        let pinned = self.plans.pin(index);
         if let Some(entry) = pinned.clients().get(client, pinned.guard()) {
             pinned.head().first.retire_now(&entry.state);
             pinned

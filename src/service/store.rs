@@ -327,6 +327,14 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
         }
     }
 
+    /// The buckets `place` may use, home first: the home alone where the other is the same.
+    #[inline]
+    fn buckets(&self, place: Place) -> impl Iterator<Item = &Bucket<W, B>> {
+        let home = &self.buckets[place.home];
+        let other = (place.other != place.home).then(|| &self.buckets[place.other]);
+        std::iter::once(home).chain(other)
+    }
+
     /// The slots `place` may use, home bucket first: each slot's tag and state.
     #[inline]
     fn slots(&self, place: Place) -> impl Iterator<Item = (&W, &W)> {
@@ -383,39 +391,47 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
         }
     }
 
-    /// Puts a fresh state for the key at `place` under `head` (made as of `made_as_of()`, read
+    /// Puts a fresh state for the key at `place` under `head` (made as of `evicted_up_to`, read
     /// after any retirement this call makes) unless a live one made under `head`'s version or a
     /// later one is there; `now_nanos` decides which states are idle. Publishes `now_nanos` in
-    /// `evicted_up_to` before it retires a state to reuse its slot.
+    /// `evicted_up_to` before it retires a state to reuse its slot. Returns the slot of the
+    /// key's state, put or found, with its tag; `None` when every state it tried to take for
+    /// reuse changed first (the decision inserts again).
     pub fn insert<L: WordLimit<W>>(
         &self,
         place: Place,
         head: &StoreHead<L>,
         now_nanos: u64,
         evicted_up_to: &W,
-    ) {
+    ) -> Option<(&W, &W, u64)> {
         let _lock = (!self.has_fault(StoreFault::InsertWithoutLock))
             .then(|| InsertLock::take(&self.insert_locks[place.home]));
         // Another insert of this key may have come first; a live state of an earlier version is
-        // retired here, so that the key never has two live states.
-        for (tag, state) in self.slots(place) {
-            let seen = settled(tag);
-            if seen & FINGERPRINT != place.fingerprint {
-                continue;
+        // retired here, so that the key never has two live states. The first free slot is
+        // noted on the way.
+        let mut first_free = None;
+        for bucket in self.buckets(place) {
+            for at in 0..B {
+                let (tag, state) = (&bucket.tags[at], &bucket.states[at]);
+                let seen = settled(tag);
+                if seen & FINGERPRINT != place.fingerprint {
+                    if first_free.is_none() && is_free(seen) {
+                        first_free = Some((tag, seen, state));
+                    }
+                    continue;
+                }
+                if version_of(seen) >= head.version {
+                    return Some((tag, state, seen));
+                }
+                self.retire_earlier(head, tag, seen, state);
             }
-            if version_of(seen) >= head.version {
-                return;
-            }
-            self.retire_earlier(head, tag, seen, state);
         }
-        let (tag, previous, state) = match self.claim_free(place) {
+        let claimed = first_free
+            .filter(|&(tag, seen, _)| claim(tag, seen))
+            .or_else(|| self.claim_free(place));
+        let (tag, previous, state) = match claimed {
             Some(slot) => slot,
-            None => match self.reuse(place, head, now_nanos, evicted_up_to) {
-                Some(slot) => slot,
-                // Every state of the two buckets changed as the insert tried to take it: the
-                // decision inserts again.
-                None => return,
-            },
+            None => self.reuse(place, head, now_nanos, evicted_up_to)?,
         };
         // Release: a request whose exchange lands on this state or a later one (an Acquire
         // fence follows it) then sees the slot's tag no earlier than `BUSY`, so it knows the slot
@@ -424,31 +440,19 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
             head.limit.fresh(evicted_up_to.load(Ordering::Relaxed)),
             Ordering::Release,
         );
+        let live = live_tag(head.version, place.fingerprint, previous);
         // Release: a reader that finds the tag (Acquire) sees the state.
-        tag.store(
-            live_tag(head.version, place.fingerprint, previous),
-            Ordering::Release,
-        );
+        tag.store(live, Ordering::Release);
+        Some((tag, state, live))
     }
 
     /// Claims the first free slot of `place`'s buckets: its tag goes from free to `BUSY`.
     /// Returns the slot's tag, the free tag it held, and its state.
     fn claim_free(&self, place: Place) -> Option<(&W, u64, &W)> {
         self.slots(place).find_map(|(tag, state)| {
-            // Relaxed: the exchange below decides.
+            // Relaxed: the exchange in `claim` decides.
             let seen = tag.load(Ordering::Relaxed);
-            // Acquire: pairs with the Release that freed the slot, so the state's retirement
-            // comes before the fresh state this insert stores.
-            (is_free(seen)
-                && tag
-                    .compare_exchange(
-                        seen,
-                        idle_tag(seen, true),
-                        Ordering::Acquire,
-                        Ordering::Relaxed,
-                    )
-                    .is_ok())
-            .then_some((tag, seen, state))
+            claim(tag, seen).then_some((tag, seen, state))
         })
     }
 
@@ -577,38 +581,18 @@ where
 {
     let mut inserts = 0;
     loop {
-        for (tag, state) in store.slots(place) {
-            // Acquire: pairs with the Release that published the tag after its state.
-            let seen = tag.load(Ordering::Acquire);
-            if seen & FINGERPRINT != place.fingerprint {
-                continue;
-            }
-            // The plan is read *after* the state is found: a state is used only if it was made
-            // under the version this read returns, and a state of an earlier version is retired
-            // before a fresh one is put under the later one (see `insert`), so a request that
-            // read the plan before a change never grants on a state put after it.
-            let head = plan.head();
-            let version = version_of(seen);
-            if version == head.version && head.kept {
-                let slot = SlotWord { state, tag, seen };
-                let decided = request.acquire(&head.limit, &slot);
-                // Checked whatever the answer: after a decision that met a retired state, the
-                // check's fence pairs with the Release of the retiring exchange, so that what
-                // the retiring thread had seen (the plan's later limits, the reading it retired
-                // at) is seen by the lookups and the insert that follow.
-                let same_holding = slot.same_holding();
-                if let Ok(answer) = decided
-                    && same_holding
+        // Bucket by bucket, slot by slot: a loop of constant length over each bucket's tags,
+        // which compiles to a few instructions a slot.
+        for bucket in store.buckets(place) {
+            for at in 0..B {
+                let (tag, state) = (&bucket.tags[at], &bucket.states[at]);
+                // Acquire: pairs with the Release that published the tag after its state.
+                let seen = tag.load(Ordering::Acquire);
+                if seen & FINGERPRINT == place.fingerprint
+                    && let Some(answer) = decide_on_slot(store, plan, request, tag, state, seen)
                 {
-                    return Stored::Answer(request.answered(answer));
+                    return Stored::Answer(answer);
                 }
-                // Retired, or the slot changed hands: a denial read from the slot's next state, or
-                // a grant whose exchange landed in the instant between its check and the slot's
-                // change. The answer is dropped, and the decision looks again; what a grant took
-                // stays taken from that state (its client pays one permit for the race, and no
-                // client is granted one more).
-            } else if version < head.version {
-                store.retire_earlier(&head, tag, seen, state);
             }
         }
         let head = plan.head();
@@ -625,8 +609,77 @@ where
             return Stored::GaveUp;
         }
         inserts += 1;
-        store.insert(place, &head, now_nanos(), evicted_up_to);
+        // The slot the insert put (or found) the key's state in, decided on at once; the key's
+        // buckets are looked up again only if that does not answer.
+        if let Some((tag, state, seen)) = store.insert(place, &head, now_nanos(), evicted_up_to)
+            && let Some(answer) = decide_on_slot(store, plan, request, tag, state, seen)
+        {
+            return Stored::Answer(answer);
+        }
     }
+}
+
+/// [`decide`] on the slot whose tag read `seen` (the key's fingerprint): the answer, if the slot
+/// holds the key's state under the plan's current limits and kept its holding.
+#[inline(always)]
+fn decide_on_slot<W, const B: usize, P, R>(
+    store: &ClientStore<W, B>,
+    plan: &P,
+    request: &R,
+    tag: &W,
+    state: &W,
+    seen: u64,
+) -> Option<R::Answer>
+where
+    W: AtomicWord,
+    P: StorePlan,
+    P::Limit: WordLimit<W>,
+    R: WordRequest<W, P::Limit>,
+{
+    // The plan is read *after* the state is found: a state is used only if it was made under
+    // the version this read returns, and a state of an earlier version is retired before a
+    // fresh one is put under the later one (see `insert`), so a request that read the plan
+    // before a change never grants on a state put after it.
+    let head = plan.head();
+    let version = version_of(seen);
+    if version == head.version && head.kept {
+        let slot = SlotWord { state, tag, seen };
+        let decided = request.acquire(&head.limit, &slot);
+        // Checked whatever the answer: after a decision that met a retired state, the check's
+        // fence pairs with the Release of the retiring exchange, so that what the retiring
+        // thread had seen (the plan's later limits, the reading it retired at) is seen by the
+        // lookups and the insert that follow.
+        let same_holding = slot.same_holding();
+        if let Ok(answer) = decided
+            && same_holding
+        {
+            return Some(request.answered(answer));
+        }
+        // Retired, or the slot changed hands: a denial read from the slot's next state, or a
+        // grant whose exchange landed in the instant between its check and the slot's change.
+        // The answer is dropped, and the decision looks again; what a grant took stays taken
+        // from that state (its client pays one permit for the race, and no client is granted
+        // one more).
+    } else if version < head.version {
+        store.retire_earlier(&head, tag, seen, state);
+    }
+    None
+}
+
+/// Claims a slot whose tag read `seen`, if that is a free one: its tag goes from `seen` to
+/// `BUSY`. Whether this thread claimed it.
+fn claim<W: AtomicWord>(tag: &W, seen: u64) -> bool {
+    // Acquire: pairs with the Release that freed the slot, so the state's retirement comes
+    // before the fresh state this insert stores.
+    is_free(seen)
+        && tag
+            .compare_exchange(
+                seen,
+                idle_tag(seen, true),
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            )
+            .is_ok()
 }
 
 /// A slot's state word as a decision sees it, through the tag the decision found: every
