@@ -58,12 +58,15 @@ impl Clock for ParkingClock {
     }
 }
 
-/// Parks this thread at its `nth` clock reading from now; returns the channel that says it has
-/// parked and the one that resumes it.
-fn park_at_reading(nth: usize) -> (Receiver<()>, Sender<()>) {
+/// Parks this thread at its `nth` step towards `point` from now (see `step_towards_park`);
+/// returns the channel that says it has parked and the one that resumes it.
+fn park_at(
+    point: &'static std::thread::LocalKey<RefCell<Option<Park>>>,
+    nth: usize,
+) -> (Receiver<()>, Sender<()>) {
     let (parked_tx, parked_rx) = channel();
     let (resume_tx, resume_rx) = channel();
-    PARK_AT_READING.with(|park| {
+    point.with(|park| {
         *park.borrow_mut() = Some(Park {
             countdown: nth,
             parked: parked_tx,
@@ -71,6 +74,11 @@ fn park_at_reading(nth: usize) -> (Receiver<()>, Sender<()>) {
         })
     });
     (parked_rx, resume_tx)
+}
+
+/// On this thread, park at the `nth` clock reading of a `ParkingClock` from now on.
+fn park_at_reading(nth: usize) -> (Receiver<()>, Sender<()>) {
+    park_at(&PARK_AT_READING, nth)
 }
 
 impl Hash for ParkingKey {
@@ -82,16 +90,7 @@ impl Hash for ParkingKey {
 
 /// On this thread, park at the `nth` hash of a `ParkingKey` from now on.
 fn park_at_hash(nth: usize) -> (Receiver<()>, Sender<()>) {
-    let (parked_tx, parked_rx) = channel();
-    let (resume_tx, resume_rx) = channel();
-    PARK.with(|park| {
-        *park.borrow_mut() = Some(Park {
-            countdown: nth,
-            parked: parked_tx,
-            resume: resume_rx,
-        })
-    });
-    (parked_rx, resume_tx)
+    park_at(&PARK, nth)
 }
 
 type ParkingService = RateLimiterService<ParkingKey, &'static str, FakeClock>;
