@@ -696,3 +696,9 @@ fn store_taking_a_taken_tag_fails_rule_change_model() {
 fn store_sweep_retiring_active_states_fails_sweep_model() {
     crate::store::check_sweep_racing_requests(StoreFault::SweepRetiresActive);
 }
+
+#[test]
+#[should_panic(expected = "more grants than fresh states")]
+fn store_evicting_without_counting_fails_eviction_model() {
+    crate::store::check_eviction_racing_a_decision(StoreFault::UncountedEviction);
+}

@@ -189,6 +189,8 @@ pub enum StoreFault {
     TakeTakenTag,
     /// A sweep that retires every state, idle or not.
     SweepRetiresActive,
+    /// An eviction that is not counted: a client started afresh without its eviction showing.
+    UncountedEviction,
 }
 
 /// What one limit of a plan does to a state word, as the store needs it (the method's own
@@ -506,8 +508,10 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
             if take_live(tag, seen) {
                 if !head.limit.retire_if_idle(state, now_nanos) {
                     head.limit.retire_now(state);
-                    // Relaxed: a count.
-                    self.evictions.fetch_add(1, Ordering::Relaxed);
+                    if !self.has_fault(StoreFault::UncountedEviction) {
+                        // Relaxed: a count.
+                        self.evictions.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
                 taken(tag, seen);
                 return Some((tag, seen, state));
