@@ -40,12 +40,13 @@
 //!   swept or being replaced) makes the probe go on, and then insert.
 //! - **Insert** ([`ClientStore::insert`]), under the home bucket's lock: a live state for the
 //!   key put meanwhile is used; otherwise the first free slot of the two buckets is claimed
-//!   (compare-and-swap of its tag from 0 to `BUSY`); otherwise a slot is *reused*: one made
+//!   (compare-and-swap of its tag from free to `BUSY`); otherwise a slot is *reused*: one made
 //!   under an earlier version, else one whose state is indistinguishable from fresh (retired by
 //!   one exchange on its state, so a state that is admitting is never taken), else the state
 //!   closest to fresh among the two buckets (the most permits available), which is an
 //!   **eviction**, counted. The slot's new state is stored before its tag is published
-//!   (Release), so a reader that finds the tag sees the state.
+//!   (Release), so a reader that finds the tag sees the state. The insert returns the slot, and
+//!   the decision decides on it as on one it found (the plan read after, the holding checked).
 //! - **Sweep** ([`ClientStore::sweep`]): retires idle states and ones made under earlier
 //!   versions, and frees their slots. The store never needs it to take new clients (inserts
 //!   reuse idle slots themselves); it keeps [`ClientStore::clients`] to the clients that are active.
