@@ -338,17 +338,11 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
         std::iter::once(home).chain(other)
     }
 
-    /// The slots `place` may use, home bucket first: each slot's tag and state.
-    #[inline]
+    /// The slots `place` may use, home bucket first: each slot's tag and state (for the insert's
+    /// rarer passes; the decision's probe loops over [`ClientStore::buckets`] itself).
     fn slots(&self, place: Place) -> impl Iterator<Item = (&W, &W)> {
-        let buckets = [&self.buckets[place.home], &self.buckets[place.other]];
-        // One range over both buckets' slots (the other bucket skipped when it is the home):
-        // a counted loop, which compiles to a few instructions a slot.
-        let count = if place.other == place.home { B } else { 2 * B };
-        (0..count).map(move |at| {
-            let bucket = buckets[at / B];
-            (&bucket.tags[at % B], &bucket.states[at % B])
-        })
+        self.buckets(place)
+            .flat_map(|bucket| bucket.tags.iter().zip(&bucket.states))
     }
 
     /// The first state the key at `place` has in the store, with the version it was made
@@ -378,8 +372,15 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
     }
 
     /// Retires `state` (under `tag`, which read `seen`) made under an earlier version than
-    /// `head`'s, and frees its slot, unless another thread has taken the slot since.
-    fn retire_earlier<L: WordLimit<W>>(&self, head: &StoreHead<L>, tag: &W, seen: u64, state: &W) {
+    /// `head`'s, and frees its slot, unless another thread has taken the slot since; whether it
+    /// did.
+    fn retire_earlier<L: WordLimit<W>>(
+        &self,
+        head: &StoreHead<L>,
+        tag: &W,
+        seen: u64,
+        state: &W,
+    ) -> bool {
         let taken = if self.has_fault(StoreFault::TakeTakenTag) {
             // The broken step: an exchange from a tag that may carry the bit already.
             tag.compare_exchange(seen, seen | RETIRING, Ordering::Acquire, Ordering::Relaxed)
@@ -388,10 +389,13 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
             take_live(tag, seen)
         };
         if taken {
+            // Once the tag is taken, the state is this thread's to retire (nothing else retires
+            // it), and the slot to free.
             head.limit.retire_now(state);
             // Release: the slot is free only after its state is retired (see `claim_free`).
             tag.store(idle_tag(seen, false), Ordering::Release);
         }
+        taken
     }
 
     /// Puts a fresh state for the key at `place` under `head` (made as of `evicted_up_to`, read
@@ -539,25 +543,21 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
                 if !is_live(seen) || seen & RETIRING != 0 {
                     continue;
                 }
-                let retired = if version_of(seen) < head.version
+                let freed_here = if version_of(seen) < head.version
                     || self.has_fault(StoreFault::SweepRetiresActive)
                 {
-                    // Once the tag is taken, the state is this thread's to retire (nothing else
-                    // retires it), and the slot to free.
-                    take_live(tag, seen) && {
-                        head.limit.retire_now(state);
-                        true
-                    }
-                } else {
-                    version_of(seen) == head.version
-                        && head.limit.is_idle(state, now_nanos)
-                        && retire_if_idle(&head.limit, tag, seen, state, now_nanos)
-                };
-                if retired {
+                    self.retire_earlier(head, tag, seen, state)
+                } else if version_of(seen) == head.version
+                    && head.limit.is_idle(state, now_nanos)
+                    && retire_if_idle(&head.limit, tag, seen, state, now_nanos)
+                {
                     // Release: as in `retire_earlier`.
                     tag.store(idle_tag(seen, false), Ordering::Release);
-                    freed += 1;
-                }
+                    true
+                } else {
+                    false
+                };
+                freed += usize::from(freed_here);
             }
         }
         freed
