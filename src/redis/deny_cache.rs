@@ -7,11 +7,46 @@
 //! is measured from when the request was *sent*, which is no later than when Redis decided, so a
 //! cached denial never outlasts the real one: the cache can only save round trips, never change a
 //! decision beyond the round trip's own latency.
+//!
+//! # Cost: O(1) at any fill
+//!
+//! The table is allocated whole when the cache is built: `capacity` slots (rounded down to a
+//! multiple of [`WAYS`] when at least [`WAYS`]) in buckets of [`WAYS`] slots, each bucket behind
+//! its own lock, held for at most [`WAYS`] comparisons and never across an await. A key's bucket
+//! comes from a keyed 64-bit hash (std's `RandomState`, seeded per cache, so that clients cannot
+//! choose names that crowd one bucket). `get` and `insert` lock one bucket and look at its slots
+//! only: nothing ever scans the table, and the cache never holds more than its slots.
+//!
+//! # Collisions can only miss
+//!
+//! Each slot stores its key in full, and a lookup compares it (the hash, compared first, is a
+//! filter only, read from the bucket's first cache line). Two keys sharing a hash or a bucket are two entries; all a collision can do is
+//! displace an entry, so that a later lookup misses and asks Redis. A stored fingerprint alone
+//! could answer one client with another's denial, so the key is kept, at the cost of its bytes.
+//!
+//! # Replacement
+//!
+//! An insert for a key its bucket holds overwrites that entry (the newer denial, sound on its
+//! own). Otherwise it takes an empty slot, else one whose denial has expired, else the slot of
+//! the denial that expires first, unless the new one expires no later: then the new one is not
+//! kept. A bucket full of live denials thus keeps the ones that save the most round trips. A
+//! lookup that meets its entry expired frees the slot.
+//!
+//! Memory: 80 bytes a slot (a bucket of 4 and its lock on 5 cache lines), allocated up front
+//! (8 MB for the default 100 000), plus the bytes of each key held.
 
+use std::collections::hash_map::RandomState;
+use std::fmt;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
 use crate::clock::duration_to_nanos;
 use crate::{Decision, Rule};
+
+/// Slots per bucket: the most a lookup or an insert compares.
+pub(super) const WAYS: usize = 4;
 
 /// One cached denial.
 #[derive(Debug, Clone, Copy)]
@@ -26,20 +61,71 @@ struct Entry {
     reset_at: u64,
 }
 
+/// A held denial and the key it is for.
 #[derive(Debug)]
-pub(super) struct DenyCache {
+struct Held {
+    key: Box<str>,
+    entry: Entry,
+}
+
+/// One bucket: its slots' hashes side by side, so that a lookup compares them in the cache line
+/// of the bucket's lock and touches only the slot whose hash matches.
+#[derive(Debug, Default)]
+struct Bucket {
+    /// The hash of each slot's key; meaningless for an empty slot.
+    hashes: [u64; WAYS],
+    slots: [Option<Held>; WAYS],
+}
+
+/// A bucket and its lock, on cache lines of their own.
+#[derive(Debug, Default)]
+#[repr(align(64))]
+struct Line(Mutex<Bucket>);
+
+pub(super) struct DenyCache<S = RandomState> {
     origin: Instant,
-    capacity: usize,
-    entries: papaya::HashMap<String, Entry>,
+    hasher: S,
+    buckets: Box<[Line]>,
+    /// Slots used in each bucket: [`WAYS`], or the capacity when it is smaller.
+    ways: usize,
+    /// Slots holding an entry, live or expired.
+    held: AtomicUsize,
+}
+
+impl<S: BuildHasher> fmt::Debug for DenyCache<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DenyCache")
+            .field("capacity", &self.capacity())
+            .field("held", &self.len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl DenyCache {
+    /// A cache of at most `capacity` denials (at least 1).
     pub(super) fn new(capacity: usize) -> DenyCache {
+        DenyCache::with_hasher(capacity, RandomState::new())
+    }
+}
+
+impl<S: BuildHasher> DenyCache<S> {
+    /// [`DenyCache::new`] with the keys hashed by `hasher`.
+    fn with_hasher(capacity: usize, hasher: S) -> DenyCache<S> {
+        let capacity = capacity.max(1);
+        let ways = capacity.min(WAYS);
+        let buckets = capacity / ways;
         DenyCache {
             origin: Instant::now(),
-            capacity,
-            entries: papaya::HashMap::new(),
+            hasher,
+            buckets: (0..buckets).map(|_| Line::default()).collect(),
+            ways,
+            held: AtomicUsize::new(0),
         }
+    }
+
+    /// The most denials the cache holds.
+    pub(super) fn capacity(&self) -> usize {
+        self.buckets.len() * self.ways
     }
 
     /// Nanoseconds since the cache's origin.
@@ -49,13 +135,32 @@ impl DenyCache {
 
     /// The denial in force for `key` and `n` permits, as of now.
     pub(super) fn get(&self, key: &str, n: u64) -> Option<Decision> {
-        let entries = self.entries.pin();
-        let entry = *entries.get(key)?;
-        let now = self.now();
+        self.get_at(key, n, self.now())
+    }
+
+    /// Remembers `decision`, a denial of `n` permits for `key` by a request sent at `sent_at`.
+    pub(super) fn insert(&self, key: String, n: u64, sent_at: u64, decision: &Decision) {
+        self.insert_at(key, n, sent_at, decision, self.now());
+    }
+
+    /// The denials held, live or expired but not yet met.
+    pub(super) fn len(&self) -> usize {
+        // Relaxed: a count for reports; nothing is published through it.
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// [`DenyCache::get`] at `now`.
+    fn get_at(&self, key: &str, n: u64, now: u64) -> Option<Decision> {
+        let hash = self.hasher.hash_one(key);
+        let mut bucket = self.bucket(hash);
+        let way = self.find(&bucket, hash, key)?;
+        let entry = bucket.slots[way].as_ref()?.entry;
         if now >= entry.until {
-            entries.remove(key);
+            bucket.slots[way] = None;
+            self.held.fetch_sub(1, Ordering::Relaxed);
             return None;
         }
+        drop(bucket);
         if n < entry.n {
             return None;
         }
@@ -67,21 +172,12 @@ impl DenyCache {
         ))
     }
 
-    /// Remembers `decision`, a denial of `n` permits for `key` by a request sent at `sent_at`.
-    pub(super) fn insert(&self, key: String, n: u64, sent_at: u64, decision: &Decision) {
+    /// [`DenyCache::insert`] at `now`.
+    fn insert_at(&self, key: String, n: u64, sent_at: u64, decision: &Decision, now: u64) {
         let Some(rule) = Rule::from_parts(decision.limit(), duration_to_nanos(decision.window()))
         else {
             return;
         };
-        let entries = self.entries.pin();
-        if entries.len() >= self.capacity {
-            let now = self.now();
-            entries.retain(|_, entry| entry.until > now);
-            // Still full of live denials: skip this one rather than grow without bound.
-            if entries.len() >= self.capacity {
-                return;
-            }
-        }
         let entry = Entry {
             rule,
             n,
@@ -89,11 +185,58 @@ impl DenyCache {
             until: sent_at.saturating_add(duration_to_nanos(decision.retry_after())),
             reset_at: sent_at.saturating_add(duration_to_nanos(decision.reset_after())),
         };
-        entries.insert(key, entry);
+        if entry.until <= now {
+            return;
+        }
+        let hash = self.hasher.hash_one(key.as_str());
+        let mut bucket = self.bucket(hash);
+        let way = match self.find(&bucket, hash, &key) {
+            Some(same) => same,
+            None => {
+                // Empty and expired slots first (both ranked `now`), then the live denial that
+                // expires first.
+                let (victim, until) = bucket.slots[..self.ways]
+                    .iter()
+                    .map(|slot| slot.as_ref().map_or(now, |held| held.entry.until.max(now)))
+                    .enumerate()
+                    .min_by_key(|&(_, until)| until)
+                    .unwrap_or((0, now));
+                if until >= entry.until {
+                    return;
+                }
+                victim
+            }
+        };
+        if bucket.slots[way].is_none() {
+            self.held.fetch_add(1, Ordering::Relaxed);
+        }
+        bucket.hashes[way] = hash;
+        bucket.slots[way] = Some(Held {
+            key: key.into_boxed_str(),
+            entry,
+        });
     }
 
-    pub(super) fn len(&self) -> usize {
-        self.entries.len()
+    /// The slot of `bucket` holding `key`, whose hash is `hash`.
+    fn find(&self, bucket: &Bucket, hash: u64, key: &str) -> Option<usize> {
+        (0..self.ways).find(|&way| {
+            bucket.hashes[way] == hash
+                && bucket.slots[way]
+                    .as_ref()
+                    .is_some_and(|held| *held.key == *key)
+        })
+    }
+
+    /// The bucket of `hash`, locked.
+    fn bucket(&self, hash: u64) -> MutexGuard<'_, Bucket> {
+        // The hash's high bits pick the bucket, without a division.
+        let index = ((u128::from(hash) * self.buckets.len() as u128) >> 64) as usize;
+        // Nothing panics while a bucket is locked, and every write leaves it whole: a poisoned
+        // lock holds a valid bucket.
+        self.buckets[index]
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -138,7 +281,7 @@ mod tests {
     }
 
     #[test]
-    fn a_full_cache_drops_expired_entries_and_never_grows_past_its_capacity() {
+    fn a_full_cache_takes_expired_slots_then_replaces_the_soonest_to_expire() {
         let cache = DenyCache::new(2);
         cache.insert(
             "a".into(),
@@ -151,10 +294,237 @@ mod tests {
         cache.insert("c".into(), 1, cache.now(), &denial(Duration::from_secs(60)));
         assert!(
             cache.get("c", 1).is_some(),
-            "room made by dropping the expired one"
+            "room made by taking the expired one's slot"
         );
+        assert!(cache.get("b", 1).is_some());
         cache.insert("d".into(), 1, cache.now(), &denial(Duration::from_secs(60)));
-        assert_eq!(cache.len(), 2);
-        assert!(cache.get("d", 1).is_none(), "full of live denials: skipped");
+        assert_eq!(cache.len(), 2, "never past its capacity");
+        assert!(
+            cache.get("d", 1).is_some(),
+            "full of live denials: replaced"
+        );
+        assert!(cache.get("b", 1).is_none(), "the one expiring first left");
+        assert!(cache.get("c", 1).is_some());
+        cache.insert("e".into(), 1, 0, &denial(Duration::from_secs(1)));
+        assert!(
+            cache.get("e", 1).is_none(),
+            "a denial expiring before every held one is not kept"
+        );
+        assert!(cache.get("c", 1).is_some() && cache.get("d", 1).is_some());
+    }
+
+    /// A deterministic stand-in for the cache's clock and load: `count` keys `0:k{i}`, each
+    /// denied `n = 1 + i % 3` permits until `1_000 + i` (all live at `now = 500`).
+    fn denial_of(i: u64) -> (String, u64, Decision) {
+        let rule = Rule::per_second(5).unwrap();
+        let until = 1_000 + i;
+        (
+            format!("0:k{i}"),
+            1 + i % 3,
+            Decision::denied(rule, 0, until, until),
+        )
+    }
+
+    #[test]
+    fn far_past_its_capacity_it_replaces_answers_only_what_was_denied_and_stays_bounded() {
+        let capacity = 1_000;
+        let clients = 100_000;
+        let now = 500;
+        let cache = DenyCache::new(capacity);
+        assert_eq!(cache.capacity(), capacity);
+        for i in 0..clients {
+            let (key, n, decision) = denial_of(i);
+            cache.insert_at(key.clone(), n, 0, &decision, now);
+            // Each new denial expires after every held one, so it is always kept.
+            let hit = cache.get_at(&key, n, now).expect("just inserted");
+            assert_eq!(hit.retry_after(), Duration::from_nanos(1_000 + i - now));
+            assert!(cache.get_at(&key, n - 1, now).is_none() || n == 1);
+            assert!(cache.len() <= capacity, "{} held", cache.len());
+        }
+        let mut hits = 0;
+        for i in 0..clients {
+            let (key, n, _) = denial_of(i);
+            if let Some(hit) = cache.get_at(&key, 3, now) {
+                hits += 1;
+                // Never longer than the real denial.
+                assert!(hit.retry_after() <= Duration::from_nanos(1_000 + i - now));
+            }
+            if n > 1 {
+                assert!(cache.get_at(&key, n - 1, now).is_none(), "fewer permits");
+            }
+        }
+        assert!(hits <= capacity);
+        // The held ones are the latest to expire, bar collisions of buckets: most of a full table.
+        assert!(hits >= capacity / 2, "{hits} of {capacity} held");
+        for i in 0..1_000 {
+            assert!(
+                cache.get_at(&format!("1:k{i}"), 3, now).is_none(),
+                "never denied"
+            );
+            assert!(
+                cache
+                    .get_at(&format!("0:k{}", clients + i), 3, now)
+                    .is_none()
+            );
+        }
+        // Every denial expires at its instant, and frees its slot when met.
+        for i in 0..clients {
+            let (key, _, _) = denial_of(i);
+            assert!(cache.get_at(&key, 3, 1_000 + clients).is_none());
+        }
+        assert_eq!(cache.len(), 0);
+    }
+
+    /// Hashes every key to the same value: every pair of keys collides.
+    #[derive(Debug, Clone, Copy)]
+    struct OneHash;
+
+    impl BuildHasher for OneHash {
+        type Hasher = OneHasher;
+
+        fn build_hasher(&self) -> OneHasher {
+            OneHasher
+        }
+    }
+
+    #[derive(Debug)]
+    struct OneHasher;
+
+    impl std::hash::Hasher for OneHasher {
+        fn finish(&self) -> u64 {
+            7
+        }
+
+        fn write(&mut self, _: &[u8]) {}
+    }
+
+    #[test]
+    fn keys_that_share_a_hash_never_answer_for_one_another() {
+        let cache = DenyCache::with_hasher(8, OneHash);
+        let (key, n, decision) = denial_of(0);
+        cache.insert_at(key.clone(), n, 0, &decision, 500);
+        assert!(
+            cache.get_at(&key, n, 500).is_some(),
+            "the control: it is held"
+        );
+        assert!(
+            cache.get_at("0:someone-else", 3, 500).is_none(),
+            "same hash, another key: a miss"
+        );
+        for i in 1..20 {
+            let (key, n, decision) = denial_of(i);
+            cache.insert_at(key, n, 0, &decision, 500);
+        }
+        assert!(cache.len() <= cache.capacity());
+        assert!(cache.get_at("0:someone-else", 3, 500).is_none());
+    }
+
+    #[test]
+    fn concurrent_gets_and_inserts_stay_bounded_and_answer_only_their_own_keys() {
+        let cache = DenyCache::new(64);
+        std::thread::scope(|scope| {
+            for thread in 0..4u64 {
+                let cache = &cache;
+                scope.spawn(move || {
+                    for i in 0..20_000 {
+                        let (key, n, decision) = denial_of(thread * 1_000_000 + i);
+                        cache.insert_at(key.clone(), n, 0, &decision, 500);
+                        if let Some(hit) = cache.get_at(&key, 3, 500) {
+                            let until = decision.retry_after();
+                            assert_eq!(hit.retry_after(), until - Duration::from_nanos(500));
+                        }
+                        assert!(cache.get_at(&format!("1:{thread}:{i}"), 3, 500).is_none());
+                    }
+                });
+            }
+        });
+        assert!(cache.len() <= 64, "{}", cache.len());
+    }
+}
+
+/// The cost of `get` and `insert` at a given fill, natively and under callgrind: see
+/// `measure_get_and_insert`.
+#[cfg(test)]
+mod measure {
+    use std::hint::black_box;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    fn env(name: &str, default: usize) -> usize {
+        std::env::var(name)
+            .ok()
+            .and_then(|value| value.parse().ok())
+            .unwrap_or(default)
+    }
+
+    fn key(i: usize) -> String {
+        format!("0:client-{i}")
+    }
+
+    #[inline(never)]
+    fn counted_gets_hit(cache: &DenyCache, keys: &[String]) -> usize {
+        keys.iter()
+            .filter(|key| cache.get(black_box(key), 1).is_some())
+            .count()
+    }
+
+    #[inline(never)]
+    fn counted_gets_miss(cache: &DenyCache, keys: &[String]) -> usize {
+        // Counts the misses: a body of its own, which the linker cannot fold into the hits'.
+        keys.iter()
+            .filter(|key| cache.get(black_box(key), 1).is_none())
+            .count()
+    }
+
+    #[inline(never)]
+    fn counted_inserts(cache: &DenyCache, keys: Vec<String>, sent_at: u64, denial: &Decision) {
+        for key in keys {
+            cache.insert(black_box(key), 1, sent_at, denial);
+        }
+    }
+
+    /// Fills a cache of `DENY_CAPACITY` with `DENY_CLIENTS` live denials of distinct clients,
+    /// then times `DENY_OPS` gets of cached clients (the most recent ones), as many of clients
+    /// never denied, and `DENY_INSERTS` (default `DENY_OPS`) inserts of new clients. Under callgrind, `--collect-atstart=no
+    /// --toggle-collect='*counted_*'` counts only those three loops (one function each).
+    #[test]
+    #[ignore = "a measurement: cargo test --release --all-features --lib measure -- --ignored --nocapture"]
+    fn measure_get_and_insert() {
+        let capacity = env("DENY_CAPACITY", 100_000);
+        let clients = env("DENY_CLIENTS", 1_000_000);
+        let ops = env("DENY_OPS", 10_000);
+        let inserts = env("DENY_INSERTS", ops);
+        let cache = DenyCache::new(capacity);
+        let rule = Rule::per_second(5).unwrap();
+        let minute = duration_to_nanos(Duration::from_secs(60));
+        let denial = Decision::denied(rule, 0, minute, minute);
+        let filled = Instant::now();
+        for i in 0..clients {
+            cache.insert(key(i), 1, cache.now(), &denial);
+        }
+        let filled = filled.elapsed();
+        let hits: Vec<String> = (clients.saturating_sub(ops)..clients).map(key).collect();
+        let misses: Vec<String> = (0..ops).map(|i| format!("1:absent-{i}")).collect();
+        let fresh: Vec<String> = (clients..clients + inserts).map(key).collect();
+        let started = Instant::now();
+        let hit = counted_gets_hit(&cache, &hits);
+        let get_hit = started.elapsed();
+        let started = Instant::now();
+        let missed = ops - counted_gets_miss(&cache, &misses);
+        let get_miss = started.elapsed();
+        let started = Instant::now();
+        counted_inserts(&cache, fresh, cache.now(), &denial);
+        let insert = started.elapsed();
+        let per_op = |elapsed: Duration| elapsed.as_nanos() as f64 / ops as f64;
+        println!(
+            "capacity {capacity}, {clients} clients (filled in {filled:?}), {} held; \
+             {ops} gets each: hit ({hit} hits) {:.0} ns/op, miss ({missed} hits) {:.0} ns/op; \
+             {inserts} inserts: {:.0} ns/op",
+            cache.len(),
+            per_op(get_hit),
+            per_op(get_miss),
+            insert.as_nanos() as f64 / inserts as f64,
+        );
     }
 }
