@@ -329,6 +329,7 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
         let probe = ProbeGuard::new(&self.breaker, gate);
         let keys = self.keys_of(entry, client);
         let sent_at = cache.map(DenyCache::now);
+        let breaker_sent_at = self.breaker.now();
         let reply = self.round_trip(entry, &keys, n, mode, now_us).await;
         let is_probe = probe.is_probe();
         probe.disarm();
@@ -342,7 +343,7 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
                 if matches!(error, RedisError::Timeout { .. }) {
                     Counters::bump(&self.counters.timeouts);
                 }
-                if self.breaker.failure(is_probe) {
+                if self.breaker.failure(is_probe, breaker_sent_at) {
                     Counters::bump(&self.counters.circuit_opens);
                 }
                 return self.fall_back(index, entry, client, n, mode, error);

@@ -51,18 +51,38 @@ pub enum Source {
     Local,
 }
 
-/// When the circuit breaker opens and probes.
+/// When the circuit breaker opens, probes and closes.
+///
+/// It opens on an outage, not on one stall: a failure counts only if its round trip was sent
+/// after the last counted failure happened. Round trips in flight together, which one stall
+/// times out together, thus count once, however many there are; each further count needs a
+/// round trip sent after that failure, which fails in turn.
+///
+/// - **Opens** when `failures` round trips have failed in a row so counted, with no success
+///   between (a success, whichever request it answers, starts the count again). Under an outage
+///   in which every round trip times out, with requests arriving, it opens within `failures`
+///   timeouts of the outage's start: each count waits at most one timeout for the next
+///   ([`timeout`](super::RedisRateLimiterBuilder::timeout), 50 ms by default, so 150 ms at the
+///   default 3). Where round trips fail at once (a refused connection), it opens after
+///   `failures` of them one after another. A stall opens it only if Redis answers nothing for at
+///   least `failures - 1` timeouts on end (100 ms at the defaults).
+/// - **While open** no request is sent for `cool_down`; the [`FailurePolicy`] answers.
+/// - **Half-open**: once `cool_down` has passed, exactly one request probes Redis while the
+///   others keep falling back. The probe's success **closes** the circuit; its failure (or the
+///   caller dropping it) keeps it open for another `cool_down`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CircuitBreaker {
-    /// Consecutive failed round trips that open the circuit.
+    /// Failed round trips that open the circuit, counted as above: each sent after the previous
+    /// counted one failed, with no success between. At least 1.
     pub failures: u32,
     /// How long an open circuit sends nothing before one request probes Redis.
     pub cool_down: Duration,
 }
 
 impl Default for CircuitBreaker {
-    /// Opens after 3 consecutive failures (one is a blip, three an outage), probes every 500 ms
-    /// (a restarted Redis is used again within half a second).
+    /// Opens after 3 failures one after another (one is a blip, three an outage: at the default
+    /// 50 ms timeout, Redis silent for 100 ms or more), probes every 500 ms (a restarted Redis
+    /// is used again within half a second).
     fn default() -> Self {
         CircuitBreaker {
             failures: 3,
@@ -82,13 +102,15 @@ pub(super) enum Gate {
     Open { retry_in: Duration },
 }
 
-/// The breaker's state, lock-free: a failure count, the instant the circuit stays open until
-/// (0: closed), and whether a probe is out.
+/// The breaker's state, lock-free: the failures counted in a row, when the last one counted
+/// happened, the instant the circuit stays open until (0: closed), and whether a probe is out.
 #[derive(Debug)]
 pub(super) struct Breaker {
     settings: CircuitBreaker,
     origin: Instant,
     failures: AtomicU32,
+    /// Nanoseconds after `origin` of the last counted failure; 0 before the first.
+    counted_at: AtomicU64,
     /// Nanoseconds after `origin`; 0 when closed.
     open_until: AtomicU64,
     probing: AtomicBool,
@@ -100,6 +122,7 @@ impl Breaker {
             settings,
             origin: Instant::now(),
             failures: AtomicU32::new(0),
+            counted_at: AtomicU64::new(0),
             open_until: AtomicU64::new(0),
             probing: AtomicBool::new(false),
         }
@@ -109,19 +132,23 @@ impl Breaker {
         self.settings.cool_down
     }
 
-    fn now(&self) -> u64 {
-        // At least 1, so that 0 keeps meaning closed.
+    /// Nanoseconds after the breaker's origin, at least 1 (0 keeps meaning closed): when a round
+    /// trip is sent, for [`Breaker::failure`].
+    pub(super) fn now(&self) -> u64 {
         duration_to_nanos(self.origin.elapsed()).max(1)
     }
 
     pub(super) fn gate(&self) -> Gate {
+        self.gate_at(self.now())
+    }
+
+    fn gate_at(&self, now: u64) -> Gate {
         // Relaxed throughout: each field is a hint read on its own; a stale read costs at most
         // one extra round trip or one extra fallback, never a wrong decision.
         let until = self.open_until.load(Ordering::Relaxed);
         if until == 0 {
             return Gate::Closed;
         }
-        let now = self.now();
         if now < until {
             return Gate::Open {
                 retry_in: Duration::from_nanos(until - now),
@@ -141,7 +168,7 @@ impl Breaker {
         }
     }
 
-    /// Records a successful round trip: the circuit closes.
+    /// Records a successful round trip: the count starts again and the circuit closes.
     pub(super) fn success(&self, probe: bool) {
         self.failures.store(0, Ordering::Relaxed);
         self.open_until.store(0, Ordering::Relaxed);
@@ -150,14 +177,29 @@ impl Breaker {
         }
     }
 
-    /// Records a failed round trip; returns whether it opened the circuit.
-    pub(super) fn failure(&self, probe: bool) -> bool {
-        let reopen = self
-            .now()
-            .saturating_add(duration_to_nanos(self.settings.cool_down));
+    /// Records a failed round trip sent at `sent_at` (from [`Breaker::now`]); returns whether
+    /// it opened the circuit.
+    pub(super) fn failure(&self, probe: bool, sent_at: u64) -> bool {
+        self.failure_at(probe, sent_at, self.now())
+    }
+
+    fn failure_at(&self, probe: bool, sent_at: u64, now: u64) -> bool {
+        let reopen = now.saturating_add(duration_to_nanos(self.settings.cool_down));
         if probe {
             self.open_until.store(reopen, Ordering::Relaxed);
             self.probing.store(false, Ordering::Relaxed);
+            return false;
+        }
+        // Relaxed: as in `gate_at`. The exchange makes failures that race count once, as
+        // failures of one moment.
+        let counted_at = self.counted_at.load(Ordering::Relaxed);
+        if sent_at < counted_at
+            || self
+                .counted_at
+                .compare_exchange(counted_at, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            // In flight when a failure was counted: the same stall.
             return false;
         }
         let failures = self
@@ -200,7 +242,7 @@ impl<'a> ProbeGuard<'a> {
 impl Drop for ProbeGuard<'_> {
     fn drop(&mut self) {
         if let Some(breaker) = self.breaker {
-            breaker.failure(true);
+            breaker.failure(true, 0);
         }
     }
 }
@@ -216,25 +258,146 @@ mod tests {
         })
     }
 
+    const MS: u64 = 1_000_000;
+
+    /// The request timeout the tests model: a round trip sent at `t` fails at `t + TIMEOUT`.
+    const TIMEOUT: u64 = 50 * MS;
+
     #[test]
-    fn the_circuit_opens_after_the_consecutive_failures_only() {
+    fn the_circuit_opens_after_failures_one_after_another_only() {
         let breaker = breaker(Duration::from_secs(60));
-        assert!(!breaker.failure(false));
-        assert!(!breaker.failure(false));
+        assert!(!breaker.failure_at(false, 1, TIMEOUT));
+        assert!(!breaker.failure_at(false, TIMEOUT, 2 * TIMEOUT));
         breaker.success(false);
-        assert!(!breaker.failure(false));
-        assert!(!breaker.failure(false));
-        assert_eq!(breaker.gate(), Gate::Closed);
-        assert!(breaker.failure(false), "the third in a row opens it");
-        assert!(matches!(breaker.gate(), Gate::Open { retry_in } if retry_in > Duration::ZERO));
-        assert!(!breaker.failure(false), "opening is reported once");
+        assert!(!breaker.failure_at(false, 2 * TIMEOUT, 3 * TIMEOUT));
+        assert!(!breaker.failure_at(false, 3 * TIMEOUT, 4 * TIMEOUT));
+        assert_eq!(breaker.gate_at(4 * TIMEOUT), Gate::Closed);
+        assert!(
+            breaker.failure_at(false, 4 * TIMEOUT, 5 * TIMEOUT),
+            "the third in a row opens it"
+        );
+        assert!(
+            matches!(breaker.gate_at(5 * TIMEOUT), Gate::Open { retry_in } if retry_in > Duration::ZERO)
+        );
+        assert!(
+            !breaker.failure_at(false, 5 * TIMEOUT, 6 * TIMEOUT),
+            "opening is reported once"
+        );
+    }
+
+    #[test]
+    fn sixty_four_round_trips_timed_out_by_one_stall_count_once() {
+        let breaker = breaker(Duration::from_secs(60));
+        // 64 tasks' round trips, sent over the 5 ms before a stall, all time out.
+        for task in 0..64 {
+            let sent_at = 100 * MS + task * MS / 13;
+            assert!(!breaker.failure_at(false, sent_at, sent_at + TIMEOUT));
+        }
+        assert_eq!(breaker.gate_at(200 * MS), Gate::Closed);
+        // Each task sends again at once; the stall is over and they succeed.
+        breaker.success(false);
+        // A second stall, 64 more: counted once again, from zero.
+        for task in 0..64 {
+            let sent_at = 300 * MS + task * MS / 13;
+            assert!(!breaker.failure_at(false, sent_at, sent_at + TIMEOUT));
+        }
+        assert_eq!(breaker.gate_at(400 * MS), Gate::Closed);
+    }
+
+    #[test]
+    fn the_control_the_same_sixty_four_one_after_another_open_it() {
+        // The same 64 failures, each sent after the one before failed, do count: the stall test
+        // above can fail.
+        let breaker = breaker(Duration::from_secs(60));
+        let opened = (0..64).any(|task| breaker.failure_at(false, task * 2, task * 2 + 1));
+        assert!(opened);
+    }
+
+    #[test]
+    fn continuous_failure_opens_it_within_failures_timeouts() {
+        // 64 tasks each sending again as soon as their round trip times out, from an outage
+        // that begins at 1 s: the circuit is open within 3 timeouts of the outage's start.
+        let breaker = breaker(Duration::from_secs(60));
+        let outage = 1_000 * MS;
+        let mut sends: Vec<u64> = (0..64).map(|task| outage - TIMEOUT + task * MS).collect();
+        let mut opened_at = None;
+        while opened_at.is_none() {
+            let (task, &sent_at) = sends
+                .iter()
+                .enumerate()
+                .min_by_key(|&(_, &sent_at)| sent_at)
+                .unwrap();
+            let failed_at = sent_at + TIMEOUT;
+            assert!(failed_at <= outage + 3 * TIMEOUT, "not open by {failed_at}");
+            if breaker.failure_at(false, sent_at, failed_at) {
+                opened_at = Some(failed_at);
+            }
+            sends[task] = failed_at;
+        }
+        let opened_at = opened_at.unwrap();
+        assert!(
+            opened_at > outage + TIMEOUT,
+            "not on one stall: {opened_at}"
+        );
+        assert!(matches!(breaker.gate_at(opened_at), Gate::Open { .. }));
+    }
+
+    #[test]
+    fn a_success_closes_it_and_starts_the_count_again() {
+        let breaker = breaker(Duration::from_millis(10));
+        for round in 1..=3 {
+            breaker.failure_at(false, round * TIMEOUT, (round + 1) * TIMEOUT);
+        }
+        assert!(matches!(breaker.gate_at(4 * TIMEOUT), Gate::Open { .. }));
+        let probe_at = 4 * TIMEOUT + 10 * MS;
+        assert_eq!(breaker.gate_at(probe_at), Gate::Probe);
+        breaker.success(true);
+        assert_eq!(breaker.gate_at(probe_at), Gate::Closed);
+        assert!(!breaker.failure_at(false, probe_at, probe_at + TIMEOUT));
+        assert!(!breaker.failure_at(false, probe_at + TIMEOUT, probe_at + 2 * TIMEOUT));
+        assert_eq!(
+            breaker.gate_at(probe_at + 2 * TIMEOUT),
+            Gate::Closed,
+            "two after the success: not yet"
+        );
+    }
+
+    #[test]
+    fn one_probe_at_a_time_among_many_callers() {
+        let breaker = breaker(Duration::from_millis(10));
+        for round in 1..=3 {
+            breaker.failure_at(false, round * TIMEOUT, (round + 1) * TIMEOUT);
+        }
+        let after = 4 * TIMEOUT + 10 * MS;
+        let probes = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..8)
+                .map(|_| {
+                    scope.spawn(|| {
+                        (0..1_000)
+                            .filter(|_| breaker.gate_at(after) == Gate::Probe)
+                            .count()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|handle| handle.join().unwrap())
+                .sum::<usize>()
+        });
+        assert_eq!(probes, 1, "one probe until it reports");
+        breaker.failure_at(true, after, after + TIMEOUT);
+        assert!(matches!(
+            breaker.gate_at(after + TIMEOUT),
+            Gate::Open { .. }
+        ));
+        assert_eq!(breaker.gate_at(after + TIMEOUT + 10 * MS), Gate::Probe);
     }
 
     #[test]
     fn a_cooled_down_circuit_lets_exactly_one_probe_through() {
         let breaker = breaker(Duration::from_millis(1));
         for _ in 0..3 {
-            breaker.failure(false);
+            breaker.failure(false, breaker.now());
         }
         std::thread::sleep(Duration::from_millis(5));
         assert_eq!(breaker.gate(), Gate::Probe);
@@ -243,7 +406,7 @@ mod tests {
             "one probe at a time"
         );
         // The probe fails: open for another cool-down, then probe again.
-        breaker.failure(true);
+        breaker.failure(true, breaker.now());
         assert!(matches!(breaker.gate(), Gate::Open { .. }));
         std::thread::sleep(Duration::from_millis(5));
         assert_eq!(breaker.gate(), Gate::Probe);
@@ -255,7 +418,7 @@ mod tests {
     fn a_probe_dropped_before_it_reports_does_not_jam_the_circuit() {
         let breaker = breaker(Duration::from_millis(1));
         for _ in 0..3 {
-            breaker.failure(false);
+            breaker.failure(false, breaker.now());
         }
         std::thread::sleep(Duration::from_millis(5));
         let gate = breaker.gate();
