@@ -41,13 +41,15 @@
 //!   admissions have all left, a counter whose estimate is 0: once the window after the one
 //!   holding its last admission ends), so Redis holds state only for clients active within a
 //!   window (two for the counter).
-//! - **Failure.** Each round trip is bounded by a timeout (50 ms by default); after 3 consecutive
-//!   failures a circuit breaker opens and no request waits on Redis until a probe, every 500 ms,
-//!   succeeds. Meanwhile the [`FailurePolicy`] decides: return the error, allow, deny, or decide
+//! - **Failure.** Each round trip is bounded by a timeout (50 ms by default); after 3 failures one
+//!   after another (round trips in flight together, which one stall times out together, count
+//!   once: see [`CircuitBreaker`]) a circuit breaker opens and no request waits on Redis until a
+//!   probe, every 500 ms, succeeds. Meanwhile the [`FailurePolicy`] decides: return the error, allow, deny, or decide
 //!   in process with a share of each limit. [`Answer::source`] and [`RedisStats`] say which
 //!   path decided. No panic, no unbounded queue.
 //! - **Local deny cache.** A client Redis denied until an instant is denied locally until then,
-//!   without a round trip: no other node can make its state more generous sooner.
+//!   without a round trip: no other node can make its state more generous sooner. A fixed table
+//!   (100 000 denials by default), O(1) per request however full.
 //!
 //! A round trip that times out may still have been applied by Redis: the request is then counted
 //! there but decided by the policy, which can only make the fleet admit less.
