@@ -266,6 +266,40 @@ async fn a_killed_master_gets_the_policy_answers_and_the_live_masters_keep_their
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_master_costs_its_clients_at_most_the_timeout_and_the_others_nothing() {
+    let cluster = RedisCluster::start();
+    let redis = faulty(&cluster, FailurePolicy::Error, "paused").await;
+    let mut connections = node_connections(&cluster).await;
+    let mut home = Vec::new();
+    for index in 0..CLIENTS {
+        assert!(redis.allow(&client(index), &"free").await.unwrap());
+        let key = redis.keys(&client(index), &"free").unwrap().remove(0);
+        home.push(node_of(&mut connections, &key).await);
+    }
+    let paused = 2;
+    let _paused = cluster.pause(paused);
+    // Clients on the live masters first: Redis answers them within the timeout, never waiting
+    // on the paused master.
+    for index in (0..CLIENTS).filter(|&index| home[index] != paused) {
+        let answer = redis.decide(&client(index), &"free", 1).await.unwrap();
+        assert_eq!(answer.source(), Source::Redis);
+    }
+    let on_paused = (0..CLIENTS).find(|&index| home[index] == paused).unwrap();
+    let started = Instant::now();
+    let error = redis
+        .decide(&client(on_paused), &"free", 1)
+        .await
+        .unwrap_err();
+    assert!(matches!(error, RedisError::Timeout { .. }), "{error:?}");
+    // The timeout is 50 ms; the bound leaves room for a loaded machine's scheduling.
+    assert!(
+        started.elapsed() < Duration::from_millis(150),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
 #[test]
 fn a_cluster_url_without_nodes_is_an_invalid_url() {
     let runtime = tokio::runtime::Builder::new_current_thread()

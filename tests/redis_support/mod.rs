@@ -268,6 +268,23 @@ impl RedisCluster {
     pub(crate) fn kill(&mut self, index: usize) {
         self.nodes[index].kill();
     }
+
+    /// Freezes node `index` (SIGSTOP), and thaws it on drop.
+    pub(crate) fn pause(&self, index: usize) -> Paused<'_> {
+        self.nodes[index].pause();
+        Paused(&self.nodes[index])
+    }
+}
+
+/// A paused node, thawed when dropped (a frozen server also ignores the SIGKILL of its drop
+/// until thawed).
+#[derive(Debug)]
+pub(crate) struct Paused<'a>(&'a RedisServer);
+
+impl Drop for Paused<'_> {
+    fn drop(&mut self) {
+        self.0.resume();
+    }
 }
 
 /// Runs `redis-cli` with `args` on loopback.
