@@ -7,7 +7,8 @@
 //!     --nodes 4 --algorithm fixed_window --limit 100 --window 1h --requests 10000
 //! ```
 //!
-//! Options (all optional): `--redis URL`, `--nodes N` (4), `--tasks T` per node (8),
+//! Options (all optional): `--redis URL` (`redis://host:port`, `redis+cluster://host:port[,...]`
+//! naming any node of a Redis Cluster, or `rediss://` with feature `redis-tls`), `--nodes N` (4), `--tasks T` per node (8),
 //! `--algorithm token_bucket|fixed_window|sliding_window_log|sliding_window_counter`
 //! (fixed_window), `--limit N` (100), `--window 1h|30m|10s|500ms` (1h), `--requests R` (10000),
 //! `--client NAME` (a fresh name per run). The last line printed is `admitted A of R`.

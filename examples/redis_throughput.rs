@@ -7,6 +7,9 @@
 //! cargo run --release --features redis --example redis_throughput -- --redis redis://127.0.0.1:6399
 //! ```
 //!
+//! `--redis` takes any URL the builder does: `redis+cluster://host:port` for a Redis Cluster
+//! (any of its nodes), `rediss://` for TLS (feature `redis-tls`).
+//!
 //! About 15 seconds. Allow-heavy: each task its own client under a limit it never reaches.
 //! Deny-heavy: every task the same client, over its limit for the whole run, with the deny cache
 //! on and off.

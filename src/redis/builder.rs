@@ -4,9 +4,10 @@
 use std::fmt;
 use std::time::Duration;
 
-use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use ::redis::Value;
 
 use super::RedisError;
+use super::connection::{Connection, ConnectionSettings};
 use super::deny_cache::DenyCache;
 use super::fallback::LocalFallback;
 use super::limiter::{PlanEntry, RedisRateLimiter};
@@ -18,8 +19,14 @@ use crate::plans::{Plans, Together};
 use crate::{Algorithm, Rule};
 
 impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
-    /// A builder for a limiter on the Redis at `url` (`redis://[user:password@]host:port[/db]`)
-    /// applying `algorithm`.
+    /// A builder for a limiter on the Redis at `url` applying `algorithm`.
+    ///
+    /// One server: `redis://[user:password@]host:port[/db]` (its primary: a replica is refused,
+    /// see [`RedisError::ReadOnlyReplica`]). A Redis Cluster:
+    /// `redis+cluster://[user:password@]host:port[,host:port...]`, naming any of its nodes (the
+    /// client learns the others and follows `MOVED` and `ASK`). With TLS (feature `redis-tls`):
+    /// `rediss://` and `rediss+cluster://`, trusting the system's roots or
+    /// `RedisRateLimiterBuilder::tls_root_certificate`.
     pub fn builder(url: impl Into<String>, algorithm: Algorithm) -> RedisRateLimiterBuilder<P> {
         RedisRateLimiterBuilder {
             url: url.into(),
@@ -31,6 +38,7 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
             policy: FailurePolicy::Error,
             breaker: CircuitBreaker::default(),
             deny_cache: Some(RedisRateLimiterBuilder::<P>::DEFAULT_DENY_CACHE_CAPACITY),
+            root_certificate: None,
         }
     }
 }
@@ -47,6 +55,8 @@ pub struct RedisRateLimiterBuilder<P> {
     policy: FailurePolicy,
     breaker: CircuitBreaker,
     deny_cache: Option<usize>,
+    /// PEM, under feature `redis-tls` only.
+    root_certificate: Option<Vec<u8>>,
 }
 
 impl<P> RedisRateLimiterBuilder<P> {
@@ -129,31 +139,48 @@ impl<P: Eq + fmt::Debug> RedisRateLimiterBuilder<P> {
         self
     }
 
-    /// Connects, loads the scripts, and returns the limiter. Needs a tokio runtime.
+    /// Trusts the certificate authority in `pem` (a PEM certificate) for `rediss://` URLs,
+    /// instead of the system's roots: for a server whose certificate a private CA signed.
+    #[cfg(feature = "redis-tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis-tls")))]
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.root_certificate = Some(pem.into());
+        self
+    }
+
+    /// Connects, checks that the server takes writes, loads the scripts (on every master of a
+    /// cluster), and returns the limiter. Needs a tokio runtime.
     ///
     /// # Errors
     ///
     /// A setting or plan the limiter cannot honour (see [`RedisError`]), an invalid URL, a
-    /// server that cannot be reached ([`RedisError::Connect`]) or refuses the credentials
-    /// ([`RedisError::Authentication`]).
+    /// server that cannot be reached ([`RedisError::Connect`]), refuses the credentials
+    /// ([`RedisError::Authentication`]), shows a certificate that is not trusted
+    /// ([`RedisError::UntrustedCertificate`]) or is a replica
+    /// ([`RedisError::ReadOnlyReplica`]).
     pub async fn build(self) -> Result<RedisRateLimiter<P>, RedisError> {
-        // A connection, then one round trip per script.
+        // A connection, then one round trip for the role and one per script.
         let bound = self
             .connect_timeout
-            .saturating_add(self.timeout.saturating_mul(3));
+            .saturating_add(self.timeout.saturating_mul(4));
         let limiter = self.build_lazy()?;
         let mut connection = limiter.connection.clone();
         let url = limiter.url.clone();
         let connect = async {
+            // A cluster's client sends writes to masters only; one server must be a master.
+            if !connection.is_cluster() && is_replica(&mut connection).await? {
+                return Ok(false);
+            }
             for algorithm in Algorithm::ALL {
                 script::script_for(algorithm)
                     .load_async(&mut connection)
                     .await?;
             }
-            Ok::<(), ::redis::RedisError>(())
+            Ok::<bool, ::redis::RedisError>(true)
         };
         match tokio::time::timeout(bound, connect).await {
-            Ok(Ok(())) => Ok(limiter),
+            Ok(Ok(true)) => Ok(limiter),
+            Ok(Ok(false)) => Err(RedisError::ReadOnlyReplica { url }),
             Ok(Err(source)) => Err(connect_error(url, source)),
             Err(_) => Err(RedisError::Timeout { after: bound }),
         }
@@ -240,19 +267,26 @@ impl<P: Eq + fmt::Debug> RedisRateLimiterBuilder<P> {
             None => None,
         };
 
-        let client =
-            ::redis::Client::open(self.url.as_str()).map_err(|source| RedisError::InvalidUrl {
+        if !cfg!(feature = "redis-tls") && self.url.starts_with("rediss") {
+            return Err(RedisError::InvalidSetting {
+                field: "url",
+                value: url,
+                bound: "a TLS URL (rediss://) needs tollgate's feature `redis-tls`",
+            });
+        }
+        let connection = Connection::open(&ConnectionSettings {
+            url: &self.url,
+            response_timeout: self.timeout,
+            connect_timeout: self.connect_timeout,
+            root_certificate: self.root_certificate.as_deref(),
+        })
+        .map_err(|source| match source.kind() {
+            ::redis::ErrorKind::InvalidClientConfig => RedisError::InvalidUrl {
                 url: url.clone(),
                 source,
-            })?;
-        let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(self.timeout))
-            .set_connection_timeout(Some(self.connect_timeout))
-            // Reconnection is retried by the next requests (the circuit breaker paces them),
-            // not by a long backoff inside the client that would hold requests up.
-            .set_number_of_retries(1);
-        let connection = ConnectionManager::new_lazy_with_config(client, config)
-            .map_err(|source| connect_error(url.clone(), source))?;
+            },
+            _ => connect_error(url.clone(), source),
+        })?;
 
         Ok(RedisRateLimiter {
             algorithm: self.algorithm,
@@ -274,13 +308,46 @@ fn is_valid_name(name: &str) -> bool {
     !name.is_empty() && !name.contains(['{', '}', ':'])
 }
 
+/// Whether the server is a replica, by `ROLE`. A user whose ACL does not allow `ROLE` is not
+/// asked: a replica then shows at the first grant, whose `READONLY` reply names it alike.
+async fn is_replica(connection: &mut Connection) -> Result<bool, ::redis::RedisError> {
+    let role = match ::redis::cmd("ROLE")
+        .query_async::<Vec<Value>>(connection)
+        .await
+    {
+        Ok(role) => role,
+        Err(error) if error.code() == Some("NOPERM") => return Ok(false),
+        Err(error) => return Err(error),
+    };
+    Ok(match role.first() {
+        Some(Value::BulkString(name)) => name.as_slice() == b"slave",
+        Some(Value::SimpleString(name)) => name == "slave",
+        _ => false,
+    })
+}
+
 /// Classifies a failure to connect.
 fn connect_error(url: String, source: ::redis::RedisError) -> RedisError {
     let refused_credentials = source.kind() == ::redis::ErrorKind::AuthenticationFailed
         || matches!(source.code(), Some("WRONGPASS" | "NOAUTH" | "NOPERM"));
     if refused_credentials {
         RedisError::Authentication { url, source }
+    } else if is_untrusted_certificate(&source) {
+        RedisError::UntrustedCertificate { url, source }
     } else {
         RedisError::Connect { url, source }
     }
+}
+
+/// Whether TLS failed on the server's certificate: rustls names such a failure "invalid peer
+/// certificate" (an unknown issuer, an expired certificate, another host's name).
+fn is_untrusted_certificate(source: &::redis::RedisError) -> bool {
+    let mut cause: Option<&dyn std::error::Error> = Some(source);
+    while let Some(error) = cause {
+        if error.to_string().contains("invalid peer certificate") {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
 }

@@ -34,6 +34,23 @@ pub enum RedisError {
         /// What the client library said.
         source: ::redis::RedisError,
     },
+    /// The server's TLS certificate is not trusted (signed by an unknown authority, expired, or
+    /// for another host).
+    UntrustedCertificate {
+        /// The URL, with any password replaced by `***`.
+        url: String,
+        /// What the client library said.
+        source: ::redis::RedisError,
+    },
+    /// The server is a read-only replica: the limiter writes, so its URL must name the
+    /// primary. Found by `ROLE` at [`build`](super::RedisRateLimiterBuilder::build), or by a
+    /// `READONLY` reply to a grant (after
+    /// [`build_lazy`](super::RedisRateLimiterBuilder::build_lazy), or a failover that turned
+    /// the server into a replica).
+    ReadOnlyReplica {
+        /// The URL, with any password replaced by `***`.
+        url: String,
+    },
     /// A round trip failed (a broken connection, a server error).
     Command {
         /// What the client library said.
@@ -124,6 +141,17 @@ impl fmt::Display for RedisError {
                 "Redis at {url} refused the credentials: {source} (check the user and password \
                  in the URL, redis://user:password@host:port)"
             ),
+            RedisError::UntrustedCertificate { url, source } => write!(
+                f,
+                "the TLS certificate of Redis at {url} is not trusted: {source} (give the \
+                 certificate of the authority that signed it to .tls_root_certificate(), or \
+                 install it among the system's roots)"
+            ),
+            RedisError::ReadOnlyReplica { url } => write!(
+                f,
+                "Redis at {url} is a read-only replica: the limiter writes, so point the URL at \
+                 the primary"
+            ),
             RedisError::Command { source } => write!(f, "Redis round trip failed: {source}"),
             RedisError::Timeout { after } => {
                 write!(f, "Redis did not answer within the timeout of {after:?}")
@@ -191,9 +219,25 @@ impl std::error::Error for RedisError {
             RedisError::InvalidUrl { source, .. }
             | RedisError::Connect { source, .. }
             | RedisError::Authentication { source, .. }
+            | RedisError::UntrustedCertificate { source, .. }
             | RedisError::Command { source } => Some(source),
             RedisError::Plan(error) => Some(error),
             _ => None,
+        }
+    }
+}
+
+impl RedisError {
+    /// This error, or [`RedisError::ReadOnlyReplica`] naming `url` if it is a server's
+    /// `READONLY` reply.
+    pub(super) fn naming_replica(self, url: &str) -> RedisError {
+        match self {
+            RedisError::Command { source } if source.code() == Some("READONLY") => {
+                RedisError::ReadOnlyReplica {
+                    url: url.to_owned(),
+                }
+            }
+            error => error,
         }
     }
 }

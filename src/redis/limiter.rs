@@ -3,9 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use ::redis::aio::ConnectionManager;
-
 use super::RedisError;
+use super::connection::Connection;
 use super::deny_cache::DenyCache;
 use super::fallback::LocalFallback;
 use super::policy::{Breaker, FailurePolicy, Gate, ProbeGuard, Source};
@@ -79,7 +78,7 @@ pub struct RedisRateLimiter<P> {
     pub(super) prefix: String,
     /// With any password redacted.
     pub(super) url: String,
-    pub(super) connection: ConnectionManager,
+    pub(super) connection: Connection,
     pub(super) timeout: Duration,
     pub(super) policy: FailurePolicy,
     pub(super) breaker: Breaker,
@@ -339,6 +338,7 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
                 reply
             }
             Err(error) => {
+                let error = error.naming_replica(&self.url);
                 Counters::bump(&self.counters.errors);
                 if matches!(error, RedisError::Timeout { .. }) {
                     Counters::bump(&self.counters.timeouts);

@@ -2,8 +2,23 @@
 //! nodes enforces one limit together (feature `redis`).
 //!
 //! The same plans, rules, methods and [`Decision`](crate::Decision)s as
-//! [`RateLimiterService`](crate::RateLimiterService), asked asynchronously (tokio, the `redis`
-//! crate's `ConnectionManager`, which reconnects in the background).
+//! [`RateLimiterService`](crate::RateLimiterService), asked asynchronously on tokio.
+//!
+//! # Connection
+//!
+//! The URL names one server (`redis://`, through the `redis` crate's `ConnectionManager`, which
+//! reconnects in the background) or a Redis Cluster (`redis+cluster://host:port[,host:port...]`
+//! naming any of its nodes, through the crate's cluster client, which routes each script to the
+//! master of its keys' slot and follows `MOVED` and `ASK`); `rediss://` and `rediss+cluster://`
+//! are the same over TLS (feature `redis-tls`; see
+//! `RedisRateLimiterBuilder::tls_root_certificate`). Both kinds are bounded alike: the
+//! connection timeout bounds establishing each connection, the timeout each round trip (on a
+//! cluster, a redirected one with its retries). [`RedisRateLimiterBuilder::build`] checks that
+//! one server is a primary ([`RedisError::ReadOnlyReplica`] otherwise, as is a `READONLY` reply
+//! later) and loads the scripts, on every master of a cluster. The limits are only as durable as
+//! the keys: a server that evicts them (`maxmemory-policy` other than `noeviction`) or loses them
+//! (a restart without persistence, a failover to a replica behind) gives each client that lost
+//! its keys a fresh quota, at most one limit's worth per client per loss.
 //!
 //! # Guarantees
 //!
@@ -66,6 +81,7 @@
 //! p: count in the window before}`. Window indexes count windows since the Unix epoch.
 
 mod builder;
+mod connection;
 mod deny_cache;
 mod error;
 mod fallback;

@@ -1,15 +1,22 @@
-//! A throwaway `redis-server` for the tests: its own loopback port, no persistence, stopped on
-//! drop. A missing binary fails the test loudly; it is never skipped.
+//! Throwaway `redis-server`s for the tests: each on its own loopback port, no persistence,
+//! stopped on drop; also a 3-master cluster of them, and a server that speaks only TLS. A
+//! missing binary fails the test loudly; it is never skipped.
 
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long a starting server has to answer PING.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What to do when a Redis binary is missing.
+const INSTALL: &str = "run `apt-get update && apt-get install -y redis-server` (or `bash .ci/test`, \
+                       which does)";
 
 /// A running `redis-server`, killed when dropped.
 #[derive(Debug)]
@@ -17,6 +24,9 @@ pub(crate) struct RedisServer {
     child: Option<Child>,
     port: u16,
     extra: Vec<String>,
+    /// Serves TLS only, on `port`: ready once it accepts connections (a plain PING gets no
+    /// answer).
+    tls: bool,
 }
 
 impl RedisServer {
@@ -27,6 +37,15 @@ impl RedisServer {
 
     /// A server on a free loopback port with `extra` arguments (say `--requirepass`).
     pub(crate) fn start_with(extra: &[&str]) -> RedisServer {
+        RedisServer::start_on_free_port(extra, false)
+    }
+
+    /// A server speaking only TLS, with `extra` arguments (its `--tls-*` files).
+    pub(crate) fn start_tls(extra: &[&str]) -> RedisServer {
+        RedisServer::start_on_free_port(extra, true)
+    }
+
+    fn start_on_free_port(extra: &[&str], tls: bool) -> RedisServer {
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         // `--port 0` is not supported: take a free port from the OS, release it, and try
         // another if the server loses the race for it.
@@ -36,6 +55,7 @@ impl RedisServer {
                 child: None,
                 port,
                 extra: extra.clone(),
+                tls,
             };
             if server.spawn() {
                 return server;
@@ -46,8 +66,14 @@ impl RedisServer {
 
     /// Starts the process on `self.port`; whether it answers PING.
     fn spawn(&mut self) -> bool {
+        let port = self.port.to_string();
+        let ports: &[&str] = if self.tls {
+            &["--port", "0", "--tls-port", &port]
+        } else {
+            &["--port", &port]
+        };
         let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string()])
+            .args(ports)
             .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .args(&self.extra)
@@ -56,11 +82,9 @@ impl RedisServer {
             .spawn();
         let child = match child {
             Ok(child) => child,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => panic!(
-                "redis-server is not installed, and the Redis tests need it: run \
-                 `apt-get update && apt-get install -y redis-server` (or `bash .ci/test`, which \
-                 does)"
-            ),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                panic!("redis-server is not installed, and the Redis tests need it: {INSTALL}")
+            }
             Err(error) => panic!("cannot start redis-server: {error}"),
         };
         self.child = Some(child);
@@ -86,6 +110,9 @@ impl RedisServer {
         let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.port)) else {
             return false;
         };
+        if self.tls {
+            return true;
+        }
         let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
         if stream.write_all(b"PING\r\n").is_err() {
             return false;
@@ -161,6 +188,142 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// A Redis Cluster of three masters (no replicas) on loopback, each owning a third of the slots,
+/// stopped on drop. Its masters serve their own slots while another is down
+/// (`cluster-require-full-coverage no`).
+#[derive(Debug)]
+pub(crate) struct RedisCluster {
+    nodes: Vec<RedisServer>,
+    dir: ScratchDir,
+}
+
+impl RedisCluster {
+    pub(crate) fn start() -> RedisCluster {
+        let dir = ScratchDir::new("cluster");
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|node| {
+                let config = dir.path().join(format!("nodes-{node}.conf"));
+                RedisServer::start_with(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    config.to_str().expect("a UTF-8 temporary path"),
+                    "--cluster-node-timeout",
+                    "2000",
+                    "--cluster-require-full-coverage",
+                    "no",
+                    "--dir",
+                    dir.path().to_str().expect("a UTF-8 temporary path"),
+                ])
+            })
+            .collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|node| format!("127.0.0.1:{}", node.port()))
+            .collect();
+        let mut create = vec!["--cluster", "create"];
+        create.extend(addresses.iter().map(String::as_str));
+        create.extend(["--cluster-replicas", "0", "--cluster-yes"]);
+        let output = redis_cli(&create);
+        assert!(
+            output.status.success(),
+            "redis-cli --cluster create failed: {}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+        let cluster = RedisCluster { nodes, dir };
+        let deadline = Instant::now() + START_TIMEOUT;
+        while !cluster.is_ok() {
+            assert!(
+                Instant::now() < deadline,
+                "the cluster did not reach cluster_state:ok"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        cluster
+    }
+
+    /// Whether every node reports `cluster_state:ok` and knows all three masters.
+    fn is_ok(&self) -> bool {
+        self.nodes.iter().all(|node| {
+            let port = node.port().to_string();
+            let info = redis_cli(&["-p", &port, "cluster", "info"]);
+            let info = String::from_utf8_lossy(&info.stdout);
+            info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:3")
+        })
+    }
+
+    /// A URL naming one node, as a deployment would.
+    pub(crate) fn url(&self) -> String {
+        format!("redis+cluster://127.0.0.1:{}", self.nodes[0].port())
+    }
+
+    pub(crate) fn nodes(&self) -> &[RedisServer] {
+        &self.nodes
+    }
+
+    /// Kills node `index` (SIGKILL), as a crash would.
+    pub(crate) fn kill(&mut self, index: usize) {
+        self.nodes[index].kill();
+    }
+
+    /// Freezes node `index` (SIGSTOP), and thaws it on drop.
+    pub(crate) fn pause(&self, index: usize) -> Paused<'_> {
+        self.nodes[index].pause();
+        Paused(&self.nodes[index])
+    }
+}
+
+/// A paused node, thawed when dropped (a frozen server also ignores the SIGKILL of its drop
+/// until thawed).
+#[derive(Debug)]
+pub(crate) struct Paused<'a>(&'a RedisServer);
+
+impl Drop for Paused<'_> {
+    fn drop(&mut self) {
+        self.0.resume();
+    }
+}
+
+/// Runs `redis-cli` with `args` on loopback.
+fn redis_cli(args: &[&str]) -> std::process::Output {
+    match Command::new("redis-cli")
+        .args(["-h", "127.0.0.1"])
+        .args(args)
+        .output()
+    {
+        Ok(output) => output,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            panic!("redis-cli is not installed, and the Redis tests need it: {INSTALL}")
+        }
+        Err(error) => panic!("cannot run redis-cli: {error}"),
+    }
+}
+
+/// A fresh directory under the system's temporary one, removed on drop.
+#[derive(Debug)]
+pub(crate) struct ScratchDir(PathBuf);
+
+impl ScratchDir {
+    pub(crate) fn new(name: &str) -> ScratchDir {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let unique = NEXT.fetch_add(1, Ordering::Relaxed);
+        let path =
+            std::env::temp_dir().join(format!("tollgate-{name}-{}-{unique}", std::process::id()));
+        std::fs::create_dir_all(&path).expect("create a temporary directory");
+        ScratchDir(path)
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
