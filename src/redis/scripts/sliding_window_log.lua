@@ -16,14 +16,18 @@
 -- reset_after (us)}; code 1 = allowed (and committed), 0 = denied, -1 = KEYS[index] holds another
 -- type (nothing written). Every figure is an integer below 2^53.
 
--- `int`, `expire_after`, `n`, `peek`, `now` and `decide_plan` come from prelude.lua, run first.
+-- `int`, `expire_after`, `read_own`, `n`, `peek`, `now` and `decide_plan` come from prelude.lua,
+-- run first.
 
 -- Limit i's admission time (and its digits), window and live count, for its commit, and its
--- figures.
+-- figures; nothing if KEYS[i] is not a sorted set.
 local function decide_limit(i)
   local base = 3 + 2 * (i - 1)
-  local limit, window = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
-  local newest = redis.call('ZRANGE', KEYS[i], -1, -1, 'WITHSCORES')
+  local limit, window = ARGV[base + 1] + 0, ARGV[base + 2] + 0
+  local newest = read_own('ZRANGE', KEYS[i], -1, -1, 'WITHSCORES')
+  if not newest then
+    return nil
+  end
   local latest = 0
   if newest[2] ~= nil then
     latest = tonumber(newest[2])
@@ -67,4 +71,4 @@ local function commit_limit(i, counted)
   expire_after(KEYS[i], time + window - now)
 end
 
-return decide_plan('zset', decide_limit, commit_limit)
+return decide_plan(decide_limit, commit_limit)
