@@ -171,7 +171,8 @@ impl LimitSpec {
                         }
                         Ok(LimitSpec::FixedWindow { rule, window_us })
                     }
-                    // One sorted-set member per admission: the in-process bound on the limit.
+                    // One sorted-set member per batch, at most `limit` of them: the
+                    // in-process bound on the limit bounds the key.
                     Algorithm::SlidingWindowLog => {
                         Ok(LimitSpec::SlidingWindowLog { rule, window_us })
                     }
