@@ -36,10 +36,10 @@
 -- Batches that have left the window one commit drops at most: bounded work per request.
 local DROP_PER_COMMIT = 16
 
--- A batch's running total and its permits, from its member.
+-- A batch's running total and its permits, from its member (written by this script: numbers).
 local function batch_of(member)
   local colon = string.find(member, ':', 1, true)
-  return tonumber(string.sub(member, 1, colon - 1)), tonumber(string.sub(member, colon + 1))
+  return string.sub(member, 1, colon - 1) + 0, string.sub(member, colon + 1) + 0
 end
 
 -- The expiry of the batch holding the admission with running total `target` (counting from 0),
@@ -54,7 +54,7 @@ local function expiry_holding(key, target, low, high)
       low = middle + 1
     end
   end
-  return tonumber(redis.call('ZRANGE', key, low, low, 'WITHSCORES')[2])
+  return redis.call('ZRANGE', key, low, low, 'WITHSCORES')[2] + 0
 end
 
 -- Limit i's state for its commit, and its figures; nothing if KEYS[i] is not a sorted set.
@@ -69,18 +69,28 @@ local function decide_limit(i)
   local latest, total, newest_count = 0, 0, 0
   if newest[1] ~= nil then
     total, newest_count = batch_of(newest[1])
-    latest = tonumber(newest[2])
+    latest = newest[2] + 0
   end
   local time = math.max(now, latest - window)
   local time_digits = int(time)
   -- Admissions still in the window at `time`, those that expire after it: every admission from
   -- the oldest such batch on.
-  local live, before_live, first_after, first_expiry = 0, total, 0, 0
-  if latest > time then
-    local first = redis.call('ZRANGEBYSCORE', key, '(' .. time_digits, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  -- The rank of the oldest live batch, when known without a count: 0 for an empty log.
+  local live, before_live, first_after, first_expiry, first_rank = 0, total, 0, 0, nil
+  if newest[1] == nil then
+    first_rank = 0
+  elseif latest > time then
+    -- The oldest batch is usually still in the window, and then no batch has left it; else the
+    -- oldest live batch is found by its expiry.
+    local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+    if first[2] + 0 > time then
+      first_rank = 0
+    else
+      first = redis.call('ZRANGEBYSCORE', key, '(' .. time_digits, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+    end
     local first_count
     first_after, first_count = batch_of(first[1])
-    first_expiry = tonumber(first[2])
+    first_expiry = first[2] + 0
     before_live = first_after - first_count
     live = total - before_live
   end
@@ -97,7 +107,7 @@ local function decide_limit(i)
       local target = before_live + live + wanted - limit - 1
       local leaving = first_expiry
       if target >= first_after then
-        local first_rank = redis.call('ZCOUNT', key, '-inf', time_digits)
+        first_rank = first_rank or redis.call('ZCOUNT', key, '-inf', time_digits)
         local last_rank = redis.call('ZCARD', key) - 1
         leaving = expiry_holding(key, target, first_rank + 1, last_rank)
       end
@@ -106,17 +116,18 @@ local function decide_limit(i)
       remaining, reset = limit - live - n, time + window - now
     end
   end
-  return {time, window, time_digits, total, latest, newest[1], newest_count}, allowed, remaining, retry, reset
+  local state = {time, window, time_digits, total, latest, newest[1], newest_count, first_rank}
+  return state, allowed, remaining, retry, reset
 end
 
 local function commit_limit(i, state)
   local time, window, time_digits, total = state[1], state[2], state[3], state[4]
-  local latest, newest_member, newest_count = state[5], state[6], state[7]
+  local latest, newest_member, newest_count, first_rank = state[5], state[6], state[7], state[8]
   local key = KEYS[i]
   local expiry = time + window
   -- Batches that have left the window stay out of it (time never goes back): drop the oldest of
   -- them, a bounded number per commit.
-  local left = redis.call('ZCOUNT', key, '-inf', time_digits)
+  local left = first_rank or redis.call('ZCOUNT', key, '-inf', time_digits)
   if left > 0 then
     redis.call('ZREMRANGEBYRANK', key, 0, math.min(left, DROP_PER_COMMIT) - 1)
   end
