@@ -8,9 +8,12 @@
 //! ```
 //!
 //! `--redis` takes any URL the builder does: `redis+cluster://host:port` for a Redis Cluster
-//! (any of its nodes), `rediss://` for TLS (feature `redis-tls`).
+//! (any of its nodes), `rediss://` for TLS (feature `redis-tls`). The empty script's floor is
+//! measured on a single server's connection manager.
 //!
-//! About 15 seconds. Allow-heavy: each task its own client under a limit it never reaches.
+//! About 20 seconds. Allow-heavy: each task its own client under a limit it never reaches,
+//! beside an empty script (`return 1`) called by as many tasks on one connection manager, and
+//! each method's rate as a multiple of that floor.
 //! Deny-heavy: every task the same client, over its limit for the whole run, with the deny cache
 //! on and off.
 
@@ -96,6 +99,35 @@ async fn measure(
     }
 }
 
+/// Calls per second of an empty script (`return 1`) by `tasks` concurrent tasks on one connection
+/// manager, as the limiter's: the floor a decision's round trip cannot beat.
+async fn empty_script_rate(url: &str, tasks: usize) -> Result<f64, Box<dyn std::error::Error>> {
+    let connection = redis::Client::open(url)?.get_connection_manager().await?;
+    let script = Arc::new(redis::Script::new("return 1"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let calls = Arc::new(AtomicU64::new(0));
+    let mut handles = Vec::new();
+    for _ in 0..tasks {
+        let (mut connection, script) = (connection.clone(), Arc::clone(&script));
+        let (stop, calls) = (Arc::clone(&stop), Arc::clone(&calls));
+        handles.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let reply: redis::RedisResult<i64> = script.invoke_async(&mut connection).await;
+                if reply.is_ok() {
+                    calls.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    let started = Instant::now();
+    tokio::time::sleep(RUN_TIME).await;
+    stop.store(true, Ordering::Relaxed);
+    for handle in handles {
+        handle.await?;
+    }
+    Ok(calls.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     report::exit_code(run().await)
@@ -118,6 +150,17 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         "{:<22} {:>22} {:>22} {:>22}",
         "method", "1 task", "8 tasks", "64 tasks"
     );
+    // The floor needs a single server's connection; against a cluster the ratios read NaN.
+    let on_one_server = !url.contains("+cluster://");
+    let mut empty = Vec::new();
+    for tasks in TASK_COUNTS {
+        empty.push(if on_one_server {
+            empty_script_rate(&url, tasks).await?
+        } else {
+            f64::NAN
+        });
+    }
+    let mut ratios = Vec::new();
     for algorithm in Algorithm::ALL {
         // Far above what a run can take, for every method (the log holds at most 65,536).
         let rule = Rule::per_hour(60_000)?;
@@ -128,9 +171,24 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
                 .await?,
         );
         let mut row = format!("{:<22}", algorithm.to_string());
-        for tasks in TASK_COUNTS {
-            row += &measure(Arc::clone(&limiter), tasks, false).await.cell(2);
+        let mut ratio_row = format!("{:<22}", algorithm.to_string());
+        for (tasks, empty) in TASK_COUNTS.into_iter().zip(&empty) {
+            let figures = measure(Arc::clone(&limiter), tasks, false).await;
+            row += &figures.cell(2);
+            ratio_row += &format!(" {:>21.2}x", figures.per_second / empty);
         }
+        println!("{row}");
+        ratios.push(ratio_row);
+    }
+    let mut row = format!("{:<22}", "empty script");
+    for rate in &empty {
+        row += &format!(" {rate:>13.0}        ");
+    }
+    println!("{row}");
+
+    println!();
+    println!("decisions/s against empty-script calls/s, same tasks, one connection each way");
+    for row in ratios {
         println!("{row}");
     }
 

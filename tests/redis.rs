@@ -61,7 +61,12 @@ struct Step {
     peek: bool,
 }
 
-fn history(limit: u64, window_us: u64) -> impl Strategy<Value = Vec<Step>> {
+/// Each request's `n` is drawn from `batches`.
+fn history(
+    limit: u64,
+    window_us: u64,
+    batches: BoxedStrategy<u64>,
+) -> impl Strategy<Value = Vec<Step>> {
     // Waits from nothing to two windows, mostly short, so that histories both exhaust and refill.
     let advance = prop_oneof![
         3 => Just(0u64),
@@ -71,7 +76,7 @@ fn history(limit: u64, window_us: u64) -> impl Strategy<Value = Vec<Step>> {
     let step = (
         advance,
         prop::bool::weighted(0.1),
-        0..=limit + 1,
+        batches,
         prop::bool::weighted(0.1),
     )
         .prop_map(|(advance_us, back, n, peek)| Step {
@@ -116,12 +121,27 @@ fn replay(
     last: impl Fn(Rule, u64) -> u64,
     cases: u32,
 ) {
+    let any_batch = |limit: u64| (0..=limit + 1).boxed();
+    replay_with(algorithm, rules, starts, last, any_batch, cases);
+}
+
+/// [`replay`], each request's `n` drawn from `batches(limit)` instead of any `n` up to the
+/// limit + 1.
+fn replay_with(
+    algorithm: Algorithm,
+    rules: impl Strategy<Value = Rule>,
+    starts: impl Strategy<Value = u64>,
+    last: impl Fn(Rule, u64) -> u64,
+    batches: fn(u64) -> BoxedStrategy<u64>,
+    cases: u32,
+) {
     let server = RedisServer::start();
     let runtime = runtime();
     let case = AtomicU64::new(0);
     let strategy = (rules, starts).prop_flat_map(|(rule, start_us)| {
         let window_us = rule.window().as_micros() as u64;
-        (Just(rule), Just(start_us), history(rule.limit(), window_us))
+        let steps = history(rule.limit(), window_us, batches(rule.limit()));
+        (Just(rule), Just(start_us), steps)
     });
     let mut runner = TestRunner::new(Config::with_cases(cases));
     let result = runner.run(&strategy, |(rule, start_us, steps)| {
@@ -195,6 +215,33 @@ fn fixed_window_script_decides_as_the_in_process_window() {
 #[test]
 fn sliding_log_script_decides_as_the_in_process_log() {
     equals_in_process(Algorithm::SlidingWindowLog);
+}
+
+/// Batches of up to the largest limit the log takes, small and large mixed so that many
+/// batches are live at once and a refusal's leaving admission lies deep among them.
+#[test]
+fn sliding_log_script_decides_as_the_in_process_log_for_large_batches() {
+    let max = SlidingWindowLog::<FakeClock>::MAX_LIMIT;
+    let limit = prop_oneof![Just(max), 13u64..=5_000];
+    let window_us = prop_oneof![Just(1_000_000u64), Just(7_000_000)];
+    let rules = (limit, window_us)
+        .prop_map(|(limit, window_us)| Rule::new(limit, Duration::from_micros(window_us)).unwrap());
+    let batches = |limit: u64| {
+        prop_oneof![
+            1 => 0..=limit + 1,
+            3 => 1..=limit / 10,
+            1 => limit / 3..=limit / 2,
+        ]
+        .boxed()
+    };
+    replay_with(
+        Algorithm::SlidingWindowLog,
+        rules,
+        Just(0),
+        |_, _| u64::MAX,
+        batches,
+        64,
+    );
 }
 
 #[test]
@@ -798,6 +845,80 @@ async fn the_sliding_log_grants_batches_as_in_process() {
             "{n}: {got:?}"
         );
     }
+}
+
+/// The longest `EVALSHA` in the server's slow log, in microseconds.
+async fn slowest_script_micros(connection: &mut ::redis::aio::MultiplexedConnection) -> i64 {
+    let entries: Vec<::redis::Value> = ::redis::cmd("SLOWLOG")
+        .arg("GET")
+        .arg(128)
+        .query_async(connection)
+        .await
+        .unwrap();
+    entries
+        .iter()
+        .filter_map(|entry| match entry {
+            ::redis::Value::Array(fields) => match (fields.get(2), fields.get(3)) {
+                (Some(::redis::Value::Int(micros)), Some(::redis::Value::Array(argv)))
+                    if matches!(argv.first(), Some(::redis::Value::BulkString(name))
+                        if name.eq_ignore_ascii_case(b"evalsha")) =>
+                {
+                    Some(*micros)
+                }
+                _ => None,
+            },
+            _ => None,
+        })
+        .max()
+        .expect("an EVALSHA in the slow log")
+}
+
+/// A request of the largest `n` is one batch: it takes well under a millisecond of server time
+/// (the fastest of three, so that a busy machine's preemption is not counted) and leaves a key
+/// of a few dozen bytes; the next request is refused until that batch leaves, exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sliding_log_request_of_the_largest_n_is_one_small_batch_and_blocks_no_one() {
+    let server = RedisServer::start();
+    let mut connection = server.connection().await;
+    let max = SlidingWindowLog::<FakeClock>::MAX_LIMIT;
+    let rule = Rule::per_hour(max).unwrap();
+    let redis = limiter(&server, Algorithm::SlidingWindowLog, rule).await;
+    let _: () = ::redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("slowlog-log-slower-than")
+        .arg(0)
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    let mut fastest = i64::MAX;
+    for client in ["a", "b", "c"] {
+        let _: () = ::redis::cmd("SLOWLOG")
+            .arg("RESET")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        let granted = redis.acquire(client, &"free", max).await.unwrap();
+        assert!(granted.is_allowed(), "{granted:?}");
+        assert_eq!(granted.remaining(), 0);
+        fastest = fastest.min(slowest_script_micros(&mut connection).await);
+        let key = redis.keys(client, &"free").unwrap().remove(0);
+        let bytes: u64 = ::redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(&key)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        assert!(bytes < 256, "{bytes} bytes");
+        let refused = redis.acquire(client, &"free", 1).await.unwrap();
+        assert!(refused.is_denied());
+        // The batch leaves a window after it was admitted: within the last second of an hour.
+        let wait = refused.retry_after();
+        assert!(
+            wait <= Duration::from_secs(3600) && wait > Duration::from_secs(3599),
+            "{wait:?}"
+        );
+    }
+    assert!(fastest < 1_000, "{fastest} us");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -261,10 +261,18 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
     fn keys_of(&self, entry: &PlanEntry<P>, client: &str) -> Vec<String> {
         // Every key of one client under one plan shares the hash tag `{plan:client}`, so one
         // script can touch them all on Redis Cluster.
+        // Built by appending into one allocation of the final size, not by `format!`.
+        let shared = self.prefix.len() + entry.name.len() + client.len() + ":{:}:".len();
         entry
             .limits
             .iter()
-            .map(|(_, suffix)| format!("{}:{{{}:{}}}:{}", self.prefix, entry.name, client, suffix))
+            .map(|(_, suffix)| {
+                let mut key = String::with_capacity(shared + suffix.len());
+                for part in [&self.prefix, ":{", &entry.name, ":", client, "}:", suffix] {
+                    key.push_str(part);
+                }
+                key
+            })
             .collect()
     }
 

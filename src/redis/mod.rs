@@ -76,9 +76,15 @@
 //! by all of a client's keys under one plan (Redis Cluster puts them in one slot), the method
 //! (`tb`, `fw`, `swl`, `swc`) and the rule, so a changed rule starts afresh. The plan is its
 //! `Debug` form without quotes. Values: the bucket is a hash `{t: TAT in µs, f: remainder in
-//! ticks}`; the window a hash `{w: window index, c: count}`; the log a sorted set of admissions
-//! scored by their expiry in µs; the counter a hash `{w: window index, c: count in that window,
-//! p: count in the window before}`. Window indexes count windows since the Unix epoch.
+//! ticks}`; the window a hash `{w: window index, c: count}`; the log a sorted set of batches
+//! (the permits one request took at one instant, joined with the newest batch when they share
+//! its instant) scored by their expiry in µs, each member `<running total>:<permits>`; the
+//! counter a hash `{w: window index, c: count in that window, p: count in the window before}`.
+//! Window indexes count windows since the Unix epoch. A log's work per request does not grow
+//! with `n` (a request of 65,536 permits is one member), and a log holds at most `limit`
+//! batches: 20-30 bytes each up to 128 batches (a listpack), about 100 bytes each beyond
+//! (measured with `MEMORY USAGE`: 6.2-6.6 MB for 65,536 batches of one permit, 170-190 bytes for
+//! one batch of 65,536).
 
 mod builder;
 mod connection;

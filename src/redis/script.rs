@@ -10,10 +10,11 @@
 //! retry_after, rounded up to microseconds, overstates the wait.
 //!
 //! What the scripts share is written once, in `scripts/prelude.lua`, run before each: the
-//! arguments, the clock, the check of the keys' type and the plan's decision, which asks the
-//! script for each limit's figures in order and commits every limit only if none refused and
-//! permits are taken. A script itself holds only its method: how one limit decides, and what
-//! committing it writes (every key written is given its expiry).
+//! arguments, the clock, the first read of a key (whose `WRONGTYPE` error, not a `TYPE` per key,
+//! tells another program's key from ours) and the plan's decision, which asks the script for
+//! each limit's figures in order and commits every limit only if none refused and permits are
+//! taken. A script itself holds only its method: how one limit decides, and what committing it
+//! writes (every key written is given its expiry).
 
 use std::sync::LazyLock;
 
@@ -170,7 +171,8 @@ impl LimitSpec {
                         }
                         Ok(LimitSpec::FixedWindow { rule, window_us })
                     }
-                    // One sorted-set member per admission: the in-process bound on the limit.
+                    // One sorted-set member per batch, at most `limit` of them: the
+                    // in-process bound on the limit bounds the key.
                     Algorithm::SlidingWindowLog => {
                         Ok(LimitSpec::SlidingWindowLog { rule, window_us })
                     }

@@ -11,14 +11,17 @@
 -- reset_after (us)}; code 1 = allowed (and committed), 0 = denied, -1 = KEYS[index] holds another
 -- type (nothing written). Every figure is an integer of at most 2^53 (limits are at most 2^53).
 
--- `int`, `div`, `expire_after`, `n`, `peek`, `now` and `decide_plan` come from prelude.lua, run
--- first.
+-- `int`, `div`, `expire_after`, `read_own`, `n`, `peek`, `now` and `decide_plan` come from
+-- prelude.lua, run first.
 
--- Limit i's window and count, for its commit, and its figures.
+-- Limit i's window and count, for its commit, and its figures; nothing if KEYS[i] is not a hash.
 local function decide_limit(i)
   local base = 3 + 2 * (i - 1)
-  local limit, window = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
-  local stored = redis.call('HMGET', KEYS[i], 'w', 'c')
+  local limit, window = ARGV[base + 1] + 0, ARGV[base + 2] + 0
+  local stored = read_own('HMGET', KEYS[i], 'w', 'c')
+  if not stored then
+    return nil
+  end
   local w, c = tonumber(stored[1]), tonumber(stored[2])
   local index = div(now, window)
   -- A reading in an older window than the stored one (the server's clock stepped back) counts
@@ -51,4 +54,4 @@ local function commit_limit(i, counted)
   expire_after(KEYS[i], (index + 1) * window - now)
 end
 
-return decide_plan('hash', decide_limit, commit_limit)
+return decide_plan(decide_limit, commit_limit)

@@ -1,6 +1,7 @@
 -- What every script starts with (prepended to each by `src/redis/script.rs`): the arguments they
--- share, the clock, integer helpers, the keys' expiry, the check that their keys are theirs, and
--- the plan's decision, all or nothing, around each script's own decision for one limit.
+-- share, the clock, integer helpers, the keys' expiry, the first read of a key (which tells
+-- another program's key from ours), and the plan's decision, all or nothing, around each
+-- script's own decision for one limit.
 --
 -- ARGV[1]   n, the permits asked for
 -- ARGV[2]   "acquire" or "peek"
@@ -28,14 +29,17 @@ local function div(a, b)
   return q
 end
 
-local n = tonumber(ARGV[1])
+-- Arguments and replies known to be numbers are converted by arithmetic (`x + 0`): `tonumber`
+-- parses a string twice.
+local n = ARGV[1] + 0
 local peek = ARGV[2] == 'peek'
+local injected = ARGV[3] ~= ''
 local now
-if ARGV[3] ~= '' then
-  now = tonumber(ARGV[3])
+if injected then
+  now = ARGV[3] + 0
 else
   local time = redis.call('TIME')
-  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+  now = time[1] * 1000000 + time[2]
 end
 
 -- Sets `key` to expire `us` microseconds from now, rounded up to whole milliseconds: when it has
@@ -43,41 +47,54 @@ end
 -- clock, so such keys are kept a minute longer.
 local function expire_after(key, us)
   local ttl = math.floor(us / 1000) + 1
-  if ARGV[3] ~= '' then
+  if injected then
     ttl = ttl + 60000
   end
   redis.call('PEXPIRE', key, int(ttl))
 end
 
--- The position of the first key that holds something other than `kind` (another program's
--- key under our name), or nil: nothing may be written then.
-local function key_of_another_type(kind)
-  for i = 1, #KEYS do
-    local found = redis.call('TYPE', KEYS[i])['ok']
-    if found ~= 'none' and found ~= kind then
-      return i
+-- The reply of the command `...` (a read of one of KEYS), or false if that key holds another
+-- type than the command reads (another program's key under our name). Each limit reads its key
+-- with this first, so that no decision pays for a `TYPE`: the read's own WRONGTYPE error says
+-- it. Any other error is raised as it came.
+local function read_own(...)
+  local reply = redis.pcall(...)
+  if type(reply) == 'table' and reply.err ~= nil then
+    if string.sub(reply.err, 1, 9) == 'WRONGTYPE' then
+      return false
     end
+    error(reply)
   end
-  return nil
+  return reply
 end
 
 -- Decides every limit of the plan, all or nothing, and returns the reply (see
--- `src/redis/script.rs`). If KEYS[i] holds something other than `kind`: {-1, i, now}, nothing
--- written. Else `decide_limit(i)` reads limit i and returns what `commit_limit(i, state)` needs to
--- write it, then the limit's four or five reply figures, allowed first; the reply is {1, 0, now}
--- and every limit's figures in order, with code 0 if any limit refused. Only if none refused and
--- permits are taken (neither a peek nor n = 0) is every limit committed.
-local function decide_plan(kind, decide_limit, commit_limit)
-  local other = key_of_another_type(kind)
-  if other then
-    return {-1, other, now}
+-- `src/redis/script.rs`). `decide_limit(i)` reads limit i (first with `read_own`) and returns
+-- what `commit_limit(i, state)` needs to write it, then the limit's four or five reply figures,
+-- allowed first; or nothing if KEYS[i] holds another type, and the reply is then {-1, i, now},
+-- nothing written (no limit commits before every limit has read its key). Else the reply is
+-- {1, 0, now} and every limit's figures in order, with code 0 if any limit refused. Only if none
+-- refused and permits are taken (neither a peek nor n = 0) is every limit committed.
+local function decide_plan(decide_limit, commit_limit)
+  if #KEYS == 1 then
+    -- The usual plan, of one limit: no list of states, and the reply made at its full size.
+    local state, f1, f2, f3, f4, f5 = decide_limit(1)
+    if f1 == nil then
+      return {-1, 1, now}
+    end
+    if f1 == 1 and not peek and n ~= 0 then
+      commit_limit(1, state)
+    end
+    return {f1, 0, now, f1, f2, f3, f4, f5}
   end
-
   local reply = {1, 0, now}
   local states = {}
   for i = 1, #KEYS do
     -- Figures as values, not a list: no table per limit for the collector to sweep.
     local state, f1, f2, f3, f4, f5 = decide_limit(i)
+    if f1 == nil then
+      return {-1, i, now}
+    end
     if f1 == 0 then
       reply[1] = 0
     end

@@ -20,8 +20,8 @@
 -- -1 = KEYS[index] holds another type (nothing written). Every number is an integer below 2^53:
 -- products of a count and a time, which can exceed it, are never formed (see mul_div).
 
--- `int`, `div`, `expire_after`, `n`, `peek`, `now` and `decide_plan` come from prelude.lua, run
--- first.
+-- `int`, `div`, `expire_after`, `read_own`, `n`, `peek`, `now` and `decide_plan` come from
+-- prelude.lua, run first.
 
 -- floor(a * b / d) and (a * b) mod d, for a below 2^32 and b, d below 2^51, whose quotient is
 -- below 2^53, without forming a * b (up to 2^83): a's bits from the highest, doubling the
@@ -110,11 +110,14 @@ local function decide(s, take, now)
   return 0, math.max(room - weight, 0), retry, short, reset_after(s, s.cur, now)
 end
 
--- Limit i's state, for its commit, and its figures.
+-- Limit i's state, for its commit, and its figures; nothing if KEYS[i] is not a hash.
 local function decide_limit(i)
   local base = 3 + 2 * (i - 1)
-  local limit, window = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
-  local stored = redis.call('HMGET', KEYS[i], 'w', 'c', 'p')
+  local limit, window = ARGV[base + 1] + 0, ARGV[base + 2] + 0
+  local stored = read_own('HMGET', KEYS[i], 'w', 'c', 'p')
+  if not stored then
+    return nil
+  end
   local w, c, p = tonumber(stored[1]), tonumber(stored[2]), tonumber(stored[3])
   local s = {limit = limit, window = window, index = div(now, window), cur = 0, prev = 0}
   if w ~= nil and c ~= nil and p ~= nil then
@@ -150,4 +153,4 @@ local function commit_limit(i, s)
   expire_after(KEYS[i], (s.index + 2) * s.window - now)
 end
 
-return decide_plan('hash', decide_limit, commit_limit)
+return decide_plan(decide_limit, commit_limit)

@@ -1,7 +1,9 @@
 -- Sliding window log for every limit of one plan: checks all, then commits all or none.
 --
--- KEYS[i]   the log of limit i: a sorted set of admissions scored by their expiry (admission time
---           + window, in microseconds). A missing key is an empty log.
+-- KEYS[i]   the log of limit i: a sorted set of batches, one per instant that admitted permits,
+--           scored by their expiry (admission time + window, in microseconds), each member
+--           "<after>:<count>": the batch's permits, and the log's running total of admissions
+--           up to and including them. A missing key is an empty log.
 -- ARGV[1]   n, from 0 to the smallest limit (0 reports what is available and writes nothing)
 -- ARGV[2]   "acquire" or "peek" (peek: what one permit would get, writing nothing)
 -- ARGV[3]   the time in microseconds, or "" for the server's TIME (the normal case)
@@ -12,27 +14,86 @@
 -- the server's clock steps back. A refusal waits for the admission whose leaving makes room for
 -- n.
 --
+-- Work and memory do not grow with n. A request of n permits adds one batch (or joins the newest
+-- batch, when it has the same expiry, so expiries are unique and the set's order is that of the
+-- running totals). The live admissions are the newest batch's total minus the total before the
+-- oldest batch still in the window; the admission whose leaving makes room is found in the oldest
+-- live batch, or else by a binary search of the batches by rank on their totals. A commit drops
+-- at most DROP_PER_COMMIT batches that have left the window, so a request reads and writes
+-- O(log(batches)) elements with O(log(batches)) calls at most. Every batch holds at least one
+-- live permit when added, and a commit either drops every batch that has left the window or
+-- drops DROP_PER_COMMIT of them and adds at most one, so a log holds at most `limit` batches:
+-- 20-30 bytes each while the set is a listpack (up to 128 members), about 100 each beyond (see
+-- `src/redis/mod.rs`).
+--
 -- Reply: {code, index, now_us, then per limit: allowed, remaining (permits), retry_after (us),
 -- reset_after (us)}; code 1 = allowed (and committed), 0 = denied, -1 = KEYS[index] holds another
 -- type (nothing written). Every figure is an integer below 2^53.
 
--- `int`, `expire_after`, `n`, `peek`, `now` and `decide_plan` come from prelude.lua, run first.
+-- `int`, `expire_after`, `read_own`, `n`, `peek`, `now` and `decide_plan` come from prelude.lua,
+-- run first.
 
--- Limit i's admission time (and its digits), window and live count, for its commit, and its
--- figures.
+-- Batches that have left the window one commit drops at most: bounded work per request.
+local DROP_PER_COMMIT = 16
+
+-- A batch's running total and its permits, from its member (written by this script: numbers).
+local function batch_of(member)
+  local colon = string.find(member, ':', 1, true)
+  return string.sub(member, 1, colon - 1) + 0, string.sub(member, colon + 1) + 0
+end
+
+-- The expiry of the batch holding the admission with running total `target` (counting from 0),
+-- searched among the batches of ranks `low` to `high`, whose last holds it.
+local function expiry_holding(key, target, low, high)
+  while low < high do
+    local middle = math.floor((low + high) / 2)
+    local after = batch_of(redis.call('ZRANGE', key, middle, middle)[1])
+    if after > target then
+      high = middle
+    else
+      low = middle + 1
+    end
+  end
+  return redis.call('ZRANGE', key, low, low, 'WITHSCORES')[2] + 0
+end
+
+-- Limit i's state for its commit, and its figures; nothing if KEYS[i] is not a sorted set.
 local function decide_limit(i)
   local base = 3 + 2 * (i - 1)
-  local limit, window = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
-  local newest = redis.call('ZRANGE', KEYS[i], -1, -1, 'WITHSCORES')
-  local latest = 0
-  if newest[2] ~= nil then
-    latest = tonumber(newest[2])
+  local limit, window = ARGV[base + 1] + 0, ARGV[base + 2] + 0
+  local key = KEYS[i]
+  local newest = read_own('ZRANGE', key, -1, -1, 'WITHSCORES')
+  if not newest then
+    return nil
+  end
+  local latest, total, newest_count = 0, 0, 0
+  if newest[1] ~= nil then
+    total, newest_count = batch_of(newest[1])
+    latest = newest[2] + 0
   end
   local time = math.max(now, latest - window)
   local time_digits = int(time)
-  local after_time = '(' .. time_digits
-  -- Admissions still in the window at `time`: those that expire after it.
-  local live = redis.call('ZCOUNT', KEYS[i], after_time, '+inf')
+  -- Admissions still in the window at `time`, those that expire after it: every admission from
+  -- the oldest such batch on.
+  -- The rank of the oldest live batch, when known without a count: 0 for an empty log.
+  local live, before_live, first_after, first_expiry, first_rank = 0, total, 0, 0, nil
+  if newest[1] == nil then
+    first_rank = 0
+  elseif latest > time then
+    -- The oldest batch is usually still in the window, and then no batch has left it; else the
+    -- oldest live batch is found by its expiry.
+    local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+    if first[2] + 0 > time then
+      first_rank = 0
+    else
+      first = redis.call('ZRANGEBYSCORE', key, '(' .. time_digits, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+    end
+    local first_count
+    first_after, first_count = batch_of(first[1])
+    first_expiry = first[2] + 0
+    before_live = first_after - first_count
+    live = total - before_live
+  end
   local reset = math.max(latest - now, 0)
   local allowed, remaining, retry = 1, math.max(limit - live, 0), 0
   local wanted = n
@@ -43,28 +104,42 @@ local function decide_limit(i)
     if live + wanted > limit then
       -- The admissions still in the window leave oldest first; room for `wanted` comes when the
       -- (live + wanted - limit)-th of them has left.
-      local k = live + wanted - limit - 1
-      local leaving = redis.call('ZRANGEBYSCORE', KEYS[i], after_time, '+inf', 'WITHSCORES', 'LIMIT', k, 1)
-      allowed, retry = 0, math.max(tonumber(leaving[2]) - now, 0)
+      local target = before_live + live + wanted - limit - 1
+      local leaving = first_expiry
+      if target >= first_after then
+        first_rank = first_rank or redis.call('ZCOUNT', key, '-inf', time_digits)
+        local last_rank = redis.call('ZCARD', key) - 1
+        leaving = expiry_holding(key, target, first_rank + 1, last_rank)
+      end
+      allowed, retry = 0, math.max(leaving - now, 0)
     elseif not peek then
       remaining, reset = limit - live - n, time + window - now
     end
   end
-  return {time, window, live, time_digits}, allowed, remaining, retry, reset
+  local state = {time, window, time_digits, total, latest, newest[1], newest_count, first_rank}
+  return state, allowed, remaining, retry, reset
 end
 
-local function commit_limit(i, counted)
-  local time, window, live, time_digits = counted[1], counted[2], counted[3], counted[4]
-  local expiry = int(time + window)
-  -- Admissions that have left the window stay out of it (time never goes back): drop them.
-  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', time_digits)
-  -- Members must be unique: admissions with one expiry all happen at one `time`, each seeing
-  -- one more live admission than the one before, so the count tells them apart.
-  for j = 0, n - 1 do
-    redis.call('ZADD', KEYS[i], expiry, expiry .. ':' .. int(live + j))
+local function commit_limit(i, state)
+  local time, window, time_digits, total = state[1], state[2], state[3], state[4]
+  local latest, newest_member, newest_count, first_rank = state[5], state[6], state[7], state[8]
+  local key = KEYS[i]
+  local expiry = time + window
+  -- Batches that have left the window stay out of it (time never goes back): drop the oldest of
+  -- them, a bounded number per commit.
+  local left = first_rank or redis.call('ZCOUNT', key, '-inf', time_digits)
+  if left > 0 then
+    redis.call('ZREMRANGEBYRANK', key, 0, math.min(left, DROP_PER_COMMIT) - 1)
   end
+  local count = n
+  if expiry == latest then
+    -- Admitted at the newest batch's instant: join it, so that expiries stay unique.
+    redis.call('ZREM', key, newest_member)
+    count = newest_count + n
+  end
+  redis.call('ZADD', key, int(expiry), int(total + n) .. ':' .. int(count))
   -- When the newest admission leaves the window the log is empty: expire it then.
-  expire_after(KEYS[i], time + window - now)
+  expire_after(key, time + window - now)
 end
 
-return decide_plan('zset', decide_limit, commit_limit)
+return decide_plan(decide_limit, commit_limit)

@@ -13,24 +13,11 @@
 -- retry_after (ticks), reset_after (ticks)}; code 1 = allowed (and committed), 0 = denied,
 -- -1 = KEYS[index] holds another type (nothing written).
 
--- `int`, `expire_after`, `n`, `peek`, `now` and `decide_plan` come from prelude.lua, run first.
+-- `int`, `expire_after`, `read_own`, `n`, `peek`, `now` and `decide_plan` come from prelude.lua,
+-- run first.
 
--- The debt (ticks still to refill) of bucket i at `now`; a TAT behind `now` is a full bucket.
-local function debt_of(i, tpu, burst)
-  local stored = redis.call('HMGET', KEYS[i], 't', 'f')
-  local t, f = tonumber(stored[1]), tonumber(stored[2])
-  if t == nil or f == nil or t < now then
-    return 0
-  end
-  -- A TAT more than two windows ahead can only come from a clock that stepped back; cap the
-  -- debt there (it denies either way) so the product below stays exact.
-  if t - now > 2 * (burst / tpu) then
-    return 2 * burst
-  end
-  return (t - now) * tpu + f
-end
-
--- The answer of limit i to `take` permits: allowed, remaining, retry_after, reset_after, new debt.
+-- The answer of a bucket in `debt` to `take` permits: allowed, remaining, retry_after,
+-- reset_after, and the new debt if allowed.
 local function decide(debt, take, token, burst)
   local new_debt = debt + take * token
   if new_debt <= burst then
@@ -39,31 +26,50 @@ local function decide(debt, take, token, burst)
   return 0, math.max(burst - debt, 0), new_debt - burst, debt, nil
 end
 
--- Limit i's new debt (nil unless it takes permits), for its commit, and its figures.
+-- Limit i's commit (the new TAT's microseconds and ticks; nil unless it takes permits) and its
+-- figures; nothing if KEYS[i] is not a hash.
 local function decide_limit(i)
+  local stored = read_own('HMGET', KEYS[i], 't', 'f')
+  if not stored then
+    return nil
+  end
   local base = 3 + 3 * (i - 1)
-  local tpu, token, burst = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
-  local debt = debt_of(i, tpu, burst)
+  local tpu, token, burst = ARGV[base + 1] + 0, ARGV[base + 2] + 0, ARGV[base + 3] + 0
+  -- The debt (ticks still to refill) at `now`; a TAT behind `now` is a full bucket. A remainder
+  -- of "0" (always, when a tick is a microsecond) is read without a conversion.
+  local debt = 0
+  local t, f = tonumber(stored[1]), stored[2]
+  if f == '0' then
+    f = 0
+  else
+    f = tonumber(f)
+  end
+  if t ~= nil and f ~= nil and t >= now then
+    -- A TAT more than two windows ahead can only come from a clock that stepped back; cap the
+    -- debt there (it denies either way) so the product below stays exact.
+    if t - now > 2 * (burst / tpu) then
+      debt = 2 * burst
+    else
+      debt = (t - now) * tpu + f
+    end
+  end
   local allowed, remaining, retry, reset, new_debt
   if peek then
     allowed, remaining, retry, reset = decide(debt, 1, token, burst)
     if allowed == 1 then
       allowed, remaining, retry, reset = decide(debt, 0, token, burst)
     end
+    return nil, allowed, remaining, retry, reset
   elseif n == 0 then
     -- Takes nothing, so it is granted whatever the debt.
-    allowed, remaining, retry, reset = 1, math.max(burst - debt, 0), 0, debt
-  else
-    allowed, remaining, retry, reset, new_debt = decide(debt, n, token, burst)
+    return nil, 1, math.max(burst - debt, 0), 0, debt
   end
-  return new_debt, allowed, remaining, retry, reset
-end
-
--- All granted: commit bucket i. new TAT = now + new_debt ticks, split into whole microseconds
--- and a remainder; the quotient is corrected so that no rounding of the division can leave the
--- remainder outside [0, tpu).
-local function commit_limit(i, new_debt)
-  local tpu = tonumber(ARGV[3 + 3 * (i - 1) + 1])
+  allowed, remaining, retry, reset, new_debt = decide(debt, n, token, burst)
+  if new_debt == nil then
+    return nil, allowed, remaining, retry, reset
+  end
+  -- new TAT = now + new_debt ticks, split into whole microseconds and a remainder; the quotient
+  -- is corrected so that no rounding of the division can leave the remainder outside [0, tpu).
   local q = math.floor(new_debt / tpu)
   local r = new_debt - q * tpu
   if r < 0 then
@@ -71,10 +77,20 @@ local function commit_limit(i, new_debt)
   elseif r >= tpu then
     q, r = q + 1, r - tpu
   end
-  redis.call('HSET', KEYS[i], 't', int(now + q), 'f', int(r))
+  return {q, r}, allowed, remaining, retry, reset
+end
+
+-- All granted: commit bucket i.
+local function commit_limit(i, split)
+  local q, r = split[1], split[2]
+  local r_digits = '0'
+  if r ~= 0 then
+    r_digits = int(r)
+  end
+  redis.call('HSET', KEYS[i], 't', int(now + q), 'f', r_digits)
   -- The bucket is full again, indistinguishable from a missing key, q (+1 if r > 0)
   -- microseconds from now: expire it then.
   expire_after(KEYS[i], q)
 end
 
-return decide_plan('hash', decide_limit, commit_limit)
+return decide_plan(decide_limit, commit_limit)
