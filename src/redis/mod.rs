@@ -74,7 +74,7 @@
 //! `<prefix>:{<plan>:<client>}:<method>:<limit>/<window>us`, for example
 //! `tollgate:{Free:alice}:tb:5/1000000us`: the prefix (default `tollgate`), the hash tag shared
 //! by all of a client's keys under one plan (Redis Cluster puts them in one slot), the method
-//! (`tb`, `fw`, `swl`, `swc`) and the rule, so a changed rule starts afresh. The plan is its
+//! (`tb`, `fw`, `swlb`, `swc`) and the rule, so a changed rule starts afresh. The plan is its
 //! `Debug` form without quotes. Values: the bucket is a hash `{t: TAT in µs, f: remainder in
 //! ticks}`; the window a hash `{w: window index, c: count}`; the log a sorted set of batches
 //! (the permits one request took at one instant, joined with the newest batch when they share

@@ -193,12 +193,14 @@ impl LimitSpec {
         }
     }
 
-    /// The short name of the method in keys.
+    /// The short name of the method in keys. The sliding log's names its layout (`swlb`: one
+    /// member per batch), so that no node reads a log kept in the earlier layout (one member per
+    /// permit, `swl`) as its own during a rolling upgrade: the two start apart.
     pub(super) fn method_tag(&self) -> &'static str {
         match self {
             LimitSpec::TokenBucket { .. } => "tb",
             LimitSpec::FixedWindow { .. } => "fw",
-            LimitSpec::SlidingWindowLog { .. } => "swl",
+            LimitSpec::SlidingWindowLog { .. } => "swlb",
             LimitSpec::SlidingWindowCounter { .. } => "swc",
         }
     }
