@@ -362,7 +362,8 @@ mod redis {
             .build();
         Ok((
             routes(layer, shadow_layer),
-            format!("limits in Redis at {url}"),
+            // Not the URL, which may hold a password.
+            "limits in Redis".to_owned(),
         ))
     }
 }
