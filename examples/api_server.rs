@@ -17,6 +17,15 @@
 //! repeatable, to read the client's address from `X-Forwarded-For` when the peer is one of your
 //! proxies. Without `--trust` forwarding headers are ignored.
 //!
+//! `--redis URL` (feature `redis`) serves the same limits from the Redis at `URL`, so that every
+//! process started with it shares each client's limit (run two on different `--listen` ports and
+//! a client gets its plan's limit across both). While Redis cannot answer, the limited routes
+//! answer `503 Service Unavailable` (the limiter's default failure policy, `Error`).
+//!
+//! ```sh
+//! cargo run --release --features tower,redis --example api_server -- --redis redis://127.0.0.1:6379
+//! ```
+//!
 //! A key is trusted only if the table lists it: a client can write any `x-api-key`, so a key it
 //! invented is no key at all, and its request is limited as an anonymous one, by address. (A real
 //! API checks the key, by such a table or a signature, before it is trusted as a limit's key.)
@@ -37,8 +46,8 @@ use axum::routing::get;
 use http::{HeaderMap, HeaderName};
 use serde::Deserialize;
 use tollgate::tower::{
-    Cidr, ClientIp, ClientKey, HeaderKey, KeyExtractor, RateLimitLayer, RequestHead,
-    SHADOWED_HEADER, SetupError, Shadow, key_fn,
+    Cidr, ClientIp, ClientKey, HeaderKey, KeyExtractor, RateLimitBackend, RateLimitLayer,
+    RequestHead, SHADOWED_HEADER, SetupError, Shadow, key_fn,
 };
 use tollgate::{Clock, MonotonicClock, Settings};
 
@@ -50,7 +59,7 @@ const API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 /// The plans of the settings file (the layer names them in the `RateLimit` fields as the file
 /// does).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Plan {
+pub(crate) enum Plan {
     Free,
     Pro,
 }
@@ -63,6 +72,17 @@ impl Plan {
             .iter()
             .find(|(plan_name, _)| *plan_name == name)
             .map(|(_, plan)| *plan)
+    }
+}
+
+/// The plan's name in the settings file, which the `RateLimit` fields use.
+impl std::fmt::Display for Plan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = Plan::ALL
+            .iter()
+            .find(|(_, plan)| plan == self)
+            .map_or("?", |(name, _)| *name);
+        f.write_str(name)
     }
 }
 
@@ -116,14 +136,16 @@ impl ApiKeys {
     }
 }
 
-struct Options {
+pub(crate) struct Options {
     listen: SocketAddr,
     settings: String,
     keys: String,
     trusted: Vec<Cidr>,
+    redis: Option<String>,
 }
 
-fn options() -> Result<Options, String> {
+/// The options given by `args` (the program's arguments, without its name).
+pub(crate) fn options(mut args: impl Iterator<Item = String>) -> Result<Options, String> {
     let mut options = Options {
         listen: SocketAddr::from(([127, 0, 0, 1], 3000)),
         settings: concat!(env!("CARGO_MANIFEST_DIR"), "/examples/settings/plans.toml").to_owned(),
@@ -133,8 +155,8 @@ fn options() -> Result<Options, String> {
         )
         .to_owned(),
         trusted: Vec::new(),
+        redis: None,
     };
-    let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
         match flag.as_str() {
@@ -148,9 +170,11 @@ fn options() -> Result<Options, String> {
             "--trust" => options
                 .trusted
                 .push(value.parse().map_err(|error| format!("--trust: {error}"))?),
+            "--redis" => options.redis = Some(value),
             other => {
                 return Err(format!(
-                    "unknown option {other:?}: expected --listen, --settings, --keys or --trust"
+                    "unknown option {other:?}: expected --listen, --settings, --keys, --trust or \
+                     --redis"
                 ));
             }
         }
@@ -178,17 +202,28 @@ fn main() -> ExitCode {
 
 #[tokio::main]
 async fn run() -> Result<(), Box<dyn Error>> {
-    let options = options()?;
+    serve(options(std::env::args().skip(1))?).await
+}
+
+/// Serves the API as `options` say, until the process ends.
+pub(crate) async fn serve(options: Options) -> Result<(), Box<dyn Error>> {
     let settings = Settings::from_path(&options.settings)?;
     let keys = Arc::new(ApiKeys::from_path(&options.keys)?);
     let key_count = keys.plans.len();
-    let app = app(&settings, MonotonicClock::new(), keys, &options.trusted)?;
+    let (app, store) = match &options.redis {
+        None => (
+            app(&settings, MonotonicClock::new(), keys, &options.trusted)?,
+            "in process".to_owned(),
+        ),
+        Some(url) => redis::app(&settings, url, keys, &options.trusted).await?,
+    };
 
     let listener = tokio::net::TcpListener::bind(options.listen)
         .await
         .map_err(|error| format!("--listen {}: {error}", options.listen))?;
     println!(
-        "api_server: {} from {} ({}), {key_count} API keys from {}, listening on http://{}",
+        "api_server: {} from {} ({}), {store}, {key_count} API keys from {}, listening on \
+         http://{}",
         settings.algorithm(),
         options.settings,
         settings
@@ -219,21 +254,7 @@ pub(crate) fn app<C: Clock + Clone + 'static>(
     keys: Arc<ApiKeys>,
     trusted: &[Cidr],
 ) -> Result<Router, SetupError> {
-    // A key of the table if the request sends one, else the peer's address (or the client's,
-    // behind trusted proxies).
-    let address = ClientIp::behind_proxies(trusted.iter().copied()).peer_source(|extensions| {
-        extensions
-            .get::<ConnectInfo<SocketAddr>>()
-            .map(|info| info.0.ip())
-    });
-    let known_key = {
-        let keys = Arc::clone(&keys);
-        key_fn(move |head: &RequestHead<'_>| keys.of(head).map(|(key, _)| key))
-    };
-    let key = known_key.or(address);
-    let plan_of =
-        |keys: Arc<ApiKeys>| move |head: &RequestHead<'_>| keys.of(head).map(|(_, plan)| plan);
-
+    let key = client_key(&keys, trusted);
     let layer =
         RateLimitLayer::from_settings(settings, clock.clone(), Plan::ALL, key.clone(), Plan::Free)?
             .plan_fn(plan_of(Arc::clone(&keys)))
@@ -245,10 +266,45 @@ pub(crate) fn app<C: Clock + Clone + 'static>(
         .headers_on_allowed(true)
         .shadow(Shadow::new(1.0, 0.0))
         .build();
+    Ok(routes(layer, shadow_layer))
+}
 
+/// A key of the table if the request sends one, else the peer's address (or the client's, behind
+/// trusted proxies).
+fn client_key(
+    keys: &Arc<ApiKeys>,
+    trusted: &[Cidr],
+) -> impl KeyExtractor<Key = ClientKey> + Clone + Send + Sync + 'static {
+    let address = ClientIp::behind_proxies(trusted.iter().copied()).peer_source(|extensions| {
+        extensions
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|info| info.0.ip())
+    });
+    let known_key = {
+        let keys = Arc::clone(keys);
+        key_fn(move |head: &RequestHead<'_>| keys.of(head).map(|(key, _)| key))
+    };
+    known_key.or(address)
+}
+
+/// The plan of a request that sends a key of the table.
+fn plan_of(keys: Arc<ApiKeys>) -> impl Fn(&RequestHead<'_>) -> Option<Plan> + Send + Sync {
+    move |head: &RequestHead<'_>| keys.of(head).map(|(_, plan)| plan)
+}
+
+/// The routes, `/hello` behind `layer` and `/shadow` behind `shadow_layer`.
+fn routes<Bk, X>(
+    layer: RateLimitLayer<Bk, X, Plan>,
+    shadow_layer: RateLimitLayer<Bk, X, Plan>,
+) -> Router
+where
+    Bk: RateLimitBackend<ClientKey, Plan> + Send + Sync + 'static,
+    Bk::Future: Send + 'static,
+    X: KeyExtractor<Key = ClientKey> + Send + Sync + 'static,
+{
     let (stats_layer, stats_shadow) = (layer.clone(), shadow_layer.clone());
     let hello = get(|headers: HeaderMap| async move { greeting(&headers) });
-    Ok(Router::new()
+    Router::new()
         .route("/hello", hello.clone().layer(layer))
         .route("/shadow", hello.layer(shadow_layer))
         // Not limited: `/open` is the baseline of `.ci/load-tower.sh`.
@@ -262,5 +318,78 @@ pub(crate) fn app<C: Clock + Clone + 'static>(
                     stats_shadow.stats()
                 )
             }),
+        )
+}
+
+/// `--redis`: the same layers, deciding in Redis.
+#[cfg(feature = "redis")]
+mod redis {
+    use std::error::Error;
+    use std::sync::Arc;
+
+    use axum::Router;
+    use tollgate::Settings;
+    use tollgate::redis::RedisRateLimiter;
+    use tollgate::tower::{Cidr, RateLimitLayer, RedisBackend, Shadow};
+
+    use super::{ApiKeys, Plan, client_key, plan_of, routes};
+
+    /// The API with its limits kept in the Redis at `url`, and how it says so at start-up.
+    pub(crate) async fn app(
+        settings: &Settings,
+        url: &str,
+        keys: Arc<ApiKeys>,
+        trusted: &[Cidr],
+    ) -> Result<(Router, String), Box<dyn Error>> {
+        let mut builder = RedisRateLimiter::builder(url, settings.algorithm());
+        for (name, rules) in settings.plans() {
+            let plan = Plan::named(name).ok_or_else(|| {
+                format!("plan {name:?} of the settings is unknown: expected free or pro")
+            })?;
+            builder = builder.plan_limits(plan, rules.iter().copied());
+        }
+        let backend = RedisBackend::new(Arc::new(builder.build().await?));
+        let key = client_key(&keys, trusted);
+        // Plans named as the settings file names them, as from_settings does.
+        let layer = RateLimitLayer::builder_display_names(backend.clone(), key.clone(), Plan::Free)
+            .plan_fn(plan_of(Arc::clone(&keys)))
+            .headers_on_allowed(true)
+            .build();
+        let shadow_layer = RateLimitLayer::builder_display_names(backend, key, Plan::Free)
+            .plan_fn(plan_of(keys))
+            .headers_on_allowed(true)
+            .shadow(Shadow::new(1.0, 0.0))
+            .build();
+        Ok((
+            routes(layer, shadow_layer),
+            // Not the URL, which may hold a password.
+            "limits in Redis".to_owned(),
         ))
+    }
+}
+
+/// Without feature `redis`, `--redis` is refused with the command that has it.
+#[cfg(not(feature = "redis"))]
+mod redis {
+    use std::error::Error;
+    use std::sync::Arc;
+
+    use axum::Router;
+    use tollgate::Settings;
+    use tollgate::tower::Cidr;
+
+    use super::ApiKeys;
+
+    pub(crate) async fn app(
+        _: &Settings,
+        _: &str,
+        _: Arc<ApiKeys>,
+        _: &[Cidr],
+    ) -> Result<(Router, String), Box<dyn Error>> {
+        Err(
+            "--redis needs the feature redis: cargo run --features tower,redis --example \
+             api_server -- --redis URL"
+                .into(),
+        )
+    }
 }

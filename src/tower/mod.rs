@@ -18,6 +18,10 @@
 //!    fields of draft-ietf-httpapi-ratelimit-headers-11, or, for a gRPC call, HTTP 200 with
 //!    `grpc-status: 8` (`RESOURCE_EXHAUSTED`).
 //!
+//! With feature `redis`, a [`RedisBackend`] makes the decisions in Redis, so that several servers
+//! share each client's limit; its failure policy becomes HTTP answers (fail open passes, fail
+//! closed answers 429, an error answers 503: see the table there).
+//!
 //! # Guarantees
 //!
 //! - A client never gets more than its plan allows, however many connections or service clones
@@ -51,6 +55,8 @@ mod forwarded;
 mod future;
 mod key;
 mod layer;
+#[cfg(feature = "redis")]
+mod redis;
 mod response;
 mod service;
 mod stats;
@@ -67,6 +73,9 @@ pub use key::{
     ClientKey, GlobalKey, HeaderKey, HeaderKeyName, KeyExtractor, KeyFn, Or, RequestHead, key_fn,
 };
 pub use layer::{DEFAULT_SWEEP_INTERVAL, RateLimitLayer, RateLimitLayerBuilder, SHADOWED_HEADER};
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use redis::{RedisBackend, RedisClientName};
 pub use response::{BodyFormat, Fallback, Limited, PolicyName};
 pub use service::RateLimit;
 pub use stats::{RateLimitStats, Shadow};
