@@ -370,8 +370,8 @@ async fn two_api_server_processes_on_one_redis_share_each_limit() {
     assert_eq!(
         keys,
         [
-            "tollgate:{Free:ip:198.51.100.7}:swl:5/60000000us",
-            &format!("tollgate:{{Pro:key:{PRO_KEY}}}:swl:8/60000000us"),
+            "tollgate:{Free:ip:198.51.100.7}:swlb:5/60000000us",
+            &format!("tollgate:{{Pro:key:{PRO_KEY}}}:swlb:8/60000000us"),
         ]
     );
     std::fs::remove_file(settings).unwrap();
