@@ -397,3 +397,43 @@ async fn two_api_server_processes_without_redis_each_admit_the_limit() {
     assert_eq!(admitted, 2 * FREE);
     std::fs::remove_file(settings).unwrap();
 }
+
+/// A plan of several limits over Redis lists each limit in the fields, as in process: the
+/// figures of every limit come back with the decision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_layer_over_redis_lists_each_limit_of_a_plan_of_several() {
+    let server = RedisServer::start();
+    let limiter = RedisRateLimiter::builder(server.url(), Algorithm::FixedWindow)
+        .plan_limits(
+            "free",
+            [
+                Rule::new(LIMIT, Duration::from_secs(60)).unwrap(),
+                Rule::new(5, Duration::from_secs(3600)).unwrap(),
+            ],
+        )
+        .build()
+        .await
+        .unwrap();
+    let service = limited(Arc::new(limiter));
+    let reply = ask(&service, "carol").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(
+        reply.header("ratelimit-policy"),
+        Some(r#""free-1m";q=3;w=60, "free-1h";q=5;w=3600"#)
+    );
+    let field = reply.header("ratelimit").unwrap();
+    assert!(
+        field.starts_with(r#""free-1m";r=2;t="#) && field.contains(r#", "free-1h";r=4;t="#),
+        "{field}"
+    );
+    for _ in 1..LIMIT {
+        assert_eq!(ask(&service, "carol").await.status, StatusCode::OK);
+    }
+    let refused = ask(&service, "carol").await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    let field = refused.header("ratelimit").unwrap();
+    assert!(
+        field.starts_with(r#""free-1m";r=0;t="#) && field.contains(r#", "free-1h";r=2;t="#),
+        "{field}"
+    );
+}

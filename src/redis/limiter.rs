@@ -11,7 +11,7 @@ use super::policy::{Breaker, FailurePolicy, Gate, ProbeGuard, Source};
 use super::script::{self, CODE_ALLOWED, CODE_DENIED, CODE_WRONG_TYPE, LimitSpec};
 use super::stats::{Counters, RedisStats};
 use crate::clock::duration_to_nanos;
-use crate::method::several_limits::combined;
+use crate::method::several_limits::{SeveralLimits, combined};
 use crate::{Algorithm, Decision, Rule};
 
 /// What a request got, and which path decided it.
@@ -20,9 +20,24 @@ use crate::{Algorithm, Decision, Rule};
 pub struct Answer {
     decision: Decision,
     source: Source,
+    /// Each limit's decision, in the plan's order: the first `limit_count` (0 unless Redis
+    /// decided a plan of several limits); the rest repeat `decision`.
+    each_limit: [Decision; SeveralLimits::MAX_LIMITS],
+    limit_count: u8,
 }
 
 impl Answer {
+    /// An answer whose decision says all: a plan of one limit's, or one that knows only the
+    /// deciding limit (the deny cache, the failure policy).
+    fn new(decision: Decision, source: Source) -> Answer {
+        Answer {
+            decision,
+            source,
+            each_limit: [decision; SeveralLimits::MAX_LIMITS],
+            limit_count: 0,
+        }
+    }
+
     /// The decision, as the in-process service would report it.
     pub fn decision(&self) -> Decision {
         self.decision
@@ -31,6 +46,15 @@ impl Answer {
     /// Which path decided: Redis, the deny cache, or the failure policy.
     pub fn source(&self) -> Source {
         self.source
+    }
+
+    /// Each limit's decision, in the plan's order, when Redis decided a plan of several limits
+    /// (or reported the quota of a request it rejected): each limit's own figures, for
+    /// responses that list every limit (the tower layer's `RateLimit` fields). Empty otherwise:
+    /// for a plan of one limit, and for the deny cache and the failure policy, which know the
+    /// deciding limit only; [`Answer::decision`] then says all there is.
+    pub fn each_limit(&self) -> &[Decision] {
+        &self.each_limit[..usize::from(self.limit_count)]
     }
 }
 
@@ -296,13 +320,13 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
             // round trip of 0 permits (which writes nothing). Without it, the rejection stands
             // with no figures.
             let quota = Box::pin(self.decide_inner(client, plan, 0, Mode::Acquire, now_us)).await;
-            let decision = match (quota, rejected.rejection()) {
-                (Ok(quota), Some(rejection)) => quota.decision.into_rejected(rejection),
-                _ => rejected,
-            };
-            return Ok(Answer {
-                decision,
-                source: Source::Rejected,
+            return Ok(match (quota, rejected.rejection()) {
+                (Ok(quota), Some(rejection)) => Answer {
+                    decision: quota.decision.into_rejected(rejection),
+                    source: Source::Rejected,
+                    ..quota
+                },
+                _ => Answer::new(rejected, Source::Rejected),
             });
         }
         // The deny cache answers on the real clock only, and only what takes permits.
@@ -315,10 +339,7 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
             && let Some(decision) = cache.get(key, n)
         {
             Counters::bump(&self.counters.cache_hits);
-            return Ok(Answer {
-                decision,
-                source: Source::DenyCache,
-            });
+            return Ok(Answer::new(decision, Source::DenyCache));
         }
 
         let gate = self.breaker.gate();
@@ -357,17 +378,14 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
                 return self.fall_back(index, entry, client, n, mode, error);
             }
         };
-        let decision = Self::read_reply(entry, &keys, &reply)?;
+        let answer = Self::read_reply(entry, &keys, &reply)?;
         Counters::bump(&self.counters.redis_decisions);
-        if decision.is_denied()
+        if answer.decision.is_denied()
             && let (Some(cache), Some(key), Some(sent_at)) = (cache, cache_key, sent_at)
         {
-            cache.insert(key, n, sent_at, &decision);
+            cache.insert(key, n, sent_at, &answer.decision);
         }
-        Ok(Answer {
-            decision,
-            source: Source::Redis,
-        })
+        Ok(answer)
     }
 
     /// One script call, bounded by the timeout.
@@ -406,13 +424,14 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
         }
     }
 
-    /// The plan's decision from a script's reply: the denial with the longest wait if any limit
-    /// denied, else the allowance with the fewest permits left.
+    /// The plan's answer from a script's reply: its decision is the denial with the longest wait
+    /// if any limit denied, else the allowance with the fewest permits left; a plan of several
+    /// limits keeps each limit's.
     fn read_reply(
         entry: &PlanEntry<P>,
         keys: &[String],
         reply: &[i64],
-    ) -> Result<Decision, RedisError> {
+    ) -> Result<Answer, RedisError> {
         let bad_reply = || RedisError::BadReply {
             reply: format!("{reply:?}"),
         };
@@ -442,7 +461,21 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
             spec.decision(own)
         });
         let first = decisions.next().ok_or_else(bad_reply)?;
-        Ok(combined(first, decisions))
+        if entry.limits.len() == 1 {
+            return Ok(Answer::new(first, Source::Redis));
+        }
+        let mut answer = Answer::new(first, Source::Redis);
+        // Plans have at most `MAX_LIMITS` limits (checked when the limiter is built).
+        for (slot, decision) in answer
+            .each_limit
+            .iter_mut()
+            .zip(std::iter::once(first).chain(decisions))
+        {
+            *slot = decision;
+            answer.limit_count += 1;
+        }
+        answer.decision = combined(first, answer.each_limit()[1..].iter().copied());
+        Ok(answer)
     }
 
     /// The failure policy's answer.
@@ -481,6 +514,6 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
             }
         };
         Counters::bump(&self.counters.fallbacks);
-        Ok(Answer { decision, source })
+        Ok(Answer::new(decision, source))
     }
 }

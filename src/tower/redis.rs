@@ -138,7 +138,10 @@ where
         let plan = plan.clone();
         Box::pin(async move {
             let answer = limiter.decide(&client, &plan, cost).await?;
-            Ok(Verdict::from(answer.decision()))
+            Ok(match answer.each_limit() {
+                [] => Verdict::from(answer.decision()),
+                each => Verdict::with_each_limit(answer.decision(), each.iter().copied()),
+            })
         })
     }
 }

@@ -89,6 +89,7 @@ local function decide_plan(decide_limit, commit_limit)
   end
   local reply = {1, 0, now}
   local states = {}
+  local starts = {}
   for i = 1, #KEYS do
     -- Figures as values, not a list: no table per limit for the collector to sweep.
     local state, f1, f2, f3, f4, f5 = decide_limit(i)
@@ -100,10 +101,27 @@ local function decide_plan(decide_limit, commit_limit)
     end
     states[i] = state
     local at = #reply
+    starts[i] = at
     -- A missing fifth figure is nil, and storing nil past the end leaves the reply as it is.
     reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4], reply[at + 5] = f1, f2, f3, f4, f5
   end
 
+  if reply[1] == 0 and not peek and n ~= 0 then
+    -- A refused plan takes nothing: a limit that would have granted reports its figures as they
+    -- stand (decided again for 0 permits), not as after a grant that did not happen.
+    n = 0
+    for i = 1, #KEYS do
+      local at = starts[i]
+      if reply[at + 1] == 1 then
+        local _, f1, f2, f3, f4, f5 = decide_limit(i)
+        reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] = f1, f2, f3, f4
+        if f5 ~= nil then
+          reply[at + 5] = f5
+        end
+      end
+    end
+    return reply
+  end
   if reply[1] == 0 or peek or n == 0 then
     return reply
   end
