@@ -44,9 +44,11 @@ use crate::verdict::{Figures, Verdict};
 ///   `on_error` answer under every policy.
 /// - **The fields.** A verdict carries the decision's figures, so `RateLimit-Policy`,
 ///   `RateLimit` and `Retry-After` are written as for the in-process service. For a plan of
-///   several limits the limiter reports one decision (the refusal with the longest wait, else
-///   the grant with the fewest permits left), so the fields list that limit alone, where the
-///   in-process service lists each.
+///   several limits decided by Redis the fields list each limit ([`Answer::each_limit`]), as the
+///   in-process service does; an answer from the deny cache or the failure policy knows the
+///   deciding limit only (the refusal with the longest wait), and lists that one.
+///
+///   [`Answer::each_limit`]: crate::redis::Answer::each_limit
 ///
 /// The check runs on the task serving the request (it needs a tokio runtime, which axum, hyper
 /// and tonic servers have) and is boxed: a round trip waits on I/O, and the layer takes its
