@@ -6,8 +6,10 @@ pub(super) fn redact(url: &str) -> String {
         return url.to_owned();
     };
     let rest = &url[scheme_end..];
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let Some(at) = rest[..authority_end].rfind('@') else {
+    // The last `@` ends the user information, whatever the password holds (`/`, `?`, `#` and
+    // `@` included, unencoded as users write them): redacting too much of a URL whose path
+    // holds an `@` is harmless, showing part of a password is not.
+    let Some(at) = rest.rfind('@') else {
         return url.to_owned();
     };
     let userinfo = &rest[..at];
@@ -30,5 +32,12 @@ mod tests {
             redact("redis://user:secret@host:1"),
             "redis://user:***@host:1"
         );
+        for password in ["pa/ss", "pa?ss", "pa#ss", "pa@ss/w", "p:a@s"] {
+            assert_eq!(
+                redact(&format!("redis+cluster://user:{password}@h:1,h:2/0")),
+                "redis+cluster://user:***@h:1,h:2/0",
+                "{password}"
+            );
+        }
     }
 }
