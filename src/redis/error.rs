@@ -72,6 +72,16 @@ pub enum RedisError {
         /// The key.
         key: String,
     },
+    /// The script failed on a value under the client's keys that it cannot read (another
+    /// program's value of the type the limiter uses, or a corrupted one): this client's requests
+    /// fail until the keys are deleted. Returned under every failure policy, and not counted by
+    /// the circuit breaker: Redis answered, and every other client is decided as before.
+    UnreadableValue {
+        /// The client's keys under the plan, one of which holds the value.
+        keys: Vec<String>,
+        /// What Redis said of the script's failure.
+        source: ::redis::RedisError,
+    },
     /// Redis answered something the scripts never reply (another script under the same hash?).
     BadReply {
         /// The reply, as received.
@@ -165,6 +175,13 @@ impl fmt::Display for RedisError {
                 "Redis key {key} holds a value of another type than the limiter's: it was \
                  written by another program; delete it or change the key prefix"
             ),
+            RedisError::UnreadableValue { keys, source } => write!(
+                f,
+                "the limiter's script cannot read the value under Redis key(s) {}: another \
+                 program wrote there, or the value is corrupt; delete the key(s) or change the \
+                 key prefix ({source})",
+                keys.join(", ")
+            ),
             RedisError::BadReply { reply } => {
                 write!(f, "Redis script replied {reply}, not a limiter's answer")
             }
@@ -220,6 +237,7 @@ impl std::error::Error for RedisError {
             | RedisError::Connect { source, .. }
             | RedisError::Authentication { source, .. }
             | RedisError::UntrustedCertificate { source, .. }
+            | RedisError::UnreadableValue { source, .. }
             | RedisError::Command { source } => Some(source),
             RedisError::Plan(error) => Some(error),
             _ => None,
@@ -228,6 +246,16 @@ impl std::error::Error for RedisError {
 }
 
 impl RedisError {
+    /// Whether `source` is Redis's report that the script itself failed on this request's
+    /// keys: a Lua error (`ERR`) or a command inside it refusing the value (`WRONGTYPE`), which
+    /// Redis reports with the script's position (`user_script:LINE`). An answer about these
+    /// keys, not a failure to reach or use Redis: a server out of memory (`OOM`), read-only,
+    /// busy or loading says so with its own code, and stays a failure.
+    pub(super) fn is_script_failure(source: &::redis::RedisError) -> bool {
+        matches!(source.code(), Some("ERR" | "WRONGTYPE"))
+            && source.to_string().contains("user_script")
+    }
+
     /// This error, or [`RedisError::ReadOnlyReplica`] naming `url` if it is a server's
     /// `READONLY` reply.
     pub(super) fn naming_replica(self, url: &str) -> RedisError {

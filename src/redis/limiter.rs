@@ -366,6 +366,13 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
                 self.breaker.success(is_probe);
                 reply
             }
+            Err(RedisError::Command { source }) if RedisError::is_script_failure(&source) => {
+                // Redis answered: this client's keys hold what the script cannot read. Its own
+                // error, under every policy; nothing an outage is made of.
+                self.breaker.success(is_probe);
+                Counters::bump(&self.counters.errors);
+                return Err(RedisError::UnreadableValue { keys, source });
+            }
             Err(error) => {
                 let error = error.naming_replica(&self.url);
                 Counters::bump(&self.counters.errors);
