@@ -698,7 +698,8 @@ async fn a_key_of_another_type_is_a_typed_error_and_left_alone() {
     for algorithm in ALGORITHMS {
         let redis = limiter(&server, algorithm, Rule::per_second(5).unwrap()).await;
         let key = redis.keys("squatted", &"free").unwrap().remove(0);
-        // A string where a hash (or sorted set) is expected; for the log, also a hash.
+        // A string where a hash (or sorted set) is expected; for the bucket, itself a string, one
+        // that is no bucket.
         let _: () = connection.set(&key, "not ours").await.unwrap();
         let error = redis.acquire("squatted", &"free", 1).await.unwrap_err();
         match &error {
@@ -708,6 +709,23 @@ async fn a_key_of_another_type_is_a_typed_error_and_left_alone() {
         assert!(error.to_string().contains(&key));
         let value: String = connection.get(&key).await.unwrap();
         assert_eq!(value, "not ours");
+        let _: () = connection.del(&key).await.unwrap();
+        // A hash where a string or a sorted set is expected (the bucket's read raises
+        // WRONGTYPE itself).
+        if !matches!(
+            algorithm,
+            Algorithm::TokenBucket | Algorithm::SlidingWindowLog
+        ) {
+            continue;
+        }
+        let _: () = connection.hset(&key, "t", "1").await.unwrap();
+        let error = redis.acquire("squatted", &"free", 1).await.unwrap_err();
+        match &error {
+            RedisError::WrongType { key: named } => assert_eq!(*named, key),
+            other => panic!("{algorithm}, hash: {other:?}"),
+        }
+        let value: String = connection.hget(&key, "t").await.unwrap();
+        assert_eq!(value, "1");
         let _: () = connection.del(&key).await.unwrap();
     }
 }

@@ -72,11 +72,15 @@
 //! # Key layout
 //!
 //! `<prefix>:{<plan>:<client>}:<method>:<limit>/<window>us`, for example
-//! `tollgate:{Free:alice}:tb:5/1000000us`: the prefix (default `tollgate`), the hash tag shared
+//! `tollgate:{Free:alice}:tbs:5/1000000us`: the prefix (default `tollgate`), the hash tag shared
 //! by all of a client's keys under one plan (Redis Cluster puts them in one slot), the method
-//! (`tb`, `fw`, `swlb`, `swc`) and the rule, so a changed rule starts afresh. The plan is its
-//! `Debug` form without quotes. Values: the bucket is a hash `{t: TAT in µs, f: remainder in
-//! ticks}`; the window a hash `{w: window index, c: count}`; the log a sorted set of batches
+//! (`tbs`, `fw`, `swlb`, `swc`) and the rule, so a changed rule starts afresh. The plan is its
+//! `Debug` form without quotes. Values: the bucket is a string, its TAT in whole µs, followed by
+//! `:` and the TAT's remainder in ticks when that is not 0 (never when a tick is a microsecond),
+//! written with its expiry in one `SET ... PX`; a string of another form under its name is
+//! another program's key, as a key of another type is (the bucket was a hash `{t, f}` under
+//! `tb`: the new name keeps the two layouts from reading each other's keys during a rolling
+//! upgrade); the window a hash `{w: window index, c: count}`; the log a sorted set of batches
 //! (the permits one request took at one instant, joined with the newest batch when they share
 //! its instant) scored by their expiry in µs, each member `<running total>:<permits>`; the
 //! counter a hash `{w: window index, c: count in that window, p: count in the window before}`.

@@ -9,12 +9,15 @@
 //! microseconds: its limits reply five integers, the fifth the nanoseconds by which its
 //! retry_after, rounded up to microseconds, overstates the wait.
 //!
-//! What the scripts share is written once, in `scripts/prelude.lua`, run before each: the
-//! arguments, the clock, the first read of a key (whose `WRONGTYPE` error, not a `TYPE` per key,
-//! tells another program's key from ours) and the plan's decision, which asks the script for
-//! each limit's figures in order and commits every limit only if none refused and permits are
-//! taken. A script itself holds only its method: how one limit decides, and what committing it
-//! writes (every key written is given its expiry).
+//! What the scripts share is written once: `scripts/prelude.lua`, run before each (the arguments,
+//! the clock, the keys' expiry), and `scripts/plan.lua`, run after each: the plan's decision,
+//! which asks the script for each limit's figures in order and commits every limit only if none
+//! refused and permits are taken. A script itself holds only its method: how one limit decides,
+//! with the first read of its key (whose `WRONGTYPE` error, not a `TYPE` per key, tells another
+//! program's key from ours), and what committing it writes (every key written is given its
+//! expiry). The window scripts also take `scripts/div.lua`. The shared parts are values and
+//! top-level code rather than functions: the script's body runs on every call, and every
+//! function it makes is a closure made, and collected, on every call.
 
 use std::sync::LazyLock;
 
@@ -28,25 +31,31 @@ use crate::{Algorithm, Decision, Rule};
 pub(super) static TOKEN_BUCKET: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         include_str!("scripts/prelude.lua"),
-        include_str!("scripts/token_bucket.lua")
+        include_str!("scripts/token_bucket.lua"),
+        include_str!("scripts/plan.lua")
     ))
 });
 pub(super) static FIXED_WINDOW: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         include_str!("scripts/prelude.lua"),
-        include_str!("scripts/fixed_window.lua")
+        include_str!("scripts/div.lua"),
+        include_str!("scripts/fixed_window.lua"),
+        include_str!("scripts/plan.lua")
     ))
 });
 pub(super) static SLIDING_WINDOW_LOG: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         include_str!("scripts/prelude.lua"),
-        include_str!("scripts/sliding_window_log.lua")
+        include_str!("scripts/sliding_window_log.lua"),
+        include_str!("scripts/plan.lua")
     ))
 });
 pub(super) static SLIDING_WINDOW_COUNTER: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         include_str!("scripts/prelude.lua"),
-        include_str!("scripts/sliding_window_counter.lua")
+        include_str!("scripts/div.lua"),
+        include_str!("scripts/sliding_window_counter.lua"),
+        include_str!("scripts/plan.lua")
     ))
 });
 
@@ -193,12 +202,14 @@ impl LimitSpec {
         }
     }
 
-    /// The short name of the method in keys. The sliding log's names its layout (`swlb`: one
-    /// member per batch), so that no node reads a log kept in the earlier layout (one member per
-    /// permit, `swl`) as its own during a rolling upgrade: the two start apart.
+    /// The short name of the method in keys. A method whose value layout changed names the new
+    /// one, so that no node reads a key kept in the earlier layout as its own during a rolling
+    /// upgrade: the two start apart. The bucket's is `tbs` (one string, written with its expiry;
+    /// `tb` was a hash), the sliding log's `swlb` (one member per batch; `swl` was one member
+    /// per permit).
     pub(super) fn method_tag(&self) -> &'static str {
         match self {
-            LimitSpec::TokenBucket { .. } => "tb",
+            LimitSpec::TokenBucket { .. } => "tbs",
             LimitSpec::FixedWindow { .. } => "fw",
             LimitSpec::SlidingWindowLog { .. } => "swlb",
             LimitSpec::SlidingWindowCounter { .. } => "swc",

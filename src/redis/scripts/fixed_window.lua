@@ -11,16 +11,17 @@
 -- reset_after (us)}; code 1 = allowed (and committed), 0 = denied, -1 = KEYS[index] holds another
 -- type (nothing written). Every figure is an integer of at most 2^53 (limits are at most 2^53).
 
--- `int`, `div`, `expire_after`, `read_own`, `n`, `peek`, `now` and `decide_plan` come from
--- prelude.lua, run first.
+-- `expiry_slack_ms`, `n`, `peek` and `now` come from prelude.lua and `div` from div.lua, run
+-- first; plan.lua, run last, decides the plan with `decide_limit` and `commit_limit`.
 
--- Limit i's window and count, for its commit, and its figures; nothing if KEYS[i] is not a hash.
+-- Limit i's window and count, for its commit, and its figures; the read's error alone if KEYS[i]
+-- is not a hash.
 local function decide_limit(i)
   local base = 3 + 2 * (i - 1)
   local limit, window = ARGV[base + 1] + 0, ARGV[base + 2] + 0
-  local stored = read_own('HMGET', KEYS[i], 'w', 'c')
-  if not stored then
-    return nil
+  local stored = redis.pcall('HMGET', KEYS[i], 'w', 'c')
+  if stored.err ~= nil then
+    return stored
   end
   local w, c = tonumber(stored[1]), tonumber(stored[2])
   local index = div(now, window)
@@ -49,9 +50,9 @@ end
 
 local function commit_limit(i, counted)
   local index, window, c = counted[1], counted[2], counted[3]
-  redis.call('HSET', KEYS[i], 'w', int(index), 'c', int(c + n))
+  redis.call('HSET', KEYS[i], 'w', index, 'c', c + n)
   -- Once the window is over the counter is indistinguishable from a missing key: expire it then.
-  expire_after(KEYS[i], (index + 1) * window - now)
+  local until_end = (index + 1) * window - now
+  redis.call('PEXPIRE', KEYS[i], math.floor(until_end / 1000) + expiry_slack_ms)
 end
 
-return decide_plan(decide_limit, commit_limit)

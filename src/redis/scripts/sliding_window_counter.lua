@@ -20,8 +20,8 @@
 -- -1 = KEYS[index] holds another type (nothing written). Every number is an integer below 2^53:
 -- products of a count and a time, which can exceed it, are never formed (see mul_div).
 
--- `int`, `div`, `expire_after`, `read_own`, `n`, `peek`, `now` and `decide_plan` come from
--- prelude.lua, run first.
+-- `expiry_slack_ms`, `n`, `peek` and `now` come from prelude.lua and `div` from div.lua, run
+-- first; plan.lua, run last, decides the plan with `decide_limit` and `commit_limit`.
 
 -- floor(a * b / d) and (a * b) mod d, for a below 2^32 and b, d below 2^51, whose quotient is
 -- below 2^53, without forming a * b (up to 2^83): a's bits from the highest, doubling the
@@ -110,13 +110,14 @@ local function decide(s, take, now)
   return 0, math.max(room - weight, 0), retry, short, reset_after(s, s.cur, now)
 end
 
--- Limit i's state, for its commit, and its figures; nothing if KEYS[i] is not a hash.
+-- Limit i's state, for its commit, and its figures; the read's error alone if KEYS[i] is not a
+-- hash.
 local function decide_limit(i)
   local base = 3 + 2 * (i - 1)
   local limit, window = ARGV[base + 1] + 0, ARGV[base + 2] + 0
-  local stored = read_own('HMGET', KEYS[i], 'w', 'c', 'p')
-  if not stored then
-    return nil
+  local stored = redis.pcall('HMGET', KEYS[i], 'w', 'c', 'p')
+  if stored.err ~= nil then
+    return stored
   end
   local w, c, p = tonumber(stored[1]), tonumber(stored[2]), tonumber(stored[3])
   local s = {limit = limit, window = window, index = div(now, window), cur = 0, prev = 0}
@@ -147,10 +148,10 @@ local function decide_limit(i)
 end
 
 local function commit_limit(i, s)
-  redis.call('HSET', KEYS[i], 'w', int(s.index), 'c', int(s.cur + n), 'p', int(s.prev))
+  redis.call('HSET', KEYS[i], 'w', s.index, 'c', s.cur + n, 'p', s.prev)
   -- The estimate is 0 once the window after this one ends; the counter is then
   -- indistinguishable from a missing key: expire it then.
-  expire_after(KEYS[i], (s.index + 2) * s.window - now)
+  local until_zero = (s.index + 2) * s.window - now
+  redis.call('PEXPIRE', KEYS[i], math.floor(until_zero / 1000) + expiry_slack_ms)
 end
 
-return decide_plan(decide_limit, commit_limit)

@@ -30,8 +30,19 @@
 -- reset_after (us)}; code 1 = allowed (and committed), 0 = denied, -1 = KEYS[index] holds another
 -- type (nothing written). Every figure is an integer below 2^53.
 
--- `int`, `expire_after`, `read_own`, `n`, `peek`, `now` and `decide_plan` come from prelude.lua,
--- run first.
+-- `expiry_slack_ms`, `n`, `peek` and `now` come from prelude.lua, run first; plan.lua, run last,
+-- decides the plan with `decide_limit` and `commit_limit`.
+
+-- The digits of a positive integer below 2^53, for joining into a member: Lua's own
+-- number-to-string conversion keeps only 14 significant digits, and times in microseconds have
+-- 16. '%d' is much the cheaper and writes the same digits for a positive integer that fits a C
+-- long, which may have only 32 bits: it writes those below 2^31 (counts), '%.0f' the rest.
+local function int(x)
+  if x > 0 and x < 2147483648 and x % 1 == 0 then
+    return string.format('%d', x)
+  end
+  return string.format('%.0f', x)
+end
 
 -- Batches that have left the window one commit drops at most: bounded work per request.
 local DROP_PER_COMMIT = 16
@@ -57,14 +68,15 @@ local function expiry_holding(key, target, low, high)
   return redis.call('ZRANGE', key, low, low, 'WITHSCORES')[2] + 0
 end
 
--- Limit i's state for its commit, and its figures; nothing if KEYS[i] is not a sorted set.
+-- Limit i's state for its commit, and its figures; the read's error alone if KEYS[i] is not a
+-- sorted set.
 local function decide_limit(i)
   local base = 3 + 2 * (i - 1)
   local limit, window = ARGV[base + 1] + 0, ARGV[base + 2] + 0
   local key = KEYS[i]
-  local newest = read_own('ZRANGE', key, -1, -1, 'WITHSCORES')
-  if not newest then
-    return nil
+  local newest = redis.pcall('ZRANGE', key, -1, -1, 'WITHSCORES')
+  if newest.err ~= nil then
+    return newest
   end
   local latest, total, newest_count = 0, 0, 0
   if newest[1] ~= nil then
@@ -139,7 +151,6 @@ local function commit_limit(i, state)
   end
   redis.call('ZADD', key, int(expiry), int(total + n) .. ':' .. int(count))
   -- When the newest admission leaves the window the log is empty: expire it then.
-  expire_after(key, time + window - now)
+  redis.call('PEXPIRE', key, math.floor((time + window - now) / 1000) + expiry_slack_ms)
 end
 
-return decide_plan(decide_limit, commit_limit)

@@ -1,7 +1,8 @@
 -- Token bucket (exact GCRA) for every limit of one plan: checks all, then commits all or none.
 --
--- KEYS[i]   the bucket of limit i: a hash {t = TAT in whole microseconds, f = the TAT's remainder
---           in ticks, 0 <= f < tpu}. A missing key is a full bucket.
+-- KEYS[i]   the bucket of limit i: a string, the TAT in whole microseconds, then `:` and the
+--           TAT's remainder in ticks (0 < f < tpu) if it has one (never when a tick is a
+--           microsecond). A missing key is a full bucket.
 -- ARGV[1]   n, the permits asked for (0 reports what is available and writes nothing)
 -- ARGV[2]   "acquire" or "peek" (peek: what one permit would get, writing nothing)
 -- ARGV[3]   the time in microseconds, or "" for the server's TIME (the normal case)
@@ -11,40 +12,37 @@
 -- Every figure is an integer below 2^53 (the caller checks 2 * burst <= 2^52), so Lua's doubles
 -- hold them exactly. Reply: {code, index, now_us, then per limit: allowed, remaining (ticks),
 -- retry_after (ticks), reset_after (ticks)}; code 1 = allowed (and committed), 0 = denied,
--- -1 = KEYS[index] holds another type (nothing written).
+-- -1 = KEYS[index] holds another type, or a string that is no bucket (nothing written).
 
--- `int`, `expire_after`, `read_own`, `n`, `peek`, `now` and `decide_plan` come from prelude.lua,
--- run first.
+-- `expiry_slack_ms`, `n`, `peek` and `now` come from prelude.lua, run first; plan.lua, run last,
+-- decides the plan with `decide_limit` and `commit_limit`.
 
--- The answer of a bucket in `debt` to `take` permits: allowed, remaining, retry_after,
--- reset_after, and the new debt if allowed.
-local function decide(debt, take, token, burst)
-  local new_debt = debt + take * token
-  if new_debt <= burst then
-    return 1, burst - new_debt, 0, new_debt, new_debt
-  end
-  return 0, math.max(burst - debt, 0), new_debt - burst, debt, nil
-end
-
--- Limit i's commit (the new TAT's microseconds and ticks; nil unless it takes permits) and its
--- figures; nothing if KEYS[i] is not a hash.
+-- Limit i's commit (the new TAT's whole microseconds after now, with its remainder in ticks if
+-- not 0; nil unless it takes permits) and its figures; the read's error alone if KEYS[i] is not
+-- a string.
 local function decide_limit(i)
-  local stored = read_own('HMGET', KEYS[i], 't', 'f')
-  if not stored then
-    return nil
+  local stored = redis.pcall('GET', KEYS[i])
+  if type(stored) == 'table' then
+    -- An error: a GET's replies are strings, or false for a missing key.
+    return stored
   end
   local base = 3 + 3 * (i - 1)
   local tpu, token, burst = ARGV[base + 1] + 0, ARGV[base + 2] + 0, ARGV[base + 3] + 0
-  -- The debt (ticks still to refill) at `now`; a TAT behind `now` is a full bucket. A remainder
-  -- of "0" (always, when a tick is a microsecond) is read without a conversion.
+  -- The debt (ticks still to refill) at `now`; a TAT behind `now` (or a missing key, false) is a
+  -- full bucket. A TAT without a remainder is read with one conversion.
   local debt = 0
-  local t, f = tonumber(stored[1]), stored[2]
-  if f == '0' then
-    f = 0
-  else
-    f = tonumber(f)
+  local t, f = tonumber(stored), 0
+  if t == nil and stored then
+    local colon = string.find(stored, ':', 1, true)
+    if colon ~= nil then
+      t, f = tonumber(string.sub(stored, 1, colon - 1)), tonumber(string.sub(stored, colon + 1))
+    end
+    if t == nil or f == nil then
+      -- A string that is no bucket is another program's key, as a key of another type is.
+      return {err = 'WRONGTYPE not a bucket'}
+    end
   end
-  if t ~= nil and f ~= nil and t >= now then
+  if t ~= nil and t >= now then
     -- A TAT more than two windows ahead can only come from a clock that stepped back; cap the
     -- debt there (it denies either way) so the product below stays exact.
     if t - now > 2 * (burst / tpu) then
@@ -53,20 +51,20 @@ local function decide_limit(i)
       debt = (t - now) * tpu + f
     end
   end
-  local allowed, remaining, retry, reset, new_debt
+  -- The figures: allowed, remaining, retry_after and reset_after, in ticks. A peek asks what one
+  -- permit would get (the quota if it fits, else its denial), n = 0 what is available (granted
+  -- whatever the debt, since it takes nothing).
+  local take = n
   if peek then
-    allowed, remaining, retry, reset = decide(debt, 1, token, burst)
-    if allowed == 1 then
-      allowed, remaining, retry, reset = decide(debt, 0, token, burst)
-    end
-    return nil, allowed, remaining, retry, reset
+    take = 1
   elseif n == 0 then
-    -- Takes nothing, so it is granted whatever the debt.
     return nil, 1, math.max(burst - debt, 0), 0, debt
   end
-  allowed, remaining, retry, reset, new_debt = decide(debt, n, token, burst)
-  if new_debt == nil then
-    return nil, allowed, remaining, retry, reset
+  local new_debt = debt + take * token
+  if new_debt > burst then
+    return nil, 0, math.max(burst - debt, 0), new_debt - burst, debt
+  elseif peek then
+    return nil, 1, burst - debt, 0, debt
   end
   -- new TAT = now + new_debt ticks, split into whole microseconds and a remainder; the quotient
   -- is corrected so that no rounding of the division can leave the remainder outside [0, tpu).
@@ -77,20 +75,24 @@ local function decide_limit(i)
   elseif r >= tpu then
     q, r = q + 1, r - tpu
   end
-  return {q, r}, allowed, remaining, retry, reset
-end
-
--- All granted: commit bucket i.
-local function commit_limit(i, split)
-  local q, r = split[1], split[2]
-  local r_digits = '0'
-  if r ~= 0 then
-    r_digits = int(r)
+  if r == 0 then
+    -- The usual commit (always, when a tick is a microsecond): a number, no table.
+    return q, 1, burst - new_debt, 0, new_debt
   end
-  redis.call('HSET', KEYS[i], 't', int(now + q), 'f', r_digits)
-  -- The bucket is full again, indistinguishable from a missing key, q (+1 if r > 0)
-  -- microseconds from now: expire it then.
-  expire_after(KEYS[i], q)
+  return {q, r}, 1, burst - new_debt, 0, new_debt
 end
 
-return decide_plan(decide_limit, commit_limit)
+-- All granted: commit bucket i, written with its expiry in one command. The bucket is full
+-- again, indistinguishable from a missing key, q (+1 if r > 0) microseconds from now: it
+-- expires then. A TAT with no remainder goes as a number, which Redis writes exactly; one with
+-- a remainder as the digits of both.
+local function commit_limit(i, split)
+  if type(split) == 'number' then
+    redis.call('SET', KEYS[i], now + split, 'PX', math.floor(split / 1000) + expiry_slack_ms)
+    return
+  end
+  local q, r = split[1], split[2]
+  local value = string.format('%.0f:%.0f', now + q, r)
+  redis.call('SET', KEYS[i], value, 'PX', math.floor(q / 1000) + expiry_slack_ms)
+end
+

@@ -1,0 +1,68 @@
+-- The plan's decision, all or nothing, around the script's own decision for one limit (put last
+-- by `src/redis/script.rs`, after the script defines `decide_limit` and `commit_limit`).
+--
+-- `decide_limit(i)` reads limit i's key with `redis.pcall`, first, so that no decision pays for a
+-- `TYPE`: the read's own WRONGTYPE error tells another program's key under our name from ours.
+-- If the read failed it returns the error alone. Else it returns what `commit_limit(i, state)`
+-- needs to write it, then the limit's four or five reply figures, allowed first.
+--
+-- The reply: {-1, i, now} if KEYS[i] holds another type, nothing written (no limit commits
+-- before every limit has read its key); any other error of a read is raised as it came. Else
+-- {1, 0, now} and every limit's figures in order, with code 0 if any limit refused. Only if none
+-- refused and permits are taken (neither a peek nor n = 0) is every limit committed; a refused
+-- plan's limits that would have granted report their figures for 0 permits.
+
+local limits = #KEYS
+local reply, states
+for i = 1, limits do
+  -- Figures as values, not a list: no table per limit for the collector to sweep.
+  local state, f1, f2, f3, f4, f5 = decide_limit(i)
+  if f1 == nil then
+    if string.sub(state.err, 1, 9) == 'WRONGTYPE' then
+      return {-1, i, now}
+    end
+    error(state)
+  end
+  if limits == 1 then
+    -- The usual plan, of one limit: no list of states, and the reply made at its full size.
+    if f1 == 1 and not peek and n ~= 0 then
+      commit_limit(1, state)
+    end
+    return {f1, 0, now, f1, f2, f3, f4, f5}
+  end
+  if i == 1 then
+    reply, states = {1, 0, now}, {}
+  end
+  if f1 == 0 then
+    reply[1] = 0
+  end
+  states[i] = state
+  local at = #reply
+  -- A missing fifth figure is nil, and storing nil past the end leaves the reply as it is.
+  reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4], reply[at + 5] = f1, f2, f3, f4, f5
+end
+
+if reply[1] == 0 and not peek and n ~= 0 then
+  -- A refused plan takes nothing: a limit that would have granted reports its figures as they
+  -- stand (decided again for 0 permits), not as after a grant that did not happen.
+  n = 0
+  for i = 1, limits do
+    -- Every limit of a plan is of one method, with as many figures as the others.
+    local at = 3 + (i - 1) * (#reply - 3) / limits
+    if reply[at + 1] == 1 then
+      local _, f1, f2, f3, f4, f5 = decide_limit(i)
+      reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] = f1, f2, f3, f4
+      if f5 ~= nil then
+        reply[at + 5] = f5
+      end
+    end
+  end
+  return reply
+end
+if reply[1] == 0 or peek or n == 0 then
+  return reply
+end
+for i = 1, limits do
+  commit_limit(i, states[i])
+end
+return reply
