@@ -206,7 +206,9 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
     /// see [`Source`]). Every method takes batches, the sliding log included (its `n`
     /// admissions are logged at one instant). `n = 0` reports what is available and takes
     /// nothing; `n` above the limit (above any one limit of a plan of several) can never be
-    /// granted and is rejected as in process, with the quota a round trip of 0 permits reads.
+    /// granted and is rejected as in process, with the quota a round trip of 0 permits reads
+    /// (if that round trip fails, for whatever reason, the rejection stands without the quota's
+    /// figures: the request is refused either way).
     ///
     /// # Errors
     ///
