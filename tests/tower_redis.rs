@@ -77,6 +77,20 @@ struct Reply {
 }
 
 impl Reply {
+    /// The response's status, headers and whole body.
+    async fn read<B>(response: Response<B>) -> Reply
+    where
+        B: http_body::Body<Data = Bytes, Error: std::fmt::Debug>,
+    {
+        let (parts, body) = response.into_parts();
+        let body = body.collect().await.unwrap().to_bytes();
+        Reply {
+            status: parts.status,
+            headers: parts.headers,
+            body: String::from_utf8_lossy(&body).into_owned(),
+        }
+    }
+
     fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).map(|value| value.to_str().unwrap())
     }
@@ -104,13 +118,7 @@ where
         .body(Full::new(Bytes::new()))
         .unwrap();
     let response = service.clone().oneshot(request).await.unwrap();
-    let (parts, body) = response.into_parts();
-    let body = body.collect().await.unwrap().to_bytes();
-    Reply {
-        status: parts.status,
-        headers: parts.headers,
-        body: String::from_utf8_lossy(&body).into_owned(),
-    }
+    Reply::read(response).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -280,13 +288,7 @@ async fn get(
         .request(request.body(Empty::new()).unwrap())
         .await
         .unwrap();
-    let (parts, body) = response.into_parts();
-    let body = body.collect().await.unwrap().to_bytes();
-    Reply {
-        status: parts.status,
-        headers: parts.headers,
-        body: String::from_utf8_lossy(&body).into_owned(),
-    }
+    Reply::read(response).await
 }
 
 /// Sends `requests` alternately to `servers` as one client; the statuses, in order.
