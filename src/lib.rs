@@ -81,6 +81,9 @@ mod clock;
 #[cfg(feature = "serde")]
 mod config;
 mod decision;
+#[cfg(feature = "envoy")]
+#[cfg_attr(docsrs, doc(cfg(feature = "envoy")))]
+pub mod envoy;
 mod error;
 mod factory;
 mod headers;

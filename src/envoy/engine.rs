@@ -1,0 +1,442 @@
+//! The running configuration: each domain's descriptor tree with a limiter per limited
+//! descriptor, and the decision of one `ShouldRateLimit` request on it.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+
+use super::config::{DescriptorNode, Limits, RlsConfig, Unit, UnitLimit, ValueMatch};
+use super::metrics::DescriptorMetrics;
+use crate::headers::LimitFigures;
+use crate::redis::{FailurePolicy, RedisError, RedisRateLimiter};
+use crate::verdict::{Figures, Verdict};
+use crate::{Algorithm, Decision, MonotonicClock, RateLimiterService, Rule, ServiceBuilder};
+
+/// The one plan of a descriptor's in-process service: each limited descriptor has a service of
+/// its own, so that a reload replaces one descriptor's limits without touching another's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DescriptorPlan;
+
+type InProcess = RateLimiterService<String, DescriptorPlan, MonotonicClock>;
+
+/// Where the limits' state is kept.
+#[derive(Clone)]
+pub enum StateStore {
+    /// In this process, `clients` per limited descriptor (the most clients, here distinct
+    /// values, each descriptor holds; see [`ServiceBuilder::capacity`]).
+    InProcess {
+        /// Clients per limited descriptor.
+        clients: usize,
+    },
+    /// On Redis: every instance given the same URL shares each limit.
+    Redis {
+        /// The server or cluster (see [`RedisRateLimiter::builder`]).
+        url: String,
+        /// What a decision does when Redis does not answer.
+        policy: FailurePolicy,
+        /// Time allowed per round trip.
+        timeout: Duration,
+    },
+}
+
+impl fmt::Debug for StateStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StateStore::InProcess { clients } => f
+                .debug_struct("InProcess")
+                .field("clients", clients)
+                .finish(),
+            StateStore::Redis {
+                policy, timeout, ..
+            } => f
+                .debug_struct("Redis")
+                .field("url", &"(redacted)")
+                .field("policy", policy)
+                .field("timeout", timeout)
+                .finish(),
+        }
+    }
+}
+
+/// A limited descriptor's limiter.
+pub(crate) enum Limiter {
+    InProcess(Arc<InProcess>),
+    /// The plan named `plan` of the method's Redis limiter.
+    Redis {
+        limiter: Arc<RedisRateLimiter<String>>,
+        plan: String,
+    },
+}
+
+/// What a matched descriptor gets, made ready.
+pub(crate) enum Enforced {
+    Unlimited,
+    Blocked(Unit),
+    Limited {
+        method: Algorithm,
+        limits: Vec<UnitLimit>,
+        limiter: Limiter,
+    },
+}
+
+/// A configured descriptor entry, made ready.
+pub(crate) struct Node {
+    key: String,
+    value: ValueMatch,
+    pub(crate) limit: Option<NodeLimit>,
+    pub(crate) shadow_mode: bool,
+    children: Vec<Node>,
+}
+
+pub(crate) struct NodeLimit {
+    pub(crate) enforced: Enforced,
+    pub(crate) name: Option<String>,
+    pub(crate) replaces: Vec<String>,
+    /// The name the `RateLimit` fields give this limit: its own, else its descriptor's path,
+    /// made printable.
+    pub(crate) policy: String,
+    pub(crate) metrics: DescriptorMetrics,
+}
+
+/// The running configuration.
+pub(crate) struct Snapshot {
+    domains: HashMap<String, Vec<Node>>,
+}
+
+/// What a reload keeps: each in-process descriptor's service by its domain, path, method and
+/// limits, so a descriptor whose limits did not change keeps its clients' state.
+type Kept = HashMap<(String, String, Algorithm, Vec<UnitLimit>), Arc<InProcess>>;
+
+impl Snapshot {
+    /// Makes `config` ready on `store`, keeping the state of every descriptor of `previous`
+    /// whose limits are unchanged.
+    pub(crate) async fn build(
+        config: &RlsConfig,
+        store: &StateStore,
+        previous: Option<&Snapshot>,
+    ) -> Result<Snapshot, super::BuildError> {
+        let mut kept = Kept::new();
+        if let Some(previous) = previous {
+            for (domain, nodes) in &previous.domains {
+                keep(domain, nodes, &mut kept);
+            }
+        }
+        // Redis: one limiter per method, one plan per limited descriptor.
+        let mut redis_plans: HashMap<Algorithm, Vec<(String, Vec<Rule>)>> = HashMap::new();
+        if matches!(store, StateStore::Redis { .. }) {
+            for domain in &config.domains {
+                collect_redis_plans(&domain.domain, &domain.descriptors, &mut redis_plans);
+            }
+        }
+        let mut redis = HashMap::new();
+        if let StateStore::Redis {
+            url,
+            policy,
+            timeout,
+        } = store
+        {
+            for (method, plans) in redis_plans {
+                let mut builder = RedisRateLimiter::<String>::builder(url.clone(), method)
+                    .failure_policy(*policy)
+                    .timeout(*timeout)
+                    .key_prefix("tollgate-rls");
+                for (plan, rules) in plans {
+                    builder = builder.plan_limits(plan, rules);
+                }
+                let limiter = builder.build().await.map_err(super::BuildError::Redis)?;
+                redis.insert(method, Arc::new(limiter));
+            }
+        }
+        let mut domains = HashMap::with_capacity(config.domains.len());
+        for domain in &config.domains {
+            let ready = Ready {
+                domain: &domain.domain,
+                store,
+                kept: &kept,
+                redis: &redis,
+            };
+            let nodes = ready.nodes(&domain.descriptors)?;
+            domains.insert(domain.domain.clone(), nodes);
+        }
+        Ok(Snapshot { domains })
+    }
+
+    /// The descriptors configured for `domain`, if it is known.
+    pub(crate) fn domain(&self, domain: &str) -> Option<&[Node]> {
+        self.domains.get(domain).map(Vec::as_slice)
+    }
+}
+
+fn keep(domain: &str, nodes: &[Node], kept: &mut Kept) {
+    for node in nodes {
+        if let Some(NodeLimit {
+            enforced:
+                Enforced::Limited {
+                    method,
+                    limits,
+                    limiter: Limiter::InProcess(service),
+                },
+            ..
+        }) = &node.limit
+        {
+            kept.insert(
+                (domain.to_owned(), node_path(node), *method, limits.clone()),
+                Arc::clone(service),
+            );
+        }
+        keep(domain, &node.children, kept);
+    }
+}
+
+/// A node's path as the configuration wrote it (kept beside the metrics' label).
+fn node_path(node: &Node) -> String {
+    node.limit
+        .as_ref()
+        .map(|limit| limit.metrics.path().to_owned())
+        .unwrap_or_default()
+}
+
+/// The Redis plan name of a descriptor: a fixed hash of its domain and path (a Redis plan name
+/// may hold no `{`, `}` or `:`), the same on every instance and across reloads, so instances
+/// given one configuration share each limit.
+fn redis_plan_name(domain: &str, path: &str) -> String {
+    // FNV-1a over an injective encoding: the domain's length, then both texts.
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let length = domain.len().to_le_bytes();
+    for byte in length
+        .iter()
+        .chain(domain.as_bytes())
+        .chain(path.as_bytes())
+    {
+        hash ^= u64::from(*byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("d{hash:016x}")
+}
+
+fn rules_of(limits: &[UnitLimit]) -> Vec<Rule> {
+    limits
+        .iter()
+        .map(|limit| {
+            limit
+                .rule()
+                .expect("checked when the configuration was read")
+        })
+        .collect()
+}
+
+fn collect_redis_plans(
+    domain: &str,
+    nodes: &[DescriptorNode],
+    plans: &mut HashMap<Algorithm, Vec<(String, Vec<Rule>)>>,
+) {
+    for node in nodes {
+        if let Some(limit) = &node.limit
+            && let Limits::Limited { method, limits } = &limit.limits
+        {
+            plans
+                .entry(*method)
+                .or_default()
+                .push((redis_plan_name(domain, &node.path), rules_of(limits)));
+        }
+        collect_redis_plans(domain, &node.children, plans);
+    }
+}
+
+struct Ready<'a> {
+    domain: &'a str,
+    store: &'a StateStore,
+    kept: &'a Kept,
+    redis: &'a HashMap<Algorithm, Arc<RedisRateLimiter<String>>>,
+}
+
+impl Ready<'_> {
+    fn nodes(&self, nodes: &[DescriptorNode]) -> Result<Vec<Node>, super::BuildError> {
+        nodes.iter().map(|node| self.node(node)).collect()
+    }
+
+    fn node(&self, node: &DescriptorNode) -> Result<Node, super::BuildError> {
+        let limit = match &node.limit {
+            None => None,
+            Some(limit) => {
+                let enforced = match &limit.limits {
+                    Limits::Unlimited => Enforced::Unlimited,
+                    Limits::Blocked(unit) => Enforced::Blocked(*unit),
+                    Limits::Limited { method, limits } => Enforced::Limited {
+                        method: *method,
+                        limits: limits.clone(),
+                        limiter: self.limiter(node, *method, limits)?,
+                    },
+                };
+                Some(NodeLimit {
+                    enforced,
+                    name: limit.name.clone(),
+                    replaces: limit.replaces.clone(),
+                    policy: policy_name(limit.name.as_deref().unwrap_or(&node.path)),
+                    metrics: DescriptorMetrics::new(self.domain, &node.path, node.detailed_metric),
+                })
+            }
+        };
+        Ok(Node {
+            key: node.key.clone(),
+            value: node.value.clone(),
+            limit,
+            shadow_mode: node.shadow_mode,
+            children: self.nodes(&node.children)?,
+        })
+    }
+
+    fn limiter(
+        &self,
+        node: &DescriptorNode,
+        method: Algorithm,
+        limits: &[UnitLimit],
+    ) -> Result<Limiter, super::BuildError> {
+        match self.store {
+            StateStore::InProcess { clients } => {
+                let key = (
+                    self.domain.to_owned(),
+                    node.path.clone(),
+                    method,
+                    limits.to_vec(),
+                );
+                if let Some(service) = self.kept.get(&key) {
+                    return Ok(Limiter::InProcess(Arc::clone(service)));
+                }
+                let service = ServiceBuilder::new(method, MonotonicClock::new())
+                    .plan_limits(DescriptorPlan, rules_of(limits))
+                    .capacity(*clients)
+                    .build::<String>()
+                    .map_err(|source| super::BuildError::Descriptor {
+                        domain: self.domain.to_owned(),
+                        path: node.path.clone(),
+                        source: source.to_string(),
+                    })?;
+                Ok(Limiter::InProcess(Arc::new(service)))
+            }
+            StateStore::Redis { .. } => Ok(Limiter::Redis {
+                limiter: Arc::clone(
+                    self.redis
+                        .get(&method)
+                        .expect("a Redis limiter is made for every method in use"),
+                ),
+                plan: redis_plan_name(self.domain, &node.path),
+            }),
+        }
+    }
+}
+
+/// `text` made a Structured Field String: printable ASCII, anything else as `?`.
+fn policy_name(text: &str) -> String {
+    let name: String = text
+        .chars()
+        .map(|c| if (' '..='~').contains(&c) { c } else { '?' })
+        .collect();
+    if name.is_empty() {
+        "limit".to_owned()
+    } else {
+        name
+    }
+}
+
+/// The configured descriptor that a request's descriptor matches, as envoyproxy/ratelimit
+/// matches it: entry by entry down the tree, a node of the entry's key and exact value before
+/// one whose value the entry's starts with, before one of the key alone; the limit is that of
+/// the node the last entry reaches.
+pub(crate) fn find<'a>(nodes: &'a [Node], entries: &[Entry]) -> Option<&'a Node> {
+    let mut level = nodes;
+    let mut found = None;
+    for entry in entries {
+        let exact = level.iter().find(|node| {
+            node.key == entry.key
+                && matches!(&node.value, ValueMatch::Exact(v) if *v == entry.value)
+        });
+        let node = exact
+            .or_else(|| {
+                level.iter().find(|node| {
+                    node.key == entry.key
+                        && matches!(&node.value, ValueMatch::Prefix(p) if entry.value.starts_with(p.as_str()))
+                })
+            })
+            .or_else(|| {
+                level
+                    .iter()
+                    .find(|node| node.key == entry.key && node.value == ValueMatch::Any)
+            })?;
+        found = Some(node);
+        level = &node.children;
+    }
+    found
+}
+
+/// The client of a matched descriptor: its entries' values, each with its length, so that no
+/// two lists of values make one client.
+pub(crate) fn client_key(entries: &[Entry]) -> String {
+    let mut key = String::with_capacity(entries.iter().map(|e| e.value.len() + 4).sum());
+    for entry in entries {
+        use fmt::Write as _;
+        let _ = write!(key, "{}:", entry.value.len());
+        key.push_str(&entry.value);
+    }
+    key
+}
+
+/// The permits a descriptor asks for: its own `hits_addend` when set, else the request's, where
+/// 0 means 1.
+pub(crate) fn hits_of(descriptor: &RateLimitDescriptor, request_hits: u32) -> u64 {
+    match &descriptor.hits_addend {
+        Some(hits) => hits.value,
+        None => u64::from(request_hits.max(1)),
+    }
+}
+
+/// One limited descriptor's answer: the decision and each limit's figures.
+pub(crate) struct Outcome {
+    pub(crate) decision: Decision,
+    pub(crate) figures: Vec<LimitFigures>,
+}
+
+impl Limiter {
+    /// Takes `hits` for `client`.
+    pub(crate) async fn acquire(&self, client: &str, hits: u64) -> Result<Outcome, RedisError> {
+        match self {
+            Limiter::InProcess(service) => {
+                let verdict = service
+                    .acquire_verdict(client, &DescriptorPlan, hits, Figures::Always)
+                    .expect("the service has its one plan");
+                Ok(outcome_of(&verdict))
+            }
+            Limiter::Redis { limiter, plan } => {
+                let answer = limiter.decide(client, plan, hits).await?;
+                let decision = answer.decision();
+                let figures = if answer.each_limit().is_empty() {
+                    vec![LimitFigures::of(&decision)]
+                } else {
+                    answer.each_limit().iter().map(LimitFigures::of).collect()
+                };
+                Ok(Outcome { decision, figures })
+            }
+        }
+    }
+
+    /// What one permit for `client` would get now, taking nothing.
+    pub(crate) async fn peek(&self, client: &str) -> Result<Decision, RedisError> {
+        match self {
+            Limiter::InProcess(service) => Ok(service
+                .peek(client, &DescriptorPlan)
+                .expect("the service has its one plan")),
+            Limiter::Redis { limiter, plan } => limiter.peek(client, plan).await,
+        }
+    }
+}
+
+fn outcome_of(verdict: &Verdict) -> Outcome {
+    Outcome {
+        decision: *verdict.decision(),
+        figures: verdict.with_limits(<[LimitFigures]>::to_vec),
+    }
+}

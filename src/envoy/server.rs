@@ -1,0 +1,452 @@
+//! [`RateLimitServer`]: `ShouldRateLimit` answered on the running configuration.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit, rate_limit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+use tonic::{Request, Response, Status};
+
+use super::BuildError;
+use super::config::{RlsConfig, Unit, UnitLimit};
+use super::engine::{self, Enforced, NodeLimit, Outcome, Snapshot, StateStore};
+use super::metrics::{self, Counted};
+use crate::Decision;
+use crate::headers::{LimitFigures, RateLimitFields};
+
+/// Envoy's rate-limit service on tollgate's methods.
+///
+/// Cheap to clone: clones share the running configuration and the limits' state. Serve it
+/// with [`RateLimitServer::into_service`] on a tonic server; change its configuration with
+/// [`RateLimitServer::reload`] while it serves.
+#[derive(Clone)]
+pub struct RateLimitServer {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    current: ArcSwap<Snapshot>,
+    store: StateStore,
+    /// Reloads one at a time, so that each keeps what the one before it made.
+    reloading: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for RateLimitServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RateLimitServer")
+            .field("store", &self.inner.store)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One matched, limited descriptor of a request.
+struct Matched<'a> {
+    index: usize,
+    limit: &'a NodeLimit,
+    shadow_mode: bool,
+    client: String,
+    hits: u64,
+}
+
+/// What a descriptor's decision came to.
+enum Result_ {
+    /// Granted (or, shadowed, let through) with these figures; `taken` whether permits were
+    /// taken.
+    Decided {
+        outcome: Outcome,
+        over: bool,
+        taken: bool,
+    },
+    /// `requests_per_unit: 0`.
+    Blocked(Unit),
+    /// Unlimited.
+    Unlimited,
+}
+
+impl RateLimitServer {
+    /// A service answering by `config`, its state kept in `store`.
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError`] when a descriptor's limits cannot be enforced (a limit out of the method's
+    /// bounds), or when Redis cannot be reached to load the scripts.
+    pub async fn new(config: &RlsConfig, store: StateStore) -> Result<Self, BuildError> {
+        let snapshot = Snapshot::build(config, &store, None).await?;
+        Ok(RateLimitServer {
+            inner: Arc::new(Inner {
+                current: ArcSwap::from_pointee(snapshot),
+                store,
+                reloading: tokio::sync::Mutex::new(()),
+            }),
+        })
+    }
+
+    /// Answers by `config` from now on. Every descriptor whose domain, path, method and limits
+    /// are unchanged keeps its clients' state (in process: the same limiter; on Redis: the same
+    /// keys); a changed or new one starts afresh. Requests being decided finish on the
+    /// configuration they started with.
+    ///
+    /// # Errors
+    ///
+    /// As [`RateLimitServer::new`]; the configuration in use then stays.
+    pub async fn reload(&self, config: &RlsConfig) -> Result<(), BuildError> {
+        let _one_at_a_time = self.inner.reloading.lock().await;
+        let previous = self.inner.current.load_full();
+        let result = Snapshot::build(config, &self.inner.store, Some(&previous)).await;
+        metrics::record_reload(result.is_ok());
+        self.inner.current.store(Arc::new(result?));
+        Ok(())
+    }
+
+    /// This service, for a tonic server.
+    pub fn into_service(self) -> RateLimitServiceServer<RateLimitServer> {
+        RateLimitServiceServer::new(self)
+    }
+
+    /// Decides one request (what [`RateLimitService::should_rate_limit`] answers).
+    ///
+    /// Each descriptor is matched against the request's domain as envoyproxy/ratelimit matches
+    /// it. Its permits are its own `hits_addend` when set, else the request's, where 0 means 1.
+    /// A descriptor with `is_negative_hits` (a refund) takes nothing and is answered OK.
+    ///
+    /// A request is decided **all or nothing**: when any of its descriptors is over its limit,
+    /// none is charged (envoyproxy/ratelimit charges every descriptor, so refused traffic spends
+    /// the quotas of the others). A request of one limited descriptor is one decision; one of
+    /// several first looks at each limit, taking nothing, and is refused at once if any would
+    /// refuse; else it takes from each. Only when another request takes the last permits of a
+    /// limit between that look and the taking is the request refused after earlier descriptors
+    /// took theirs, which then stay taken: no limit ever grants more than it allows.
+    ///
+    /// # Errors
+    ///
+    /// `INVALID_ARGUMENT` for a request without a domain or descriptors; `UNAVAILABLE` when a
+    /// Redis round trip fails under [`FailurePolicy::Error`](crate::redis::FailurePolicy)
+    /// (Envoy then applies its `failure_mode_deny`).
+    pub async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
+        let started = Instant::now();
+        let answer = self.decide_inner(request).await;
+        let code = match &answer {
+            Ok(response) if response.overall_code == Code::OverLimit as i32 => "over_limit",
+            Ok(_) => "ok",
+            Err(_) => "error",
+        };
+        metrics::record_request(code, started.elapsed().as_secs_f64());
+        answer
+    }
+
+    async fn decide_inner(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
+        if request.domain.is_empty() {
+            return Err(Status::invalid_argument("the request's domain is empty"));
+        }
+        if request.descriptors.is_empty() {
+            return Err(Status::invalid_argument("the request has no descriptors"));
+        }
+        let snapshot = self.inner.current.load_full();
+        let mut statuses = vec![ok_status(); request.descriptors.len()];
+        let Some(nodes) = snapshot.domain(&request.domain) else {
+            // An unknown domain limits nothing, as envoyproxy/ratelimit answers.
+            return Ok(response(Code::Ok, statuses, Vec::new()));
+        };
+
+        let mut matched = Vec::new();
+        for (index, descriptor) in request.descriptors.iter().enumerate() {
+            if descriptor.is_negative_hits {
+                continue;
+            }
+            let Some(node) = engine::find(nodes, &descriptor.entries) else {
+                continue;
+            };
+            let Some(limit) = &node.limit else {
+                continue;
+            };
+            matched.push(Matched {
+                index,
+                limit,
+                shadow_mode: node.shadow_mode,
+                client: engine::client_key(&descriptor.entries),
+                hits: engine::hits_of(descriptor, request.hits_addend),
+            });
+        }
+        // A matched limit that another matched limit replaces is not applied.
+        let replaced: Vec<&str> = matched
+            .iter()
+            .flat_map(|m| m.limit.replaces.iter().map(String::as_str))
+            .collect();
+        matched.retain(|m| {
+            m.limit
+                .name
+                .as_deref()
+                .is_none_or(|name| !replaced.contains(&name))
+        });
+
+        let limited = matched
+            .iter()
+            .filter(|m| matches!(m.limit.enforced, Enforced::Limited { .. }))
+            .count();
+        let blocked = matched
+            .iter()
+            .any(|m| !m.shadow_mode && matches!(m.limit.enforced, Enforced::Blocked(_)));
+        let mut results = Vec::with_capacity(matched.len());
+        let mut refused = false;
+        if blocked || limited > 1 {
+            // Look first: a request that some limit refuses takes nothing from any.
+            for m in &matched {
+                let result = look(m).await.map_err(unavailable)?;
+                refused |= !m.shadow_mode && is_over(&result);
+                results.push(result);
+            }
+        }
+        if !refused {
+            results.clear();
+            for m in &matched {
+                let result = take(m).await.map_err(unavailable)?;
+                refused |= !m.shadow_mode && is_over(&result);
+                results.push(result);
+            }
+        }
+
+        let mut policy = String::new();
+        let mut state = String::new();
+        let mut retry_after = Duration::ZERO;
+        for (m, result) in matched.iter().zip(&results) {
+            let entries = &request.descriptors[m.index].entries;
+            let status = &mut statuses[m.index];
+            match result {
+                Result_::Unlimited => {}
+                Result_::Blocked(unit) => {
+                    m.limit
+                        .metrics
+                        .record(entries, m.hits, counted(m, true, None));
+                    *status = DescriptorStatus {
+                        code: code_of(!m.shadow_mode) as i32,
+                        current_limit: Some(rate_limit(m.limit, 0, *unit)),
+                        limit_remaining: 0,
+                        duration_until_reset: Some(proto_duration(unit.duration())),
+                        quota: None,
+                    };
+                }
+                Result_::Decided {
+                    outcome,
+                    over,
+                    taken,
+                } => {
+                    let decision = &outcome.decision;
+                    if *taken || *over {
+                        m.limit
+                            .metrics
+                            .record(entries, m.hits, counted(m, *over, Some(decision)));
+                    }
+                    let refusing = *over && !m.shadow_mode;
+                    if refusing && decision.retry_after() != Duration::MAX {
+                        retry_after = retry_after.max(decision.retry_after());
+                    }
+                    *status = DescriptorStatus {
+                        code: code_of(refusing) as i32,
+                        current_limit: Some(current_limit(m.limit, decision)),
+                        limit_remaining: u32::try_from(decision.remaining()).unwrap_or(u32::MAX),
+                        duration_until_reset: Some(proto_duration(decision.reset_after())),
+                        quota: None,
+                    };
+                    if !m.shadow_mode {
+                        append_fields(&mut policy, &mut state, &m.limit.policy, &outcome.figures);
+                    }
+                }
+            }
+        }
+        let mut headers = Vec::new();
+        if !policy.is_empty() {
+            headers.push(header("ratelimit-policy", policy));
+            headers.push(header("ratelimit", state));
+        }
+        if refused && !retry_after.is_zero() {
+            headers.push(header(
+                "retry-after",
+                retry_after
+                    .as_nanos()
+                    .div_ceil(1_000_000_000)
+                    .max(1)
+                    .to_string(),
+            ));
+        }
+        Ok(response(code_of(refused), statuses, headers))
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitService for RateLimitServer {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        self.decide(request.get_ref()).await.map(Response::new)
+    }
+}
+
+/// What `m` would get now, taking nothing.
+async fn look(m: &Matched<'_>) -> Result<Result_, crate::redis::RedisError> {
+    Ok(match &m.limit.enforced {
+        Enforced::Unlimited => Result_::Unlimited,
+        Enforced::Blocked(unit) => Result_::Blocked(*unit),
+        Enforced::Limited { limiter, .. } => {
+            let decision = limiter.peek(&m.client).await?;
+            // A look is for one permit: `remaining` is what is left after it.
+            let over = m.hits > 0
+                && (decision.is_denied() || m.hits > decision.remaining().saturating_add(1));
+            Result_::Decided {
+                outcome: Outcome {
+                    figures: vec![LimitFigures::of(&decision)],
+                    decision,
+                },
+                over,
+                taken: false,
+            }
+        }
+    })
+}
+
+/// Takes `m`'s permits.
+async fn take(m: &Matched<'_>) -> Result<Result_, crate::redis::RedisError> {
+    Ok(match &m.limit.enforced {
+        Enforced::Unlimited => Result_::Unlimited,
+        Enforced::Blocked(unit) => Result_::Blocked(*unit),
+        Enforced::Limited { limiter, .. } => {
+            let outcome = limiter.acquire(&m.client, m.hits).await?;
+            let over = outcome.decision.is_denied();
+            Result_::Decided {
+                outcome,
+                over,
+                taken: !over,
+            }
+        }
+    })
+}
+
+fn is_over(result: &Result_) -> bool {
+    match result {
+        Result_::Unlimited => false,
+        Result_::Blocked(_) => true,
+        Result_::Decided { over, .. } => *over,
+    }
+}
+
+fn counted(m: &Matched<'_>, over: bool, decision: Option<&Decision>) -> Counted {
+    match (over, m.shadow_mode, decision) {
+        (true, true, _) => Counted::Shadowed,
+        (true, false, _) => Counted::OverLimit,
+        (false, _, Some(decision)) => Counted::Within {
+            remaining: decision.remaining(),
+            limit: decision.limit(),
+        },
+        (false, _, None) => Counted::Within {
+            remaining: 0,
+            limit: 0,
+        },
+    }
+}
+
+fn unavailable(error: crate::redis::RedisError) -> Status {
+    Status::unavailable(format!("the rate-limit state is unavailable: {error}"))
+}
+
+fn code_of(over: bool) -> Code {
+    if over { Code::OverLimit } else { Code::Ok }
+}
+
+fn ok_status() -> DescriptorStatus {
+    DescriptorStatus {
+        code: Code::Ok as i32,
+        ..DescriptorStatus::default()
+    }
+}
+
+fn response(
+    code: Code,
+    statuses: Vec<DescriptorStatus>,
+    headers: Vec<HeaderValue>,
+) -> RateLimitResponse {
+    RateLimitResponse {
+        overall_code: code as i32,
+        statuses,
+        response_headers_to_add: headers,
+        ..RateLimitResponse::default()
+    }
+}
+
+fn header(key: &str, value: String) -> HeaderValue {
+    HeaderValue {
+        key: key.to_owned(),
+        value,
+        ..HeaderValue::default()
+    }
+}
+
+/// The limit that made `decision`: among the descriptor's, the one of its limit and window.
+fn current_limit(limit: &NodeLimit, decision: &Decision) -> RateLimit {
+    let unit_limit = match &limit.enforced {
+        Enforced::Limited { limits, .. } => limits
+            .iter()
+            .find(|l| {
+                l.requests_per_unit == decision.limit() && l.unit.duration() == decision.window()
+            })
+            .or(limits.first())
+            .copied(),
+        _ => None,
+    };
+    let UnitLimit {
+        unit,
+        requests_per_unit,
+    } = unit_limit.unwrap_or(UnitLimit {
+        unit: Unit::Second,
+        requests_per_unit: decision.limit(),
+    });
+    rate_limit(limit, requests_per_unit, unit)
+}
+
+fn rate_limit(limit: &NodeLimit, requests_per_unit: u64, unit: Unit) -> RateLimit {
+    RateLimit {
+        name: limit.name.clone().unwrap_or_default(),
+        requests_per_unit: u32::try_from(requests_per_unit).unwrap_or(u32::MAX),
+        unit: proto_unit(unit) as i32,
+    }
+}
+
+fn proto_unit(unit: Unit) -> rate_limit::Unit {
+    match unit {
+        Unit::Second => rate_limit::Unit::Second,
+        Unit::Minute => rate_limit::Unit::Minute,
+        Unit::Hour => rate_limit::Unit::Hour,
+        Unit::Day => rate_limit::Unit::Day,
+        Unit::Week => rate_limit::Unit::Week,
+        Unit::Month => rate_limit::Unit::Month,
+        Unit::Year => rate_limit::Unit::Year,
+    }
+}
+
+fn proto_duration(duration: Duration) -> ProtoDuration {
+    ProtoDuration {
+        seconds: i64::try_from(duration.as_secs()).unwrap_or(i64::MAX),
+        nanos: i32::try_from(duration.subsec_nanos()).unwrap_or(0),
+    }
+}
+
+/// Appends one descriptor's items to the `RateLimit-Policy` and `RateLimit` values.
+fn append_fields(policy: &mut String, state: &mut String, name: &str, figures: &[LimitFigures]) {
+    // The name was made printable when the configuration was made ready.
+    let Ok(fields) = RateLimitFields::new(name, figures) else {
+        return;
+    };
+    if !policy.is_empty() {
+        policy.push_str(", ");
+        state.push_str(", ");
+    }
+    let _ = fields.write_policy(policy);
+    let _ = fields.write_state(state);
+}
