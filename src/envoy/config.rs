@@ -392,7 +392,7 @@ fn domain_config(source: &str, file: DomainFile) -> Result<DomainConfig, ConfigE
             .map_err(|message| ConfigError::new(format!("{place}: method"), message))?,
         None => Algorithm::FixedWindow,
     };
-    let descriptors = descriptor_list(&place, "", file.descriptors, method, 1)?;
+    let descriptors = descriptor_list(&format!("{place}: "), "", file.descriptors, method, 1)?;
     let mut names = HashSet::new();
     collect_names(&descriptors, &mut names);
     check_replaces(&place, &descriptors, &names)?;
