@@ -395,3 +395,41 @@ async fn limits_a_method_cannot_enforce_are_named_at_build() {
         "{message}"
     );
 }
+
+/// The ```yaml blocks of the README that configure the service (those with a `domain:`).
+fn readme_configurations() -> Vec<String> {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let mut blocks = Vec::new();
+    let mut open: Option<String> = None;
+    for line in readme.lines() {
+        match open.take() {
+            None if line.trim() == "```yaml" => open = Some(String::new()),
+            None => {}
+            Some(block) if line.trim() == "```" => blocks.push(block),
+            Some(mut block) => {
+                block.push_str(line);
+                block.push('\n');
+                open = Some(block);
+            }
+        }
+    }
+    blocks.retain(|block| block.starts_with("domain:"));
+    blocks
+}
+
+#[tokio::test]
+async fn the_readme_and_example_configurations_load_and_serve() {
+    let blocks = readme_configurations();
+    assert!(!blocks.is_empty(), "the README shows a configuration");
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/envoy/ratelimit.yaml");
+    let mut configs = vec![RlsConfig::from_path(example).expect("the example loads")];
+    for block in &blocks {
+        configs.push(RlsConfig::from_yaml_str("README.md", block).expect("the README's loads"));
+    }
+    for config in configs {
+        RateLimitServer::new(&config, StateStore::InProcess { clients: 16 })
+            .await
+            .expect("it builds");
+    }
+}

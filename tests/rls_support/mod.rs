@@ -102,10 +102,12 @@ impl ConfigFile {
         &self.0
     }
 
-    /// Replaces the configuration (a new length, so that a watcher sees the change even
-    /// within one tick of the file's clock).
+    /// Replaces the configuration at once (written beside it, then renamed over it), so that
+    /// a watcher never reads it half written.
     pub(crate) fn rewrite(&self, yaml: &str) {
-        std::fs::write(&self.0, yaml).expect("the configuration is rewritten");
+        let next = self.0.with_extension("next");
+        std::fs::write(&next, yaml).expect("the configuration is written");
+        std::fs::rename(&next, &self.0).expect("the configuration is replaced");
     }
 }
 
