@@ -13,6 +13,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+use futures_util::future::try_join_all;
 use tonic::{Request, Response, Status};
 
 use super::BuildError;
@@ -194,23 +195,22 @@ impl RateLimitServer {
         let blocked = matched
             .iter()
             .any(|m| !m.shadow_mode && matches!(m.limit.enforced, Enforced::Blocked(_)));
-        let mut results = Vec::with_capacity(matched.len());
+        let mut results = Vec::new();
         let mut refused = false;
         if blocked || limited > 1 {
-            // Look first: a request that some limit refuses takes nothing from any.
-            for m in &matched {
-                let result = look(m).await.map_err(unavailable)?;
-                refused |= !m.shadow_mode && is_over(&result);
-                results.push(result);
-            }
+            // Look first: a request that some limit refuses takes nothing from any. The looks
+            // (and below, the takings) of a request's descriptors run together: on Redis, one
+            // round trip's time for all of them.
+            results = try_join_all(matched.iter().map(look))
+                .await
+                .map_err(unavailable)?;
+            refused = refuses(&matched, &results);
         }
         if !refused {
-            results.clear();
-            for m in &matched {
-                let result = take(m).await.map_err(unavailable)?;
-                refused |= !m.shadow_mode && is_over(&result);
-                results.push(result);
-            }
+            results = try_join_all(matched.iter().map(take))
+                .await
+                .map_err(unavailable)?;
+            refused = refuses(&matched, &results);
         }
 
         let mut policy = String::new();
@@ -327,6 +327,14 @@ async fn take(m: &Matched<'_>) -> Result<Result_, crate::redis::RedisError> {
             }
         }
     })
+}
+
+/// Whether any descriptor that is not shadowed refuses.
+fn refuses(matched: &[Matched<'_>], results: &[Result_]) -> bool {
+    matched
+        .iter()
+        .zip(results)
+        .any(|(m, result)| !m.shadow_mode && is_over(result))
 }
 
 fn is_over(result: &Result_) -> bool {
