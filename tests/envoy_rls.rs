@@ -433,3 +433,136 @@ async fn the_readme_and_example_configurations_load_and_serve() {
             .expect("it builds");
     }
 }
+
+/// The reference the service is held to, request by request, for one thread: envoyproxy's
+/// matching on a small configuration, each limit a count of permits taken (hour-long token
+/// buckets refill nothing within a test), and a request granted only if every limit that is not
+/// shadowed can take what the whole request asks of it, then charged to each; else charged to
+/// none.
+mod reference {
+    use std::collections::HashMap;
+
+    pub(super) const CONFIG: &str = "\
+domain: edge
+method: token_bucket
+descriptors:
+  - key: a
+    rate_limit: {unit: hour, requests_per_unit: 3}
+  - key: b
+    value: x
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: c
+    descriptors:
+      - key: d
+        rate_limit: {unit: hour, requests_per_unit: 4}
+  - key: s
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: z
+    rate_limit: {unit: hour, requests_per_unit: 0}
+";
+
+    /// A descriptor of the generated requests: its entries and its hits.
+    pub(super) type Descriptor = (Vec<(&'static str, String)>, u64);
+
+    /// The limit a descriptor reaches: (name, limit, shadowed), with its client.
+    fn limit_of(entries: &[(&'static str, String)]) -> Option<((&'static str, u64, bool), String)> {
+        let values: Vec<&str> = entries.iter().map(|(_, value)| value.as_str()).collect();
+        let client = values.join("\u{0}");
+        let keys: Vec<&str> = entries.iter().map(|(key, _)| *key).collect();
+        let limit = match (keys.as_slice(), values.as_slice()) {
+            (["a"], _) => ("a", 3, false),
+            (["b"], ["x"]) => ("b", 2, false),
+            (["c", "d"], _) => ("cd", 4, false),
+            (["s"], _) => ("s", 1, true),
+            (["z"], _) => ("z", 0, false),
+            _ => return None,
+        };
+        Some((limit, client))
+    }
+
+    #[derive(Default)]
+    pub(super) struct Model {
+        taken: HashMap<(&'static str, String), u64>,
+    }
+
+    impl Model {
+        /// Whether the request is granted; charges it if so.
+        pub(super) fn decide(&mut self, request: &[Descriptor]) -> bool {
+            let matched: Vec<_> = request
+                .iter()
+                .filter_map(|(entries, hits)| limit_of(entries).map(|found| (found, *hits)))
+                .collect();
+            let mut asked: HashMap<(&'static str, String), u64> = HashMap::new();
+            for (((name, _, _), client), hits) in &matched {
+                *asked.entry((name, client.clone())).or_default() += hits;
+            }
+            let refused = matched
+                .iter()
+                .any(|(((name, limit, shadowed), client), _)| {
+                    let key = (*name, client.clone());
+                    let taken = self.taken.get(&key).copied().unwrap_or(0);
+                    !shadowed && asked[&key] > 0 && taken + asked[&key] > *limit
+                });
+            if refused {
+                return false;
+            }
+            for (((name, limit, _), client), hits) in matched {
+                let taken = self.taken.entry((name, client)).or_default();
+                // A shadowed limit takes only what fits; others always fit here.
+                if *taken + hits <= limit {
+                    *taken += hits;
+                }
+            }
+            true
+        }
+    }
+}
+
+fn generated_descriptor() -> impl proptest::strategy::Strategy<Value = reference::Descriptor> {
+    use proptest::prelude::*;
+    let value = || prop::sample::select(vec!["1", "2"]).prop_map(str::to_owned);
+    let entries = prop_oneof![
+        value().prop_map(|v| vec![("a", v)]),
+        prop::sample::select(vec!["x", "y"]).prop_map(|v| vec![("b", v.to_owned())]),
+        (value(), value()).prop_map(|(c, d)| vec![("c", c), ("d", d)]),
+        value().prop_map(|v| vec![("c", v)]),
+        value().prop_map(|v| vec![("s", v)]),
+        value().prop_map(|v| vec![("z", v)]),
+    ];
+    (entries, 0u64..=3)
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+
+    /// The service answers as the reference for every request of a random sequence: requests of
+    /// one to four descriptors, the same descriptor repeated, shadowed and refusing ones mixed
+    /// in, hits of 0 to 3.
+    #[test]
+    fn the_service_decides_as_the_all_or_nothing_reference(
+        requests in proptest::collection::vec(proptest::collection::vec(generated_descriptor(), 1..=4), 1..40)
+    ) {
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        runtime.block_on(async {
+            let server = server(reference::CONFIG).await;
+            let mut model = reference::Model::default();
+            for (step, request) in requests.iter().enumerate() {
+                let descriptors = request
+                    .iter()
+                    .map(|(entries, hits)| {
+                        let pairs: Vec<(&str, &str)> =
+                            entries.iter().map(|(k, v)| (*k, v.as_str())).collect();
+                        let mut made = descriptor(&pairs);
+                        made.hits_addend = Some(UInt64Value { value: *hits });
+                        made
+                    })
+                    .collect();
+                let granted = decide(&server, descriptors).await.overall_code == Code::Ok as i32;
+                let expected = model.decide(request);
+                proptest::prop_assert_eq!(granted, expected, "step {}: {:?}", step, request);
+            }
+            Ok(())
+        })?;
+    }
+}

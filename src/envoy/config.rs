@@ -211,7 +211,12 @@ pub struct DescriptorNode {
     pub children: Vec<DescriptorNode>,
     /// The path of keys and configured values from the domain down to this entry
     /// (`plan=free.user`): the policy name when the limit has none, and the metrics' label.
+    /// Two descriptors may print alike (a key `a=x.b` and `b` below `a: x`).
     pub path: String,
+    /// The same path written so that no two descriptors share it (each key and value with its
+    /// length, and how the value matches): what names the descriptor's state, on Redis and
+    /// across reloads.
+    pub identity: String,
 }
 
 /// One domain's descriptors.
@@ -392,7 +397,7 @@ fn domain_config(source: &str, file: DomainFile) -> Result<DomainConfig, ConfigE
             .map_err(|message| ConfigError::new(format!("{place}: method"), message))?,
         None => Algorithm::FixedWindow,
     };
-    let descriptors = descriptor_list(&format!("{place}: "), "", file.descriptors, method, 1)?;
+    let descriptors = descriptor_list(&format!("{place}: "), "", "", file.descriptors, method, 1)?;
     let mut names = HashSet::new();
     collect_names(&descriptors, &mut names);
     check_replaces(&place, &descriptors, &names)?;
@@ -409,6 +414,7 @@ fn parse_method(name: &str) -> Result<Algorithm, String> {
 fn descriptor_list(
     place: &str,
     parent_path: &str,
+    parent_identity: &str,
     files: Vec<DescriptorFile>,
     method: Algorithm,
     depth: usize,
@@ -462,9 +468,22 @@ fn descriptor_list(
         } else {
             format!("{parent_path}.{segment}")
         };
+        let identity = {
+            let (kind, text) = match &value {
+                ValueMatch::Any => ('*', ""),
+                ValueMatch::Exact(value) => ('=', value.as_str()),
+                ValueMatch::Prefix(prefix) => ('^', prefix.as_str()),
+            };
+            format!(
+                "{parent_identity}{}:{key}{kind}{}:{text}/",
+                key.len(),
+                text.len()
+            )
+        };
         let children = descriptor_list(
             &format!("{here}."),
             &path,
+            &identity,
             file.descriptors,
             method,
             depth + 1,
@@ -477,6 +496,7 @@ fn descriptor_list(
             detailed_metric: file.detailed_metric,
             children,
             path,
+            identity,
         });
     }
     Ok(nodes)
@@ -590,6 +610,15 @@ fn descriptor_limit(
             }
             blocked = Some(unit);
             continue;
+        }
+        if requests_per_unit > u64::from(u32::MAX) {
+            return Err(ConfigError::new(
+                format!("{place}.requests_per_unit"),
+                format!(
+                    "{requests_per_unit} is above {}, the most Envoy's answer can carry (a 32-bit field)",
+                    u32::MAX
+                ),
+            ));
         }
         let limit = UnitLimit {
             unit,

@@ -85,6 +85,7 @@ pub(crate) enum Enforced {
 
 /// A configured descriptor entry, made ready.
 pub(crate) struct Node {
+    identity: String,
     key: String,
     value: ValueMatch,
     pub(crate) limit: Option<NodeLimit>,
@@ -100,6 +101,19 @@ pub(crate) struct NodeLimit {
     /// made printable.
     pub(crate) policy: String,
     pub(crate) metrics: DescriptorMetrics,
+}
+
+impl NodeLimit {
+    /// Whether its state is on Redis (a decision is a round trip).
+    pub(crate) fn is_remote(&self) -> bool {
+        matches!(
+            self.enforced,
+            Enforced::Limited {
+                limiter: Limiter::Redis { .. },
+                ..
+            }
+        )
+    }
 }
 
 /// The running configuration.
@@ -184,7 +198,12 @@ fn keep(domain: &str, nodes: &[Node], kept: &mut Kept) {
         }) = &node.limit
         {
             kept.insert(
-                (domain.to_owned(), node_path(node), *method, limits.clone()),
+                (
+                    domain.to_owned(),
+                    node.identity.clone(),
+                    *method,
+                    limits.clone(),
+                ),
                 Arc::clone(service),
             );
         }
@@ -192,25 +211,17 @@ fn keep(domain: &str, nodes: &[Node], kept: &mut Kept) {
     }
 }
 
-/// A node's path as the configuration wrote it (kept beside the metrics' label).
-fn node_path(node: &Node) -> String {
-    node.limit
-        .as_ref()
-        .map(|limit| limit.metrics.path().to_owned())
-        .unwrap_or_default()
-}
-
-/// The Redis plan name of a descriptor: a fixed hash of its domain and path (a Redis plan name
-/// may hold no `{`, `}` or `:`), the same on every instance and across reloads, so instances
-/// given one configuration share each limit.
-fn redis_plan_name(domain: &str, path: &str) -> String {
+/// The Redis plan name of a descriptor: a fixed hash of its domain and identity (a Redis plan
+/// name may hold no `{`, `}` or `:`), the same on every instance and across reloads, so
+/// instances given one configuration share each limit.
+fn redis_plan_name(domain: &str, identity: &str) -> String {
     // FNV-1a over an injective encoding: the domain's length, then both texts.
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     let length = domain.len().to_le_bytes();
     for byte in length
         .iter()
         .chain(domain.as_bytes())
-        .chain(path.as_bytes())
+        .chain(identity.as_bytes())
     {
         hash ^= u64::from(*byte);
         hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
@@ -241,7 +252,7 @@ fn collect_redis_plans(
             plans
                 .entry(*method)
                 .or_default()
-                .push((redis_plan_name(domain, &node.path), rules_of(limits)));
+                .push((redis_plan_name(domain, &node.identity), rules_of(limits)));
         }
         collect_redis_plans(domain, &node.children, plans);
     }
@@ -282,6 +293,7 @@ impl Ready<'_> {
             }
         };
         Ok(Node {
+            identity: node.identity.clone(),
             key: node.key.clone(),
             value: node.value.clone(),
             limit,
@@ -300,7 +312,7 @@ impl Ready<'_> {
             StateStore::InProcess { clients } => {
                 let key = (
                     self.domain.to_owned(),
-                    node.path.clone(),
+                    node.identity.clone(),
                     method,
                     limits.to_vec(),
                 );
@@ -324,7 +336,7 @@ impl Ready<'_> {
                         .get(&method)
                         .expect("a Redis limiter is made for every method in use"),
                 ),
-                plan: redis_plan_name(self.domain, &node.path),
+                plan: redis_plan_name(self.domain, &node.identity),
             }),
         }
     }

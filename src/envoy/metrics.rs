@@ -75,11 +75,6 @@ impl DescriptorMetrics {
         }
     }
 
-    /// The descriptor's configured path.
-    pub(crate) fn path(&self) -> &str {
-        &self.path
-    }
-
     /// Counts `hits` of a request whose descriptor had `entries`.
     pub(crate) fn record(&self, entries: &[Entry], hits: u64, counted: Counted) {
         if self.detailed {

@@ -55,6 +55,10 @@ struct Matched<'a> {
     shadow_mode: bool,
     client: String,
     hits: u64,
+    /// The permits the whole request asks of this limit and client: `hits`, plus those of every
+    /// other descriptor of the request that reaches the same limit with the same values (Envoy
+    /// sends the same descriptor twice when two of a route's rate limits make it).
+    asked: u64,
 }
 
 /// What a descriptor's decision came to.
@@ -65,11 +69,15 @@ enum Result_ {
         outcome: Outcome,
         over: bool,
         taken: bool,
+        /// When the refused request could pass, if it ever can.
+        retry_after: Option<Duration>,
     },
-    /// `requests_per_unit: 0`.
-    Blocked(Unit),
+    /// `requests_per_unit: 0`: over whenever the request asks anything of it.
+    Blocked { unit: Unit, over: bool },
     /// Unlimited.
     Unlimited,
+    /// Not decided: an earlier descriptor refused the request.
+    Skipped,
 }
 
 impl RateLimitServer {
@@ -174,6 +182,7 @@ impl RateLimitServer {
                 shadow_mode: node.shadow_mode,
                 client: engine::client_key(&descriptor.entries),
                 hits: engine::hits_of(descriptor, request.hits_addend),
+                asked: 0,
             });
         }
         // A matched limit that another matched limit replaces is not applied.
@@ -187,6 +196,17 @@ impl RateLimitServer {
                 .as_deref()
                 .is_none_or(|name| !replaced.contains(&name))
         });
+
+        for at in 0..matched.len() {
+            let this = &matched[at];
+            let asked = matched
+                .iter()
+                .filter(|other| {
+                    std::ptr::eq(other.limit, this.limit) && other.client == this.client
+                })
+                .fold(0, |sum: u64, other| sum.saturating_add(other.hits));
+            matched[at].asked = asked;
+        }
 
         let limited = matched
             .iter()
@@ -207,9 +227,25 @@ impl RateLimitServer {
             refused = refuses(&matched, &results);
         }
         if !refused {
-            results = try_join_all(matched.iter().map(take))
-                .await
-                .map_err(unavailable)?;
+            if matched.iter().any(|m| m.limit.is_remote()) {
+                // On Redis the takings overlap, one round trip's time for all.
+                results = try_join_all(matched.iter().map(take))
+                    .await
+                    .map_err(unavailable)?;
+            } else {
+                // In process, one after another, none after a refusal (which only a racing
+                // request can cause here): what is left untaken stays untaken.
+                results.clear();
+                for m in &matched {
+                    let result = if refused {
+                        Result_::Skipped
+                    } else {
+                        take(m).await.map_err(unavailable)?
+                    };
+                    refused |= !m.shadow_mode && is_over(&result);
+                    results.push(result);
+                }
+            }
             refused = refuses(&matched, &results);
         }
 
@@ -220,13 +256,13 @@ impl RateLimitServer {
             let entries = &request.descriptors[m.index].entries;
             let status = &mut statuses[m.index];
             match result {
-                Result_::Unlimited => {}
-                Result_::Blocked(unit) => {
+                Result_::Unlimited | Result_::Skipped => {}
+                Result_::Blocked { unit, over } => {
                     m.limit
                         .metrics
-                        .record(entries, m.hits, counted(m, true, None));
+                        .record(entries, m.hits, counted(m, *over, None));
                     *status = DescriptorStatus {
-                        code: code_of(!m.shadow_mode) as i32,
+                        code: code_of(*over && !m.shadow_mode) as i32,
                         current_limit: Some(rate_limit(m.limit, 0, *unit)),
                         limit_remaining: 0,
                         duration_until_reset: Some(proto_duration(unit.duration())),
@@ -237,6 +273,7 @@ impl RateLimitServer {
                     outcome,
                     over,
                     taken,
+                    retry_after: wait,
                 } => {
                     let decision = &outcome.decision;
                     if *taken || *over {
@@ -245,8 +282,8 @@ impl RateLimitServer {
                             .record(entries, m.hits, counted(m, *over, Some(decision)));
                     }
                     let refusing = *over && !m.shadow_mode;
-                    if refusing && decision.retry_after() != Duration::MAX {
-                        retry_after = retry_after.max(decision.retry_after());
+                    if refusing && let Some(wait) = wait {
+                        retry_after = retry_after.max(*wait);
                     }
                     *status = DescriptorStatus {
                         code: code_of(refusing) as i32,
@@ -294,12 +331,23 @@ impl RateLimitService for RateLimitServer {
 async fn look(m: &Matched<'_>) -> Result<Result_, crate::redis::RedisError> {
     Ok(match &m.limit.enforced {
         Enforced::Unlimited => Result_::Unlimited,
-        Enforced::Blocked(unit) => Result_::Blocked(*unit),
+        Enforced::Blocked(unit) => Result_::Blocked {
+            unit: *unit,
+            over: m.asked > 0,
+        },
         Enforced::Limited { limiter, .. } => {
             let decision = limiter.peek(&m.client).await?;
-            // A look is for one permit: `remaining` is what is left after it.
-            let over = m.hits > 0
-                && (decision.is_denied() || m.hits > decision.remaining().saturating_add(1));
+            // `remaining` is what is left now: the request fits if it asks no more.
+            let over = m.asked > 0 && (decision.is_denied() || m.asked > decision.remaining());
+            // A look is for one permit: for more, the wait until the quota is whole again,
+            // which is never early (and none when the request asks more than the limit).
+            let retry_after = if m.asked > decision.limit() {
+                None
+            } else if m.asked <= 1 {
+                Some(decision.retry_after())
+            } else {
+                Some(decision.retry_after().max(decision.reset_after()))
+            };
             Result_::Decided {
                 outcome: Outcome {
                     figures: vec![LimitFigures::of(&decision)],
@@ -307,6 +355,7 @@ async fn look(m: &Matched<'_>) -> Result<Result_, crate::redis::RedisError> {
                 },
                 over,
                 taken: false,
+                retry_after: retry_after.filter(|_| over),
             }
         }
     })
@@ -316,14 +365,19 @@ async fn look(m: &Matched<'_>) -> Result<Result_, crate::redis::RedisError> {
 async fn take(m: &Matched<'_>) -> Result<Result_, crate::redis::RedisError> {
     Ok(match &m.limit.enforced {
         Enforced::Unlimited => Result_::Unlimited,
-        Enforced::Blocked(unit) => Result_::Blocked(*unit),
+        Enforced::Blocked(unit) => Result_::Blocked {
+            unit: *unit,
+            over: m.asked > 0,
+        },
         Enforced::Limited { limiter, .. } => {
             let outcome = limiter.acquire(&m.client, m.hits).await?;
             let over = outcome.decision.is_denied();
+            let wait = outcome.decision.retry_after();
             Result_::Decided {
                 outcome,
                 over,
                 taken: !over,
+                retry_after: (over && wait != Duration::MAX).then_some(wait),
             }
         }
     })
@@ -339,9 +393,8 @@ fn refuses(matched: &[Matched<'_>], results: &[Result_]) -> bool {
 
 fn is_over(result: &Result_) -> bool {
     match result {
-        Result_::Unlimited => false,
-        Result_::Blocked(_) => true,
-        Result_::Decided { over, .. } => *over,
+        Result_::Unlimited | Result_::Skipped => false,
+        Result_::Blocked { over, .. } | Result_::Decided { over, .. } => *over,
     }
 }
 
