@@ -990,3 +990,44 @@ async fn absurd_client_capacities_are_refused_when_built() {
         assert!(built.is_err(), "clients {clients} built");
     }
 }
+
+/// A reload on Redis that changes only a descriptor's method: the descriptor starts afresh under
+/// its new method (its limits changed as the docs count changes), and never errors on the state
+/// the old method left in Redis.
+#[tokio::test]
+async fn a_method_change_on_redis_starts_afresh_without_errors() {
+    let redis = RedisServer::start();
+    let yaml = |method: &str| {
+        format!(
+            "domain: edge\nmethod: {method}\ndescriptors:\n  - key: k\n    rate_limit: {{unit: hour, requests_per_unit: 3}}\n"
+        )
+    };
+    let server = RateLimitServer::new(
+        &config(&yaml("fixed_window")),
+        on_redis(&redis, FailurePolicy::Error),
+    )
+    .await
+    .expect("built");
+    let d = [descriptor(&[("k", "v")])];
+    assert_eq!(oks(&server, &d, 2).await, 2);
+    for method in [
+        "token_bucket",
+        "sliding_window_log",
+        "sliding_window_counter",
+        "fixed_window",
+    ] {
+        server
+            .reload(&config(&yaml(method)))
+            .await
+            .expect("reloads");
+        let mut granted = 0;
+        for _ in 0..5 {
+            let answer = server
+                .decide(&request("edge", d.to_vec()))
+                .await
+                .unwrap_or_else(|status| panic!("{method}: {status:?}"));
+            granted += usize::from(ok(&answer));
+        }
+        assert!(granted <= 3, "{method}: {granted} of 3");
+    }
+}
