@@ -12,7 +12,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use super::config::{DescriptorNode, Limits, RlsConfig, Unit, UnitLimit, ValueMatch};
 use super::metrics::DescriptorMetrics;
 use crate::headers::LimitFigures;
-use crate::redis::{FailurePolicy, RedisError, RedisRateLimiter};
+use crate::redis::{FailurePolicy, RedisError, RedisRateLimiter, Source};
 use crate::verdict::{Figures, Verdict};
 use crate::{Algorithm, Decision, MonotonicClock, RateLimiterService, Rule, ServiceBuilder};
 
@@ -435,13 +435,20 @@ impl Limiter {
         }
     }
 
-    /// What one permit for `client` would get now, taking nothing.
-    pub(crate) async fn peek(&self, client: &str) -> Result<Decision, RedisError> {
+    /// What one permit for `client` would get now, taking nothing, and whether its
+    /// `remaining` counts what is left (not so for a grant by a failure policy).
+    pub(crate) async fn peek(&self, client: &str) -> Result<(Decision, bool), RedisError> {
         match self {
-            Limiter::InProcess(service) => Ok(service
-                .peek(client, &DescriptorPlan)
-                .expect("the service has its one plan")),
-            Limiter::Redis { limiter, plan } => limiter.peek(client, plan).await,
+            Limiter::InProcess(service) => Ok((
+                service
+                    .peek(client, &DescriptorPlan)
+                    .expect("the service has its one plan"),
+                true,
+            )),
+            Limiter::Redis { limiter, plan } => {
+                let answer = limiter.peek_answer(client, plan).await?;
+                Ok((answer.decision(), answer.source() != Source::FailOpen))
+            }
         }
     }
 }

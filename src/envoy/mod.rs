@@ -28,7 +28,9 @@
 //! - **The answer Envoy uses**: the overall code, each descriptor's code, `current_limit`,
 //!   `limit_remaining` and `duration_until_reset`, and the IETF `RateLimit-Policy` and
 //!   `RateLimit` fields (one item per limited descriptor, shadowed ones left out) plus
-//!   `Retry-After` on a refusal, as `response_headers_to_add`.
+//!   `Retry-After` on a refusal that a later request could pass (never early; none for a
+//!   request asking more than a limit, or refused by `requests_per_unit: 0`), as
+//!   `response_headers_to_add`.
 //! - **Reload without reset**: [`RateLimitServer::reload`] swaps the configuration while
 //!   requests are decided; a descriptor whose limits did not change keeps its clients' state.
 //! - **State** in process ([`StateStore::InProcess`], one instance), or on Redis

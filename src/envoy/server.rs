@@ -336,9 +336,11 @@ async fn look(m: &Matched<'_>) -> Result<Result_, crate::redis::RedisError> {
             over: m.asked > 0,
         },
         Enforced::Limited { limiter, .. } => {
-            let decision = limiter.peek(&m.client).await?;
-            // `remaining` is what is left now: the request fits if it asks no more.
-            let over = m.asked > 0 && (decision.is_denied() || m.asked > decision.remaining());
+            let (decision, counted) = limiter.peek(&m.client).await?;
+            // `remaining` is what is left now: the request fits if it asks no more (where it
+            // counts: a failure policy's grant says nothing of what is left).
+            let over = m.asked > 0
+                && (decision.is_denied() || (counted && m.asked > decision.remaining()));
             // A look is for one permit: for more, the wait until the quota is whole again,
             // which is never early (and none when the request asks more than the limit).
             let retry_after = if m.asked > decision.limit() {

@@ -243,6 +243,14 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
             .decision)
     }
 
+    /// [`RedisRateLimiter::peek`], with where the answer came from (under
+    /// [`FailurePolicy::FailOpen`](super::FailurePolicy::FailOpen), a grant that counted
+    /// nothing).
+    #[cfg(feature = "envoy")]
+    pub(crate) async fn peek_answer(&self, client: &str, plan: &P) -> Result<Answer, RedisError> {
+        self.decide_inner(client, plan, 1, Mode::Peek, None).await
+    }
+
     /// [`RedisRateLimiter::decide`] at `now_us` microseconds instead of the server's clock, for
     /// tests that replay a history. Skips the deny cache (it runs on the real clock).
     ///
