@@ -327,14 +327,22 @@ impl RateLimitService for RateLimitServer {
     }
 }
 
-/// What `m` would get now, taking nothing.
-async fn look(m: &Matched<'_>) -> Result<Result_, crate::redis::RedisError> {
-    Ok(match &m.limit.enforced {
-        Enforced::Unlimited => Result_::Unlimited,
+/// The answer of a descriptor that has no limiter: unlimited, or blocked (over whenever the
+/// request asks anything of it); the same for a look and a taking.
+fn without_limiter(m: &Matched<'_>) -> Result_ {
+    match &m.limit.enforced {
         Enforced::Blocked(unit) => Result_::Blocked {
             unit: *unit,
             over: m.asked > 0,
         },
+        _ => Result_::Unlimited,
+    }
+}
+
+/// What `m` would get now, taking nothing.
+async fn look(m: &Matched<'_>) -> Result<Result_, crate::redis::RedisError> {
+    Ok(match &m.limit.enforced {
+        Enforced::Unlimited | Enforced::Blocked(_) => without_limiter(m),
         Enforced::Limited { limiter, .. } => {
             let (decision, counted) = limiter.peek(&m.client).await?;
             // `remaining` is what is left now: the request fits if it asks no more (where it
@@ -366,11 +374,7 @@ async fn look(m: &Matched<'_>) -> Result<Result_, crate::redis::RedisError> {
 /// Takes `m`'s permits.
 async fn take(m: &Matched<'_>) -> Result<Result_, crate::redis::RedisError> {
     Ok(match &m.limit.enforced {
-        Enforced::Unlimited => Result_::Unlimited,
-        Enforced::Blocked(unit) => Result_::Blocked {
-            unit: *unit,
-            over: m.asked > 0,
-        },
+        Enforced::Unlimited | Enforced::Blocked(_) => without_limiter(m),
         Enforced::Limited { limiter, .. } => {
             let outcome = limiter.acquire(&m.client, m.hits).await?;
             let over = outcome.decision.is_denied();
