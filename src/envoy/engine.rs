@@ -390,11 +390,19 @@ pub(crate) fn find<'a>(nodes: &'a [Node], entries: &[Entry]) -> Option<&'a Node>
 pub(crate) fn client_key(entries: &[Entry]) -> String {
     let mut key = String::with_capacity(entries.iter().map(|e| e.value.len() + 4).sum());
     for entry in entries {
-        use fmt::Write as _;
-        let _ = write!(key, "{}:", entry.value.len());
+        push_decimal(&mut key, entry.value.len());
+        key.push(':');
         key.push_str(&entry.value);
     }
     key
+}
+
+/// Appends `value` in decimal (without the formatting machinery, on every request's path).
+fn push_decimal(out: &mut String, value: usize) {
+    if value >= 10 {
+        push_decimal(out, value / 10);
+    }
+    out.push(char::from(b'0' + (value % 10) as u8));
 }
 
 /// The permits a descriptor asks for: its own `hits_addend` when set, else the request's, where
@@ -413,15 +421,38 @@ pub(crate) struct Outcome {
 }
 
 impl Limiter {
-    /// Takes `hits` for `client`.
-    pub(crate) async fn acquire(&self, client: &str, hits: u64) -> Result<Outcome, RedisError> {
+    /// In process: takes `hits` for `client` now. `None` for a limiter on Redis.
+    pub(crate) fn acquire_now(&self, client: &str, hits: u64) -> Option<Outcome> {
         match self {
             Limiter::InProcess(service) => {
                 let verdict = service
                     .acquire_verdict(client, &DescriptorPlan, hits, Figures::Always)
                     .expect("the service has its one plan");
-                Ok(outcome_of(&verdict))
+                Some(outcome_of(&verdict))
             }
+            Limiter::Redis { .. } => None,
+        }
+    }
+
+    /// In process: what one permit for `client` would get now, taking nothing. `None` for a
+    /// limiter on Redis.
+    pub(crate) fn peek_now(&self, client: &str) -> Option<Decision> {
+        match self {
+            Limiter::InProcess(service) => Some(
+                service
+                    .peek(client, &DescriptorPlan)
+                    .expect("the service has its one plan"),
+            ),
+            Limiter::Redis { .. } => None,
+        }
+    }
+
+    /// Takes `hits` for `client`.
+    pub(crate) async fn acquire(&self, client: &str, hits: u64) -> Result<Outcome, RedisError> {
+        match self {
+            Limiter::InProcess(_) => Ok(self
+                .acquire_now(client, hits)
+                .expect("an in-process limiter decides now")),
             Limiter::Redis { limiter, plan } => {
                 let answer = limiter.decide(client, plan, hits).await?;
                 let decision = answer.decision();
@@ -439,10 +470,9 @@ impl Limiter {
     /// `remaining` counts what is left (not so for a grant by a failure policy).
     pub(crate) async fn peek(&self, client: &str) -> Result<(Decision, bool), RedisError> {
         match self {
-            Limiter::InProcess(service) => Ok((
-                service
-                    .peek(client, &DescriptorPlan)
-                    .expect("the service has its one plan"),
+            Limiter::InProcess(_) => Ok((
+                self.peek_now(client)
+                    .expect("an in-process limiter decides now"),
                 true,
             )),
             Limiter::Redis { limiter, plan } => {

@@ -17,7 +17,7 @@
 //! request's entry values: one series per value, so only for descriptors whose values are few.
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use metrics::{Counter, Label};
+use metrics::{Counter, Histogram, Label};
 
 /// What one descriptor's decision counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,10 +109,35 @@ fn add(counters: &Counters, hits: u64, counted: Counted) {
     }
 }
 
-/// Counts one answered request and the time it took.
-pub(crate) fn record_request(code: &'static str, seconds: f64) {
-    metrics::counter!("tollgate_rls_requests_total", "code" => code).increment(1);
-    metrics::histogram!("tollgate_rls_decision_seconds").record(seconds);
+/// The service's own counters and latency histogram, registered once when it is built (a
+/// recorder installed later is not seen by them: install it first, as `tollgate-rls` does).
+#[derive(Debug)]
+pub(crate) struct RequestMetrics {
+    ok: Counter,
+    over_limit: Counter,
+    error: Counter,
+    latency: Histogram,
+}
+
+impl RequestMetrics {
+    pub(crate) fn register() -> RequestMetrics {
+        RequestMetrics {
+            ok: metrics::counter!("tollgate_rls_requests_total", "code" => "ok"),
+            over_limit: metrics::counter!("tollgate_rls_requests_total", "code" => "over_limit"),
+            error: metrics::counter!("tollgate_rls_requests_total", "code" => "error"),
+            latency: metrics::histogram!("tollgate_rls_decision_seconds"),
+        }
+    }
+
+    /// Counts one answered request (`over`: refused; `None`: an error) and the time it took.
+    pub(crate) fn record(&self, over: Option<bool>, seconds: f64) {
+        match over {
+            Some(false) => self.ok.increment(1),
+            Some(true) => self.over_limit.increment(1),
+            None => self.error.increment(1),
+        }
+        self.latency.record(seconds);
+    }
 }
 
 /// Counts one reload of the configuration.

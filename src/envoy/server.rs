@@ -38,6 +38,7 @@ struct Inner {
     store: StateStore,
     /// Reloads one at a time, so that each keeps what the one before it made.
     reloading: tokio::sync::Mutex<()>,
+    requests: metrics::RequestMetrics,
 }
 
 impl std::fmt::Debug for RateLimitServer {
@@ -94,6 +95,7 @@ impl RateLimitServer {
                 current: ArcSwap::from_pointee(snapshot),
                 store,
                 reloading: tokio::sync::Mutex::new(()),
+                requests: metrics::RequestMetrics::register(),
             }),
         })
     }
@@ -142,12 +144,13 @@ impl RateLimitServer {
     pub async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
         let started = Instant::now();
         let answer = self.decide_inner(request).await;
-        let code = match &answer {
-            Ok(response) if response.overall_code == Code::OverLimit as i32 => "over_limit",
-            Ok(_) => "ok",
-            Err(_) => "error",
+        let over = match &answer {
+            Ok(response) => Some(response.overall_code == Code::OverLimit as i32),
+            Err(_) => None,
         };
-        metrics::record_request(code, started.elapsed().as_secs_f64());
+        self.inner
+            .requests
+            .record(over, started.elapsed().as_secs_f64());
         answer
     }
 
@@ -215,42 +218,21 @@ impl RateLimitServer {
         let blocked = matched
             .iter()
             .any(|m| !m.shadow_mode && matches!(m.limit.enforced, Enforced::Blocked(_)));
-        let mut results = Vec::new();
-        let mut refused = false;
-        if blocked || limited > 1 {
-            // Look first: a request that some limit refuses takes nothing from any. The looks
-            // (and below, the takings) of a request's descriptors run together: on Redis, one
-            // round trip's time for all of them.
-            results = try_join_all(matched.iter().map(look))
+        // A request of several descriptors (or one limited by a limit of 0) is looked at
+        // first: if some limit would refuse it, it takes nothing from any.
+        let look_first = blocked || limited > 1;
+        let (results, refused) = if matched.iter().any(|m| m.limit.is_remote()) {
+            // Boxed: the round trips' future stays out of the in-process decision's.
+            Box::pin(decide_remotely(&matched, look_first))
                 .await
-                .map_err(unavailable)?;
-            refused = refuses(&matched, &results);
-        }
-        if !refused {
-            if matched.iter().any(|m| m.limit.is_remote()) {
-                // On Redis the takings overlap, one round trip's time for all.
-                results = try_join_all(matched.iter().map(take))
-                    .await
-                    .map_err(unavailable)?;
-            } else {
-                // In process, one after another, none after a refusal (which only a racing
-                // request can cause here): what is left untaken stays untaken.
-                results.clear();
-                for m in &matched {
-                    let result = if refused {
-                        Result_::Skipped
-                    } else {
-                        take(m).await.map_err(unavailable)?
-                    };
-                    refused |= !m.shadow_mode && is_over(&result);
-                    results.push(result);
-                }
-            }
-            refused = refuses(&matched, &results);
-        }
+                .map_err(unavailable)?
+        } else {
+            decide_in_process(&matched, look_first)
+        };
 
-        let mut policy = String::new();
-        let mut state = String::new();
+        // Sized for a few descriptors' items, so that writing them does not grow the strings.
+        let mut policy = String::with_capacity(128);
+        let mut state = String::with_capacity(128);
         let mut retry_after = Duration::ZERO;
         for (m, result) in matched.iter().zip(&results) {
             let entries = &request.descriptors[m.index].entries;
@@ -327,6 +309,47 @@ impl RateLimitService for RateLimitServer {
     }
 }
 
+/// Decides `matched` in process, where every limiter decides now: looks first when
+/// `look_first`, then, unless a look refused, takes from each in turn, none after a refusal
+/// (which only a racing request can cause): what is left untaken stays untaken.
+fn decide_in_process(matched: &[Matched<'_>], look_first: bool) -> (Vec<Result_>, bool) {
+    if look_first {
+        let looks: Vec<Result_> = matched.iter().map(look_now).collect();
+        if refuses(matched, &looks) {
+            return (looks, true);
+        }
+    }
+    let mut results = Vec::with_capacity(matched.len());
+    let mut refused = false;
+    for m in matched {
+        let result = if refused {
+            Result_::Skipped
+        } else {
+            take_now(m)
+        };
+        refused |= !m.shadow_mode && is_over(&result);
+        results.push(result);
+    }
+    (results, refused)
+}
+
+/// Decides `matched` when some limiter is on Redis: the looks, then the takings, each set
+/// together, so that their round trips overlap.
+async fn decide_remotely(
+    matched: &[Matched<'_>],
+    look_first: bool,
+) -> Result<(Vec<Result_>, bool), crate::redis::RedisError> {
+    if look_first {
+        let looks = try_join_all(matched.iter().map(look)).await?;
+        if refuses(matched, &looks) {
+            return Ok((looks, true));
+        }
+    }
+    let takings = try_join_all(matched.iter().map(take)).await?;
+    let refused = refuses(matched, &takings);
+    Ok((takings, refused))
+}
+
 /// The answer of a descriptor that has no limiter: unlimited, or blocked (over whenever the
 /// request asks anything of it); the same for a look and a taking.
 fn without_limiter(m: &Matched<'_>) -> Result_ {
@@ -339,54 +362,84 @@ fn without_limiter(m: &Matched<'_>) -> Result_ {
     }
 }
 
+/// What `m` would get now, taking nothing, in process.
+fn look_now(m: &Matched<'_>) -> Result_ {
+    match &m.limit.enforced {
+        Enforced::Limited { limiter, .. } => match limiter.peek_now(&m.client) {
+            Some(decision) => looked(m, decision, true),
+            // Not reached: a request is decided here only when every limiter is in process.
+            None => Result_::Unlimited,
+        },
+        _ => without_limiter(m),
+    }
+}
+
+/// Takes `m`'s permits, in process.
+fn take_now(m: &Matched<'_>) -> Result_ {
+    match &m.limit.enforced {
+        Enforced::Limited { limiter, .. } => match limiter.acquire_now(&m.client, m.hits) {
+            Some(outcome) => taken(outcome),
+            // Not reached, as in `look_now`.
+            None => Result_::Unlimited,
+        },
+        _ => without_limiter(m),
+    }
+}
+
 /// What `m` would get now, taking nothing.
 async fn look(m: &Matched<'_>) -> Result<Result_, crate::redis::RedisError> {
     Ok(match &m.limit.enforced {
-        Enforced::Unlimited | Enforced::Blocked(_) => without_limiter(m),
         Enforced::Limited { limiter, .. } => {
             let (decision, counted) = limiter.peek(&m.client).await?;
-            // `remaining` is what is left now: the request fits if it asks no more (where it
-            // counts: a failure policy's grant says nothing of what is left).
-            let over = m.asked > 0
-                && (decision.is_denied() || (counted && m.asked > decision.remaining()));
-            // A look is for one permit: for more, the wait until the quota is whole again,
-            // which is never early (and none when the request asks more than the limit).
-            let retry_after = if m.asked > decision.limit() {
-                None
-            } else if m.asked <= 1 {
-                Some(decision.retry_after())
-            } else {
-                Some(decision.retry_after().max(decision.reset_after()))
-            };
-            Result_::Decided {
-                outcome: Outcome {
-                    figures: vec![LimitFigures::of(&decision)],
-                    decision,
-                },
-                over,
-                taken: false,
-                retry_after: retry_after.filter(|_| over),
-            }
+            looked(m, decision, counted)
         }
+        _ => without_limiter(m),
     })
 }
 
 /// Takes `m`'s permits.
 async fn take(m: &Matched<'_>) -> Result<Result_, crate::redis::RedisError> {
     Ok(match &m.limit.enforced {
-        Enforced::Unlimited | Enforced::Blocked(_) => without_limiter(m),
-        Enforced::Limited { limiter, .. } => {
-            let outcome = limiter.acquire(&m.client, m.hits).await?;
-            let over = outcome.decision.is_denied();
-            let wait = outcome.decision.retry_after();
-            Result_::Decided {
-                outcome,
-                over,
-                taken: !over,
-                retry_after: (over && wait != Duration::MAX).then_some(wait),
-            }
-        }
+        Enforced::Limited { limiter, .. } => taken(limiter.acquire(&m.client, m.hits).await?),
+        _ => without_limiter(m),
     })
+}
+
+/// A look's answer: one permit's `decision`, whose `remaining` counts what is left when
+/// `counted` (a failure policy's grant says nothing of what is left).
+fn looked(m: &Matched<'_>, decision: Decision, counted: bool) -> Result_ {
+    // The request fits if it asks no more than is left.
+    let over = m.asked > 0 && (decision.is_denied() || (counted && m.asked > decision.remaining()));
+    // A look is for one permit: for more, the wait until the quota is whole again, which is
+    // never early (and none when the request asks more than the limit).
+    let retry_after = if m.asked > decision.limit() {
+        None
+    } else if m.asked <= 1 {
+        Some(decision.retry_after())
+    } else {
+        Some(decision.retry_after().max(decision.reset_after()))
+    };
+    Result_::Decided {
+        outcome: Outcome {
+            figures: vec![LimitFigures::of(&decision)],
+            decision,
+        },
+        over,
+        taken: false,
+        retry_after: retry_after.filter(|_| over),
+    }
+}
+
+/// A taking's answer.
+fn taken(outcome: Outcome) -> Result_ {
+    let over = outcome.decision.is_denied();
+    let wait = outcome.decision.retry_after();
+    Result_::Decided {
+        outcome,
+        over,
+        taken: !over,
+        retry_after: (over && wait != Duration::MAX).then_some(wait),
+    }
 }
 
 /// Whether any descriptor that is not shadowed refuses.
