@@ -24,8 +24,15 @@ pub(crate) const FOOTPRINT: Section = Section {
     end: "<!-- footprint:end -->",
 };
 
+/// Sections written by hand from other harnesses' runs (the Redis backend's, the Envoy
+/// service's): no report writes them, and every report keeps them.
+pub(crate) const HAND_WRITTEN: Section = Section {
+    begin: "<!-- hand-written:begin -->",
+    end: "<!-- hand-written:end -->",
+};
+
 /// Every marked section, in the order the file has them.
-const SECTIONS: [Section; 2] = [INSTRUCTIONS, FOOTPRINT];
+const SECTIONS: [Section; 3] = [INSTRUCTIONS, FOOTPRINT, HAND_WRITTEN];
 
 impl Section {
     /// The section in `text`, markers included, if `text` has both markers in order.

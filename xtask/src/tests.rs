@@ -216,7 +216,16 @@ fn each_part_keeps_the_others() {
         "{written}"
     );
 
-    // The criterion part rewrites the file and keeps both sections, in place.
+    // A section written by hand after them.
+    let hand_written = format!(
+        "{}\n## The Redis backend\n\nfigures of another harness\n{}",
+        section::HAND_WRITTEN.begin,
+        section::HAND_WRITTEN.end
+    );
+    std::fs::write(&output, format!("{written}\n{hand_written}\n")).unwrap();
+    let written = std::fs::read_to_string(&output).unwrap();
+
+    // The criterion part rewrites the file and keeps every section, in place.
     let criterion_dir = dir.0.join("criterion");
     for id in criterion::needed_results() {
         write_result(&criterion_dir, &id, 10.0);
@@ -227,6 +236,7 @@ fn each_part_keeps_the_others() {
     assert!(!rewritten.contains("the previous run's figures"));
     let sections = &written[written.find(section::INSTRUCTIONS.begin).unwrap()..];
     assert!(rewritten.ends_with(sections), "{rewritten}");
+    assert!(rewritten.contains("figures of another harness"), "{rewritten}");
 
     // Rewriting a section replaces it.
     instructions::write_section(&instructions_dir, &output).unwrap();
