@@ -362,6 +362,16 @@ fn configuration_mistakes_name_their_place() {
             "configured twice",
         ),
         (
+            "domain: d\ndescriptors:\n  - key: a\n    method: sliding_window_log\n    limits: [{unit: second, requests_per_unit: 1}, {unit: hour, requests_per_unit: 9}]\n",
+            "descriptors[0] (a): limits",
+            "the sliding window log takes one limit per descriptor",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {requests_per_unit: 5000000000, unit: second}\n",
+            "rate_limit.requests_per_unit",
+            "the most Envoy's answer can carry",
+        ),
+        (
             "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unlimited: true, unit: second}\n",
             "rate_limit.unlimited",
             "takes no `unit`",
@@ -383,12 +393,12 @@ fn configuration_mistakes_name_their_place() {
 }
 
 #[tokio::test]
-async fn limits_a_method_cannot_enforce_are_named_at_build() {
-    let yaml = "domain: d\ndescriptors:\n  - key: a\n    method: sliding_window_log\n    limits: [{unit: second, requests_per_unit: 1}, {unit: hour, requests_per_unit: 9}]\n";
+async fn a_descriptor_that_cannot_be_built_is_named() {
+    let yaml = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
     let config = RlsConfig::from_yaml_str("test.yaml", yaml).unwrap();
-    let error = RateLimitServer::new(&config, StateStore::InProcess { clients: 16 })
+    let error = RateLimitServer::new(&config, StateStore::InProcess { clients: 0 })
         .await
-        .expect_err("the in-process sliding log cannot enforce several limits");
+        .expect_err("a descriptor cannot hold 0 clients");
     let message = error.to_string();
     assert!(
         message.starts_with("domain \"d\": descriptor a: "),

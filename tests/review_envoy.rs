@@ -848,12 +848,22 @@ async fn hostile_requests_are_answered_without_a_panic() {
     );
     let long = "x".repeat(1 << 20);
     assert!(ok(&decide(&server, vec![descriptor(&[("k", &long)])]).await));
-    let many: Vec<_> = (0..2000)
+    // As many descriptors as a request may have are decided; more are refused as invalid.
+    let most = RateLimitServer::MAX_DESCRIPTORS;
+    let many: Vec<_> = (0..most)
         .map(|i| descriptor(&[("k", &i.to_string())]))
         .collect();
     let answer = decide(&server, many).await;
     assert!(ok(&answer));
-    assert_eq!(answer.statuses.len(), 2000);
+    assert_eq!(answer.statuses.len(), most);
+    let too_many: Vec<_> = (0..2000)
+        .map(|i| descriptor(&[("k", &i.to_string())]))
+        .collect();
+    let error = server.decide(&request("edge", too_many)).await;
+    assert_eq!(
+        error.expect_err("refused").code(),
+        tonic::Code::InvalidArgument
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

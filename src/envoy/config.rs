@@ -29,7 +29,8 @@
 //! that starts with what comes before it. tollgate adds `method` (per domain or descriptor,
 //! inherited by nested descriptors: `token_bucket`, `fixed_window`, `sliding_window_log`,
 //! `sliding_window_counter`) and `limits` (a list of `rate_limit`-shaped limits enforced
-//! together, in place of `rate_limit`). A field that is neither is an error, as a misspelled
+//! together, in place of `rate_limit`; not under the sliding window log, whose claimed slots
+//! cannot be given back). A field that is neither is an error, as a misspelled
 //! field would otherwise be silently ignored.
 //!
 //! Every mistake is a [`ConfigError`] naming its place: the file, the domain and the path of
@@ -631,6 +632,15 @@ fn descriptor_limit(
             return Err(ConfigError::new(place, "the same limit is given twice"));
         }
         limits.push(limit);
+    }
+    if limits.len() > 1 && method == Algorithm::SlidingWindowLog {
+        // In process a log's claimed slots cannot be given back, so several logs cannot be
+        // enforced together; refused for Redis too, so that a file means the same on both.
+        return Err(ConfigError::new(
+            format!("{here}: limits"),
+            "the sliding window log takes one limit per descriptor: give one, or use \
+             token_bucket, fixed_window or sliding_window_counter for several",
+        ));
     }
     let limits = if unlimited {
         Limits::Unlimited

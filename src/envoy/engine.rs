@@ -434,13 +434,13 @@ impl Limiter {
         }
     }
 
-    /// In process: what one permit for `client` would get now, taking nothing. `None` for a
-    /// limiter on Redis.
-    pub(crate) fn peek_now(&self, client: &str) -> Option<Decision> {
+    /// In process: what one permit for `client` would get now from each of the descriptor's
+    /// limits, taking nothing. `None` for a limiter on Redis.
+    pub(crate) fn peek_now(&self, client: &str) -> Option<Vec<Decision>> {
         match self {
             Limiter::InProcess(service) => Some(
                 service
-                    .peek(client, &DescriptorPlan)
+                    .peek_each_limit(client, &DescriptorPlan)
                     .expect("the service has its one plan"),
             ),
             Limiter::Redis { .. } => None,
@@ -466,9 +466,10 @@ impl Limiter {
         }
     }
 
-    /// What one permit for `client` would get now, taking nothing, and whether its
-    /// `remaining` counts what is left (not so for a grant by a failure policy).
-    pub(crate) async fn peek(&self, client: &str) -> Result<(Decision, bool), RedisError> {
+    /// What one permit for `client` would get now from each of the descriptor's limits,
+    /// taking nothing, and whether their `remaining` counts what is left (not so for a grant by
+    /// a failure policy).
+    pub(crate) async fn peek(&self, client: &str) -> Result<(Vec<Decision>, bool), RedisError> {
         match self {
             Limiter::InProcess(_) => Ok((
                 self.peek_now(client)
@@ -477,7 +478,12 @@ impl Limiter {
             )),
             Limiter::Redis { limiter, plan } => {
                 let answer = limiter.peek_answer(client, plan).await?;
-                Ok((answer.decision(), answer.source() != Source::FailOpen))
+                let each = if answer.each_limit().is_empty() {
+                    vec![answer.decision()]
+                } else {
+                    answer.each_limit().to_vec()
+                };
+                Ok((each, answer.source() != Source::FailOpen))
             }
         }
     }

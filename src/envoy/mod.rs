@@ -19,8 +19,8 @@
 //!   (everything refused) behave as there.
 //! - **Each limit is exact** by its method: the fixed window (the default, as
 //!   envoyproxy/ratelimit's), the token bucket, the sliding window log or counter, chosen per
-//!   domain or descriptor (`method:`); several limits on one descriptor (`limits:`) are enforced
-//!   together, all or nothing.
+//!   domain or descriptor (`method:`); several limits on one descriptor (`limits:`, under every
+//!   method but the sliding window log) are enforced together, all or nothing.
 //! - **All or nothing across descriptors**: a request refused by any of its descriptors is
 //!   charged to none (see [`RateLimitServer::decide`] for the one race in which earlier
 //!   descriptors keep their charge). envoyproxy/ratelimit charges every descriptor of a

@@ -82,6 +82,10 @@ enum Result_ {
 }
 
 impl RateLimitServer {
+    /// The most descriptors one request may have (a route's rate limits make a handful): the
+    /// work of a request grows with the square of its descriptors, which a bound keeps small.
+    pub const MAX_DESCRIPTORS: usize = 256;
+
     /// A service answering by `config`, its state kept in `store`.
     ///
     /// # Errors
@@ -138,7 +142,8 @@ impl RateLimitServer {
     ///
     /// # Errors
     ///
-    /// `INVALID_ARGUMENT` for a request without a domain or descriptors; `UNAVAILABLE` when a
+    /// `INVALID_ARGUMENT` for a request without a domain or descriptors, or with more than
+    /// [`RateLimitServer::MAX_DESCRIPTORS`]; `UNAVAILABLE` when a
     /// Redis round trip fails under [`FailurePolicy::Error`](crate::redis::FailurePolicy)
     /// (Envoy then applies its `failure_mode_deny`).
     pub async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
@@ -160,6 +165,13 @@ impl RateLimitServer {
         }
         if request.descriptors.is_empty() {
             return Err(Status::invalid_argument("the request has no descriptors"));
+        }
+        if request.descriptors.len() > RateLimitServer::MAX_DESCRIPTORS {
+            return Err(Status::invalid_argument(format!(
+                "the request has {} descriptors, more than the {} one request may have",
+                request.descriptors.len(),
+                RateLimitServer::MAX_DESCRIPTORS
+            )));
         }
         let snapshot = self.inner.current.load_full();
         let mut statuses = vec![ok_status(); request.descriptors.len()];
@@ -234,12 +246,15 @@ impl RateLimitServer {
         let mut policy = String::with_capacity(128);
         let mut state = String::with_capacity(128);
         let mut retry_after = Duration::ZERO;
+        // A refusing descriptor that no later request passes: the request gets no Retry-After.
+        let mut never = false;
         for (m, result) in matched.iter().zip(&results) {
             let entries = &request.descriptors[m.index].entries;
             let status = &mut statuses[m.index];
             match result {
                 Result_::Unlimited | Result_::Skipped => {}
                 Result_::Blocked { unit, over } => {
+                    never |= *over && !m.shadow_mode;
                     m.limit
                         .metrics
                         .record(entries, m.hits, counted(m, *over, None));
@@ -264,8 +279,11 @@ impl RateLimitServer {
                             .record(entries, m.hits, counted(m, *over, Some(decision)));
                     }
                     let refusing = *over && !m.shadow_mode;
-                    if refusing && let Some(wait) = wait {
-                        retry_after = retry_after.max(*wait);
+                    if refusing {
+                        match wait {
+                            Some(wait) => retry_after = retry_after.max(*wait),
+                            None => never = true,
+                        }
                     }
                     *status = DescriptorStatus {
                         code: code_of(refusing) as i32,
@@ -285,7 +303,7 @@ impl RateLimitServer {
             headers.push(header("ratelimit-policy", policy));
             headers.push(header("ratelimit", state));
         }
-        if refused && !retry_after.is_zero() {
+        if refused && !never && !retry_after.is_zero() {
             headers.push(header(
                 "retry-after",
                 retry_after
@@ -366,7 +384,7 @@ fn without_limiter(m: &Matched<'_>) -> Result_ {
 fn look_now(m: &Matched<'_>) -> Result_ {
     match &m.limit.enforced {
         Enforced::Limited { limiter, .. } => match limiter.peek_now(&m.client) {
-            Some(decision) => looked(m, decision, true),
+            Some(each) => looked(m, each, true),
             // Not reached: a request is decided here only when every limiter is in process.
             None => Result_::Unlimited,
         },
@@ -390,8 +408,8 @@ fn take_now(m: &Matched<'_>) -> Result_ {
 async fn look(m: &Matched<'_>) -> Result<Result_, crate::redis::RedisError> {
     Ok(match &m.limit.enforced {
         Enforced::Limited { limiter, .. } => {
-            let (decision, counted) = limiter.peek(&m.client).await?;
-            looked(m, decision, counted)
+            let (each, counted) = limiter.peek(&m.client).await?;
+            looked(m, each, counted)
         }
         _ => without_limiter(m),
     })
@@ -405,28 +423,44 @@ async fn take(m: &Matched<'_>) -> Result<Result_, crate::redis::RedisError> {
     })
 }
 
-/// A look's answer: one permit's `decision`, whose `remaining` counts what is left when
-/// `counted` (a failure policy's grant says nothing of what is left).
-fn looked(m: &Matched<'_>, decision: Decision, counted: bool) -> Result_ {
-    // The request fits if it asks no more than is left.
-    let over = m.asked > 0 && (decision.is_denied() || (counted && m.asked > decision.remaining()));
-    // A look is for one permit: for more, the wait until the quota is whole again, which is
-    // never early (and none when the request asks more than the limit).
-    let retry_after = if m.asked > decision.limit() {
-        None
-    } else if m.asked <= 1 {
-        Some(decision.retry_after())
-    } else {
-        Some(decision.retry_after().max(decision.reset_after()))
+/// A look's answer, from what one permit would get from each of the descriptor's limits
+/// (`each`, at least one), whose `remaining` counts what is left when `counted` (a failure
+/// policy's grant says nothing of what is left).
+fn looked(m: &Matched<'_>, each: Vec<Decision>, counted: bool) -> Result_ {
+    let asked = m.asked;
+    // A limit refuses the request if it refuses one permit, or has less left than asked.
+    let refuses =
+        |decision: &Decision| decision.is_denied() || (counted && asked > decision.remaining());
+    let over = asked > 0 && each.iter().any(refuses);
+    // Never early: a refusing limit's own wait for one permit; for more, the wait until it is
+    // whole again. None when some limit is smaller than what is asked: it never passes.
+    let never = each.iter().any(|decision| asked > decision.limit());
+    let wait = |decision: &Decision| {
+        if asked <= 1 {
+            decision.retry_after()
+        } else {
+            decision.retry_after().max(decision.reset_after())
+        }
     };
-    Result_::Decided {
-        outcome: Outcome {
-            figures: vec![LimitFigures::of(&decision)],
-            decision,
+    let retry_after = each.iter().filter(|d| refuses(d)).map(wait).max();
+    // The descriptor's status reports the limit that refuses longest, else the one with the
+    // fewest permits left.
+    let reported = each
+        .iter()
+        .filter(|d| refuses(d))
+        .max_by_key(|d| wait(d))
+        .or_else(|| each.iter().min_by_key(|d| d.remaining()))
+        .copied();
+    let figures = each.iter().map(LimitFigures::of).collect();
+    match reported {
+        Some(decision) => Result_::Decided {
+            outcome: Outcome { decision, figures },
+            over,
+            taken: false,
+            retry_after: if over && !never { retry_after } else { None },
         },
-        over,
-        taken: false,
-        retry_after: retry_after.filter(|_| over),
+        // A limiter answers for each of its limits, at least one.
+        None => Result_::Unlimited,
     }
 }
 

@@ -528,31 +528,47 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        let figures: Vec<LimitFigures> = self
+            .peek_each_limit(client, plan)?
+            .iter()
+            .map(LimitFigures::of)
+            .collect();
+        crate::headers::policy_list(policy, &figures)
+            .map_err(|source| ServiceError::InvalidPolicyName { source })
+    }
+
+    /// What one permit for `client` under `plan` would get now from each of the plan's limits,
+    /// in the plan's order, taking nothing (a client the service does not hold, or holds under
+    /// an earlier rule, as fresh).
+    pub(crate) fn peek_each_limit<Q>(
+        &self,
+        client: &Q,
+        plan: &P,
+    ) -> Result<Vec<Decision>, ServiceError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         let index = self.plan_index(plan)?;
         let pinned = self.plans.pin(index);
         let (current, state) = self.current_state(index, &pinned, client);
         let limits = current.as_slice();
-        let several = state.and_then(|state| match state {
+        let each = state.and_then(|state| match state {
             StateRef::Several(several) => several
                 .peek_each(limits, &self.clock)
                 .ok()
-                .map(|each| each.map(|decision| LimitFigures::of(&decision)).collect()),
+                .map(Iterator::collect),
             state => limits[0]
                 .peek(state, &self.clock)
                 .ok()
-                .map(|decision| vec![LimitFigures::of(&decision)]),
+                .map(|decision| vec![decision]),
         });
-        let figures: Vec<LimitFigures> = match several {
-            Some(figures) => figures,
-            None => {
-                let since = self.made_as_of();
-                limits
-                    .iter()
-                    .map(|limit| LimitFigures::of(&limit.fresh_report(false, since, &self.clock)))
-                    .collect()
-            }
-        };
-        crate::headers::policy_list(policy, &figures)
-            .map_err(|source| ServiceError::InvalidPolicyName { source })
+        Ok(each.unwrap_or_else(|| {
+            let since = self.made_as_of();
+            limits
+                .iter()
+                .map(|limit| limit.fresh_report(false, since, &self.clock))
+                .collect()
+        }))
     }
 }

@@ -236,7 +236,10 @@ fn each_part_keeps_the_others() {
     assert!(!rewritten.contains("the previous run's figures"));
     let sections = &written[written.find(section::INSTRUCTIONS.begin).unwrap()..];
     assert!(rewritten.ends_with(sections), "{rewritten}");
-    assert!(rewritten.contains("figures of another harness"), "{rewritten}");
+    assert!(
+        rewritten.contains("figures of another harness"),
+        "{rewritten}"
+    );
 
     // Rewriting a section replaces it.
     instructions::write_section(&instructions_dir, &output).unwrap();
