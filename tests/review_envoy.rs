@@ -278,55 +278,6 @@ async fn two_descriptors_with_random_hits_follow_the_all_or_nothing_model_for_ev
     }
 }
 
-/// The same model, no descriptor ever asking exactly one more than it has left (the case
-/// above): then every request is decided as the model says and every refusal charges nothing.
-#[tokio::test]
-async fn two_descriptors_follow_the_model_away_from_the_one_more_edge() {
-    for method in METHODS {
-        let yaml = format!(
-            "domain: edge\nmethod: {method}\ndescriptors:\n  - key: a\n    rate_limit: {{unit: hour, requests_per_unit: 13}}\n  - key: b\n    rate_limit: {{unit: hour, requests_per_unit: 7}}\n"
-        );
-        let server = in_process(&yaml).await;
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        for client in 0..20 {
-            let client = client.to_string();
-            let (mut left_a, mut left_b) = (13u64, 7u64);
-            for step in 0..15 {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                let mut hits_a = seed % 4;
-                let mut hits_b = (seed >> 8) % 4;
-                if hits_a == left_a + 1 {
-                    hits_a += 1;
-                }
-                if hits_b == left_b + 1 {
-                    hits_b += 1;
-                }
-                let answer = decide(
-                    &server,
-                    vec![
-                        with_hits(descriptor(&[("a", &client)]), hits_a),
-                        with_hits(descriptor(&[("b", &client)]), hits_b),
-                    ],
-                )
-                .await;
-                let expected = hits_a <= left_a && hits_b <= left_b;
-                assert_eq!(
-                    ok(&answer),
-                    expected,
-                    "{method} client {client} step {step}: hits {hits_a}/{hits_b}, left \
-                     {left_a}/{left_b}: {answer:?}"
-                );
-                if expected {
-                    left_a -= hits_a;
-                    left_b -= hits_b;
-                }
-            }
-        }
-    }
-}
-
 /// Shadow mode mixed in: a shadowed descriptor over its limit neither refuses nor blocks the
 /// others' charge; a refusal by a real limit charges the shadowed one nothing either.
 #[tokio::test]
