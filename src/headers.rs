@@ -166,7 +166,7 @@ impl<'a> RateLimitFields<'a> {
 
 /// Writes `value` in decimal (without the formatting machinery, which the layer would pay for
 /// on every response that carries the fields).
-fn write_integer(out: &mut impl fmt::Write, mut value: u64) -> fmt::Result {
+pub(crate) fn write_integer(out: &mut impl fmt::Write, mut value: u64) -> fmt::Result {
     let mut digits = [0u8; 20];
     let mut start = digits.len();
     loop {

@@ -390,19 +390,12 @@ pub(crate) fn find<'a>(nodes: &'a [Node], entries: &[Entry]) -> Option<&'a Node>
 pub(crate) fn client_key(entries: &[Entry]) -> String {
     let mut key = String::with_capacity(entries.iter().map(|e| e.value.len() + 4).sum());
     for entry in entries {
-        push_decimal(&mut key, entry.value.len());
+        // Writing to a String does not fail.
+        let _ = crate::headers::write_integer(&mut key, entry.value.len() as u64);
         key.push(':');
         key.push_str(&entry.value);
     }
     key
-}
-
-/// Appends `value` in decimal (without the formatting machinery, on every request's path).
-fn push_decimal(out: &mut String, value: usize) {
-    if value >= 10 {
-        push_decimal(out, value / 10);
-    }
-    out.push(char::from(b'0' + (value % 10) as u8));
 }
 
 /// The permits a descriptor asks for: its own `hits_addend` when set, else the request's, where
