@@ -3,12 +3,14 @@
 //! `unlimited`, a limit of 0, the answer's figures and fields, configuration mistakes named by
 //! place, and a reload that keeps unchanged limits.
 
+mod rls_support;
+
+use rls_support::descriptor;
 use tollgate::envoy::proto::rate_limit_response::{Code, DescriptorStatus};
 use tollgate::envoy::proto::{RateLimitRequest, RateLimitResponse};
 use tollgate::envoy::{RateLimitServer, RlsConfig, StateStore};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::google::protobuf::UInt64Value;
 
 const CONFIG: &str = r#"
@@ -49,19 +51,6 @@ descriptors:
       name: vip
       replaces: [{name: free-user}]
 "#;
-
-fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
-    RateLimitDescriptor {
-        entries: entries
-            .iter()
-            .map(|(key, value)| Entry {
-                key: (*key).to_owned(),
-                value: (*value).to_owned(),
-            })
-            .collect(),
-        ..RateLimitDescriptor::default()
-    }
-}
 
 fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
     RateLimitRequest {

@@ -3,32 +3,20 @@
 //! to break it.
 
 mod redis_support;
+mod rls_support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::google::protobuf::UInt64Value;
 use redis_support::RedisServer;
+use rls_support::descriptor;
 use tollgate::envoy::proto::rate_limit_response::Code;
 use tollgate::envoy::proto::{RateLimitRequest, RateLimitResponse};
 use tollgate::envoy::{RateLimitServer, RlsConfig, StateStore};
 use tollgate::redis::FailurePolicy;
-
-fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
-    RateLimitDescriptor {
-        entries: entries
-            .iter()
-            .map(|(key, value)| Entry {
-                key: (*key).to_owned(),
-                value: (*value).to_owned(),
-            })
-            .collect(),
-        ..RateLimitDescriptor::default()
-    }
-}
 
 fn with_hits(mut descriptor: RateLimitDescriptor, hits: u64) -> RateLimitDescriptor {
     descriptor.hits_addend = Some(UInt64Value { value: hits });

@@ -117,22 +117,27 @@ impl Drop for ConfigFile {
     }
 }
 
+/// A descriptor of `entries` (key, value), its hits the request's.
+pub(crate) fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(key, value)| Entry {
+                key: (*key).to_owned(),
+                value: (*value).to_owned(),
+            })
+            .collect(),
+        ..RateLimitDescriptor::default()
+    }
+}
+
 /// A request of `domain` with one descriptor per list of entries.
 pub(crate) fn request(domain: &str, descriptors: &[&[(&str, &str)]]) -> RateLimitRequest {
     RateLimitRequest {
         domain: domain.to_owned(),
         descriptors: descriptors
             .iter()
-            .map(|entries| RateLimitDescriptor {
-                entries: entries
-                    .iter()
-                    .map(|(key, value)| Entry {
-                        key: (*key).to_owned(),
-                        value: (*value).to_owned(),
-                    })
-                    .collect(),
-                ..RateLimitDescriptor::default()
-            })
+            .map(|entries| descriptor(entries))
             .collect(),
         hits_addend: 0,
     }
