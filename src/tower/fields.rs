@@ -10,7 +10,7 @@ use std::fmt;
 use http::header::RETRY_AFTER;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
-use crate::headers::RateLimitFields;
+use crate::headers::{RateLimitFields, write_integer};
 use crate::verdict::Verdict;
 
 /// `RateLimit-Policy` (the plan's quota and window).
@@ -22,8 +22,17 @@ pub(crate) const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 /// the policy's name cannot be sent: empty, or not printable ASCII).
 pub(crate) fn limit_headers(verdict: &Verdict, policy: &str) -> HeaderMap {
     let mut headers = HeaderMap::with_capacity(3);
-    if let Some(seconds) = verdict.decision().retry_after_seconds() {
-        headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
+    insert_limit_headers(&mut headers, verdict, policy);
+    headers
+}
+
+/// [`limit_headers`], inserted into `headers` (a response's own, which then needs no second map
+/// to be merged from).
+pub(crate) fn insert_limit_headers(headers: &mut HeaderMap, verdict: &Verdict, policy: &str) {
+    if let Some(seconds) = verdict.decision().retry_after_seconds()
+        && let Some(retry_after) = value(|out| write_integer(out, seconds))
+    {
+        headers.insert(RETRY_AFTER, retry_after);
     }
     verdict.with_limits(|limits| {
         let Ok(fields) = RateLimitFields::new(policy, limits) else {
@@ -37,7 +46,6 @@ pub(crate) fn limit_headers(verdict: &Verdict, policy: &str) -> HeaderMap {
             headers.insert(RATELIMIT, state_value);
         }
     });
-    headers
 }
 
 /// The `RateLimit` value alone (what shadow mode marks a request with), unless the policy's
@@ -49,16 +57,18 @@ pub(crate) fn ratelimit_value(verdict: &Verdict, policy: &str) -> Option<HeaderV
     })
 }
 
-/// The header value `write` writes. (Always a valid one: the fields are printable ASCII.)
+/// The header value `write` writes. (Always a valid one: the fields are printable ASCII.) Its
+/// bytes are copied once, into a buffer of exactly their length, which is freed without the
+/// bookkeeping of a shared one.
 fn value(write: impl FnOnce(&mut ValueBuffer) -> fmt::Result) -> Option<HeaderValue> {
     let mut buffer = ValueBuffer::new();
     write(&mut buffer).ok()?;
     HeaderValue::from_bytes(buffer.as_bytes()).ok()
 }
 
-/// A header value being written: on the stack while it fits in `INLINE` bytes (four limits
-/// under a name of some 30 characters), then on the heap.
-struct ValueBuffer {
+/// A header value or short body being written: on the stack while it fits in `INLINE` bytes
+/// (four limits under a name of some 30 characters), then on the heap.
+pub(super) struct ValueBuffer {
     inline: [u8; ValueBuffer::INLINE],
     len: usize,
     spilled: Vec<u8>,
@@ -67,7 +77,7 @@ struct ValueBuffer {
 impl ValueBuffer {
     const INLINE: usize = 256;
 
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         ValueBuffer {
             inline: [0; ValueBuffer::INLINE],
             len: 0,
@@ -75,7 +85,7 @@ impl ValueBuffer {
         }
     }
 
-    fn as_bytes(&self) -> &[u8] {
+    pub(super) fn as_bytes(&self) -> &[u8] {
         if self.spilled.is_empty() {
             &self.inline[..self.len]
         } else {
@@ -84,17 +94,29 @@ impl ValueBuffer {
     }
 }
 
+impl ValueBuffer {
+    /// The write that does not fit on the stack: moves what is there to the heap, and goes on there.
+    #[cold]
+    #[inline(never)]
+    fn spill(&mut self, text: &str) {
+        if self.spilled.is_empty() {
+            self.spilled.extend_from_slice(&self.inline[..self.len]);
+        }
+        self.spilled.extend_from_slice(text.as_bytes());
+    }
+}
+
 impl fmt::Write for ValueBuffer {
+    // Inline: the fields are written a few bytes at a time, and the common write is one copy.
+    #[inline]
     fn write_str(&mut self, text: &str) -> fmt::Result {
         let end = self.len + text.len();
-        if self.spilled.is_empty() && end <= ValueBuffer::INLINE {
-            self.inline[self.len..end].copy_from_slice(text.as_bytes());
-            self.len = end;
-        } else {
-            if self.spilled.is_empty() {
-                self.spilled.extend_from_slice(&self.inline[..self.len]);
+        match self.inline.get_mut(self.len..end) {
+            Some(free) if self.spilled.is_empty() => {
+                free.copy_from_slice(text.as_bytes());
+                self.len = end;
             }
-            self.spilled.extend_from_slice(text.as_bytes());
+            _ => self.spill(text),
         }
         Ok(())
     }

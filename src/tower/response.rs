@@ -13,8 +13,9 @@ use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 
-use super::fields::limit_headers;
+use super::fields::{ValueBuffer, insert_limit_headers, limit_headers};
 use crate::Decision;
+use crate::headers::write_integer;
 use crate::verdict::Verdict;
 /// gRPC's status, sent in the headers of a trailers-only response.
 const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
@@ -263,52 +264,74 @@ impl<'a> Limited<'a> {
     /// the headers, in the request's grpc-web media type for a gRPC-Web call), else 429 with a
     /// body in `format`, each with [`Limited::headers`].
     pub fn default_response(&self, format: BodyFormat) -> Response<Bytes> {
-        let mut response = self.bare_response(format);
+        let mut response = bare_response(self.verdict, self.policy, &self.protocol, format);
         response.headers_mut().extend(self.headers.clone());
         response
     }
+}
 
-    /// [`Limited::default_response`], moving the fields instead of copying them.
-    pub(crate) fn into_default_response(self, format: BodyFormat) -> Response<Bytes> {
-        let mut response = self.bare_response(format);
-        response.headers_mut().extend(self.headers);
-        response
-    }
+/// [`Limited::default_response`] without a [`Limited`]: the fields written straight into the
+/// response's own map, as the layer answers when no hook replaces its answer.
+pub(crate) fn default_response(
+    verdict: &Verdict,
+    policy: &str,
+    protocol: &Protocol,
+    format: BodyFormat,
+) -> Response<Bytes> {
+    let mut response = bare_response(verdict, policy, protocol, format);
+    insert_limit_headers(response.headers_mut(), verdict, policy);
+    response
+}
 
-    fn bare_response(&self, format: BodyFormat) -> Response<Bytes> {
-        if self.protocol.is_grpc() {
-            return grpc_response(&self.protocol, 8, "rate limit exceeded");
-        }
-        let (content_type, body) = match format {
-            BodyFormat::Text => ("text/plain; charset=utf-8", self.text_body()),
-            BodyFormat::ProblemJson => ("application/problem+json", self.problem_body()),
-        };
-        let mut response = Response::new(Bytes::from(body));
-        *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-        response
-            .headers_mut()
-            .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
-        response
+/// The over-limit answer without its rate-limit fields.
+fn bare_response(
+    verdict: &Verdict,
+    policy: &str,
+    protocol: &Protocol,
+    format: BodyFormat,
+) -> Response<Bytes> {
+    if protocol.is_grpc() {
+        return grpc_response(protocol, 8, "rate limit exceeded");
     }
+    let (content_type, body) = match format {
+        BodyFormat::Text => ("text/plain; charset=utf-8", text_body(verdict.decision())),
+        BodyFormat::ProblemJson => (
+            "application/problem+json",
+            Bytes::from(problem_body(policy)),
+        ),
+    };
+    let mut response = Response::new(body);
+    *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
 
-    fn text_body(&self) -> String {
-        let decision = self.decision();
-        match (decision.rejection(), decision.retry_after_seconds()) {
-            (Some(rejection), _) => format!("Too Many Requests: {rejection}\n"),
-            (None, Some(seconds)) => format!("Too Many Requests: retry in {seconds} s\n"),
-            (None, None) => "Too Many Requests\n".to_owned(),
-        }
-    }
+/// The text body: written on the stack and copied once into a buffer of its length.
+fn text_body(decision: &Decision) -> Bytes {
+    use fmt::Write;
+    let mut body = ValueBuffer::new();
+    // Writing to a `ValueBuffer` cannot fail.
+    let _ = match (decision.rejection(), decision.retry_after_seconds()) {
+        (Some(rejection), _) => write!(body, "Too Many Requests: {rejection}\n"),
+        (None, Some(seconds)) => body
+            .write_str("Too Many Requests: retry in ")
+            .and_then(|()| write_integer(&mut body, seconds))
+            .and_then(|()| body.write_str(" s\n")),
+        (None, None) => body.write_str("Too Many Requests\n"),
+    };
+    Bytes::copy_from_slice(body.as_bytes())
+}
 
-    fn problem_body(&self) -> String {
-        let mut body = format!(
-            "{{\"type\":\"{QUOTA_EXCEEDED_TYPE}\",\"title\":\"Request cannot be satisfied as \
-             assigned quota has been exceeded\",\"status\":429,\"violated-policies\":["
-        );
-        json_string(&mut body, self.policy);
-        body.push_str("]}");
-        body
-    }
+fn problem_body(policy: &str) -> String {
+    let mut body = format!(
+        "{{\"type\":\"{QUOTA_EXCEEDED_TYPE}\",\"title\":\"Request cannot be satisfied as \
+         assigned quota has been exceeded\",\"status\":429,\"violated-policies\":["
+    );
+    json_string(&mut body, policy);
+    body.push_str("]}");
+    body
 }
 
 /// The answer for a request the layer refuses without a decision (no key; a failed backend).

@@ -16,7 +16,7 @@ use super::fields::{limit_headers, ratelimit_value};
 use super::future::{ResponseFuture, answer, pass};
 use super::key::{KeyExtractor, RequestHead};
 use super::layer::Config;
-use super::response::{Fallback, Limited, Protocol, refusal};
+use super::response::{Fallback, Limited, Protocol, default_response, refusal};
 use super::stats::{Count, RateLimitStats};
 use crate::verdict::{Figures, Verdict};
 
@@ -119,10 +119,10 @@ impl<Bk, X, P> Config<Bk, X, P> {
         }
         if self.sampler.enforce_next() {
             self.counters.add(Count::Enforced);
-            let limited = Limited::new(&verdict, policy, Protocol::of(request.headers()));
+            let protocol = Protocol::of(request.headers());
             let response = match &self.on_limited {
-                Some(on_limited) => on_limited(&limited),
-                None => limited.into_default_response(self.body_format),
+                Some(on_limited) => on_limited(&Limited::new(&verdict, policy, protocol)),
+                None => default_response(&verdict, policy, &protocol, self.body_format),
             };
             return Action::Answer(Box::new(response));
         }
