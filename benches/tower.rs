@@ -6,8 +6,18 @@
 //! layer's cost is its figure minus the bare service's; the summary printed at the end gives
 //! each layer's added nanoseconds and tollgate's as a fraction of tower_governor's.
 //!
-//! A second, paired measurement follows criterion's: the three variants timed in turn in short
-//! batches, medians over many rounds, which holds up on a machine shared with other work.
+//! Both layers do the same work by default: key by the peer address, decide, pass an allowed
+//! request on untouched (no rate-limit fields on allowed responses: tollgate's
+//! `headers_on_allowed` and tower_governor's `use_headers` are both off), and refuse with 429 and
+//! `Retry-After` (tollgate adds `RateLimit-Policy` and `RateLimit`, tower_governor
+//! `x-ratelimit-after`). The criterion groups compare these defaults.
+//!
+//! A second, paired measurement follows criterion's: the variants timed in turn in short
+//! batches, medians over many rounds, which holds up on a machine shared with other work. It
+//! reports the defaults, then both layers sending their fields on allowed responses too
+//! (tollgate's `RateLimit-Policy` and `RateLimit`, tower_governor's `x-ratelimit-limit` and
+//! `x-ratelimit-remaining`), then tollgate's layer over a backend with a fixed answer (the layer's
+//! own cost, without a limiter's).
 //!
 //! `cargo bench --features tower --bench tower` (about a minute).
 
@@ -23,7 +33,7 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use criterion::Criterion;
 use governor::clock::QuantaInstant;
-use governor::middleware::NoOpMiddleware;
+use governor::middleware::{NoOpMiddleware, StateInformationMiddleware};
 use http::{Request, Response};
 use tollgate::tower::{
     ClientIp, ClientKey, Figures, PeerSource, RateLimitBackend, RateLimitLayer, Verdict,
@@ -102,6 +112,12 @@ type TollgateLayer = RateLimitLayer<
 >;
 
 fn tollgate_layer(rule: Rule) -> TollgateLayer {
+    tollgate_layer_with(rule, false)
+}
+
+/// [`tollgate_layer`], sending the `RateLimit-Policy` and `RateLimit` fields on allowed responses
+/// too when `headers_on_allowed` (by default only refusals carry them).
+fn tollgate_layer_with(rule: Rule, headers_on_allowed: bool) -> TollgateLayer {
     // The default capacity (65 536 clients per plan) holds the `CLIENTS` addresses many times
     // over: none is evicted or loses its slot, so every request is a lookup.
     let service = RateLimiterService::new(
@@ -113,6 +129,7 @@ fn tollgate_layer(rule: Rule) -> TollgateLayer {
     let key = ClientIp::peer().peer_from(ConnectInfoPeer);
     // No sweeper thread: tower_governor's layer runs none either, and the clients here stay.
     RateLimitLayer::builder(Arc::new(service), key, "bench")
+        .headers_on_allowed(headers_on_allowed)
         .without_sweep()
         .build()
 }
@@ -132,16 +149,32 @@ fn rule(limited: bool) -> Rule {
 fn governor_config(
     limited: bool,
 ) -> GovernorConfig<PeerIpKeyExtractor, NoOpMiddleware<QuantaInstant>> {
+    governor_builder(limited)
+        .finish()
+        .expect("a valid governor configuration")
+}
+
+/// [`governor_config`] with tower_governor's `use_headers`: allowed responses carry
+/// `x-ratelimit-limit` and `x-ratelimit-remaining`, refusals also `x-ratelimit-remaining`.
+fn governor_config_with_headers(
+    limited: bool,
+) -> GovernorConfig<PeerIpKeyExtractor, StateInformationMiddleware> {
+    governor_builder(limited)
+        .use_headers()
+        .finish()
+        .expect("a valid governor configuration")
+}
+
+fn governor_builder(
+    limited: bool,
+) -> GovernorConfigBuilder<PeerIpKeyExtractor, NoOpMiddleware<QuantaInstant>> {
     let mut builder = GovernorConfigBuilder::default();
     if limited {
         builder.per_second(3600).burst_size(1);
     } else {
         builder.per_nanosecond(1).burst_size(u32::MAX);
     }
-    builder
-        .key_extractor(PeerIpKeyExtractor)
-        .finish()
-        .expect("a valid governor configuration")
+    builder.key_extractor(PeerIpKeyExtractor)
 }
 
 fn addresses() -> Vec<IpAddr> {
@@ -241,6 +274,30 @@ impl RateLimitBackend<ClientKey, &'static str> for FixedDecision {
     }
 }
 
+/// A layer over a [`FixedDecision`]: allowing every request, or refusing every one.
+fn shell_layer(
+    limited: bool,
+) -> RateLimitLayer<FixedDecision, ClientIp<ConnectInfoPeer>, &'static str> {
+    let service = RateLimiterService::<ClientKey, _>::new(
+        Algorithm::TokenBucket,
+        [("bench", rule(limited))],
+        MonotonicClock::new(),
+    )
+    .expect("a valid rule");
+    // The second request of a limited client is refused as every one after it is, with a wait.
+    let decision = (0..2)
+        .map(|_| service.acquire(&ClientKey::Global, &"bench", 1))
+        .last()
+        .expect("two requests")
+        .expect("a known plan");
+    RateLimitLayer::builder(
+        FixedDecision(decision),
+        ClientIp::peer().peer_from(ConnectInfoPeer),
+        "bench",
+    )
+    .build()
+}
+
 /// Rounds of the paired measurement, and requests per variant per round: short batches in
 /// turn, so that a disturbance (another build on the machine) falls on all three variants alike,
 /// and the median of many rounds discards it.
@@ -248,31 +305,25 @@ const ROUNDS: usize = 301;
 const BATCH: usize = 2_000;
 
 /// The variants of one case, timed in turn in short batches; prints each one's median ns per
-/// request and the layers' added time over the bare service.
+/// request and the layers' added time over the bare service: first with each layer's defaults
+/// (neither sends rate-limit fields on an allowed response), then with both sending them
+/// (tollgate's `headers_on_allowed`, tower_governor's `use_headers`).
 fn paired(case: &str, clients: &[IpAddr], limited: bool) {
+    const VARIANTS: usize = 6;
     let mut bare = inner();
     let mut tollgate = tollgate_layer(rule(limited)).layer(inner());
     let mut governor = GovernorLayer::new(Arc::new(governor_config(limited))).layer(inner());
-    let decision = RateLimiterService::<ClientKey, _>::new(
-        Algorithm::TokenBucket,
-        [("bench", rule(limited))],
-        MonotonicClock::new(),
-    )
-    .expect("a valid rule")
-    .acquire(&ClientKey::Global, &"bench", if limited { 2 } else { 1 })
-    .expect("a known plan");
-    let mut shell = RateLimitLayer::builder(
-        FixedDecision(decision),
-        ClientIp::peer().peer_from(ConnectInfoPeer),
-        "bench",
-    )
-    .build()
-    .layer(inner());
+    let mut shell = shell_layer(limited).layer(inner());
+    let mut tollgate_fields = tollgate_layer_with(rule(limited), true).layer(inner());
+    let mut governor_fields =
+        GovernorLayer::new(Arc::new(governor_config_with_headers(limited))).layer(inner());
     for &client in clients {
         once(&mut tollgate, request(client));
         once(&mut governor, request(client));
+        once(&mut tollgate_fields, request(client));
+        once(&mut governor_fields, request(client));
     }
-    let mut samples = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+    let mut samples: [Vec<f64>; VARIANTS] = Default::default();
     let mut next = 0;
     let mut batch = |variant: usize| {
         let start = std::time::Instant::now();
@@ -283,37 +334,110 @@ fn paired(case: &str, clients: &[IpAddr], limited: bool) {
                 0 => once(&mut bare, request),
                 1 => once(&mut tollgate, request),
                 2 => once(&mut governor, request),
-                _ => once(&mut shell, request),
+                3 => once(&mut shell, request),
+                4 => once(&mut tollgate_fields, request),
+                _ => once(&mut governor_fields, request),
             }
         }
         start.elapsed().as_nanos() as f64 / BATCH as f64
     };
     for round in 0..ROUNDS {
         // Rotate the order, so that no variant always follows the same one.
-        for step in 0..4 {
-            let variant = (round + step) % 4;
+        for step in 0..VARIANTS {
+            let variant = (round + step) % VARIANTS;
             let ns = batch(variant);
             samples[variant].push(ns);
         }
     }
-    let [bare, tollgate, governor, shell] = samples.map(|mut ns| {
+    let [
+        bare,
+        tollgate,
+        governor,
+        shell,
+        tollgate_fields,
+        governor_fields,
+    ] = samples.map(|mut ns| {
         ns.sort_by(f64::total_cmp);
         ns[ns.len() / 2]
     });
     println!(
-        "paired {case}: bare {bare:.1} ns, tollgate {tollgate:.1} ns (+{:.1}), tower_governor \
-         {governor:.1} ns (+{:.1}); tollgate's added time is {:.2}x tower_governor's",
+        "paired {case}, defaults (no fields on allowed responses): bare {bare:.1} ns, tollgate \
+         {tollgate:.1} ns (+{:.1}), tower_governor {governor:.1} ns (+{:.1}); tollgate's added \
+         time is {:.2}x tower_governor's",
         tollgate - bare,
         governor - bare,
         (tollgate - bare) / (governor - bare)
     );
     println!(
-        "paired {case}: the layer alone (a backend with a fixed answer) adds {:.1} ns",
+        "paired {case}, fields on allowed responses too (headers_on_allowed / use_headers): \
+         tollgate {tollgate_fields:.1} ns (+{:.1}), tower_governor {governor_fields:.1} ns \
+         (+{:.1}); tollgate's added time is {:.2}x tower_governor's",
+        tollgate_fields - bare,
+        governor_fields - bare,
+        (tollgate_fields - bare) / (governor_fields - bare)
+    );
+    println!(
+        "paired {case}: tollgate's layer alone (defaults, a backend with a fixed answer) adds \
+         {:.1} ns",
         shell - bare
     );
 }
 
+/// `TOWER_BENCH_LOOP=<variant>,<case>`: only `LOOP_REQUESTS` requests through one variant
+/// (`bare`, `tollgate`, `tower_governor`, `shell`, `tollgate_fields`, `tower_governor_fields`;
+/// cases as the groups name them), in [`measured_loop`], for counting its
+/// instructions under callgrind (`valgrind --tool=callgrind --toggle-collect='*measured_loop*'`),
+/// which a shared machine does not disturb.
+const LOOP_REQUESTS: usize = 100_000;
+
+#[inline(never)]
+fn measured_loop<S: Service<Request<Body>>>(service: &mut S, clients: &[IpAddr]) {
+    for n in 0..LOOP_REQUESTS {
+        once(service, request(clients[n % clients.len()]));
+    }
+}
+
+fn instruction_loop(spec: &str) {
+    let (variant, case) = spec
+        .split_once(',')
+        .expect("TOWER_BENCH_LOOP=<variant>,<case>");
+    let limited = case == "deny";
+    let clients = if case == "allow_1024_clients" {
+        addresses()
+    } else {
+        vec![IpAddr::V4(Ipv4Addr::new(203, 0, 113, 9))]
+    };
+    fn run<S: Service<Request<Body>>>(mut service: S, clients: &[IpAddr]) {
+        for &client in clients {
+            once(&mut service, request(client));
+        }
+        measured_loop(&mut service, clients);
+    }
+    match variant {
+        "bare" => run(inner(), &clients),
+        "tollgate" => run(tollgate_layer(rule(limited)).layer(inner()), &clients),
+        "tower_governor" => run(
+            GovernorLayer::new(Arc::new(governor_config(limited))).layer(inner()),
+            &clients,
+        ),
+        "shell" => run(shell_layer(limited).layer(inner()), &clients),
+        "tollgate_fields" => run(
+            tollgate_layer_with(rule(limited), true).layer(inner()),
+            &clients,
+        ),
+        "tower_governor_fields" => run(
+            GovernorLayer::new(Arc::new(governor_config_with_headers(limited))).layer(inner()),
+            &clients,
+        ),
+        _ => panic!("unknown variant {variant}"),
+    }
+}
+
 fn main() {
+    if let Ok(spec) = std::env::var("TOWER_BENCH_LOOP") {
+        instruction_loop(&spec);
+        return;
+    }
     let mut criterion = config();
     benches(&mut criterion);
     checks_alone(&mut criterion);
