@@ -22,30 +22,47 @@ pub(crate) const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 /// the policy's name cannot be sent: empty, or not printable ASCII).
 pub(crate) fn limit_headers(verdict: &Verdict, policy: &str) -> HeaderMap {
     let mut headers = HeaderMap::with_capacity(3);
-    insert_limit_headers(&mut headers, verdict, policy);
+    LimitFields::of(verdict, policy).insert_into(&mut headers);
     headers
 }
 
-/// [`limit_headers`], inserted into `headers` (a response's own, which then needs no second map
-/// to be merged from).
-pub(crate) fn insert_limit_headers(headers: &mut HeaderMap, verdict: &Verdict, policy: &str) {
-    if let Some(seconds) = verdict.decision().retry_after_seconds()
-        && let Some(retry_after) = value(|out| write_integer(out, seconds))
-    {
-        headers.insert(RETRY_AFTER, retry_after);
-    }
-    verdict.with_limits(|limits| {
-        let Ok(fields) = RateLimitFields::new(policy, limits) else {
-            return;
-        };
-        if let (Some(policy_value), Some(state_value)) = (
-            value(|out| fields.write_policy(out)),
-            value(|out| fields.write_state(out)),
-        ) {
-            headers.insert(RATELIMIT_POLICY, policy_value);
-            headers.insert(RATELIMIT, state_value);
+/// The fields of [`limit_headers`], each value written once, for inserting into a response's own
+/// map: no second map is allocated, merged from and dropped.
+pub(crate) struct LimitFields {
+    retry_after: Option<HeaderValue>,
+    policy_and_state: Option<(HeaderValue, HeaderValue)>,
+}
+
+impl LimitFields {
+    pub(crate) fn of(verdict: &Verdict, policy: &str) -> Self {
+        let retry_after = verdict
+            .decision()
+            .retry_after_seconds()
+            .and_then(|seconds| value(|out| write_integer(out, seconds)));
+        let policy_and_state = verdict.with_limits(|limits| {
+            let fields = RateLimitFields::new(policy, limits).ok()?;
+            Some((
+                value(|out| fields.write_policy(out))?,
+                value(|out| fields.write_state(out))?,
+            ))
+        });
+        LimitFields {
+            retry_after,
+            policy_and_state,
         }
-    });
+    }
+
+    /// Inserts the fields into `headers`, in the order `Retry-After`, `RateLimit-Policy`,
+    /// `RateLimit`, each replacing any field of its name.
+    pub(crate) fn insert_into(self, headers: &mut HeaderMap) {
+        if let Some(retry_after) = self.retry_after {
+            headers.insert(RETRY_AFTER, retry_after);
+        }
+        if let Some((policy, state)) = self.policy_and_state {
+            headers.insert(RATELIMIT_POLICY, policy);
+            headers.insert(RATELIMIT, state);
+        }
+    }
 }
 
 /// The `RateLimit` value alone (what shadow mode marks a request with), unless the policy's

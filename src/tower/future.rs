@@ -6,10 +6,11 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
-use http::{HeaderMap, Response};
+use http::Response;
 use pin_project_lite::pin_project;
 
 use super::body::ResponseBody;
+use super::fields::LimitFields;
 
 /// A response being made by a backend that did not answer at once (boxed: that path already
 /// waits on I/O, and the in-process backend never takes it).
@@ -28,7 +29,7 @@ pin_project! {
     #[project = StateProj]
     enum State<F, ResB, E> {
         /// The request was let through; `fields` are added to the inner service's response.
-        Inner { #[pin] future: F, fields: Option<Box<HeaderMap>> },
+        Inner { #[pin] future: F, fields: Option<Box<LimitFields>> },
         /// The layer answered itself.
         Answer { response: Option<Box<Response<Bytes>>> },
         /// The backend is still deciding.
@@ -50,7 +51,7 @@ impl<F, ResB, E> fmt::Debug for ResponseFuture<F, ResB, E> {
 }
 
 impl<F, ResB, E> ResponseFuture<F, ResB, E> {
-    pub(crate) fn inner(future: F, fields: Option<Box<HeaderMap>>) -> Self {
+    pub(crate) fn inner(future: F, fields: Option<Box<LimitFields>>) -> Self {
         ResponseFuture {
             state: State::Inner { future, fields },
         }
@@ -74,11 +75,11 @@ impl<F, ResB, E> ResponseFuture<F, ResB, E> {
 /// The inner service's response with the layer's `fields` added and its body wrapped.
 pub(crate) fn pass<ResB>(
     response: Response<ResB>,
-    fields: Option<Box<HeaderMap>>,
+    fields: Option<Box<LimitFields>>,
 ) -> Response<ResponseBody<ResB>> {
     let mut response = response.map(ResponseBody::inner);
     if let Some(fields) = fields {
-        response.headers_mut().extend(*fields);
+        fields.insert_into(response.headers_mut());
     }
     response
 }

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 
-use super::fields::{ValueBuffer, insert_limit_headers, limit_headers};
+use super::fields::{LimitFields, ValueBuffer, limit_headers};
 use crate::Decision;
 use crate::headers::write_integer;
 use crate::verdict::Verdict;
@@ -279,7 +279,7 @@ pub(crate) fn default_response(
     format: BodyFormat,
 ) -> Response<Bytes> {
     let mut response = bare_response(verdict, policy, protocol, format);
-    insert_limit_headers(response.headers_mut(), verdict, policy);
+    LimitFields::of(verdict, policy).insert_into(response.headers_mut());
     response
 }
 

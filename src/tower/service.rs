@@ -7,12 +7,12 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Request, Response};
+use http::{HeaderValue, Request, Response};
 use tower_service::Service;
 
 use super::backend::RateLimitBackend;
 use super::body::ResponseBody;
-use super::fields::{limit_headers, ratelimit_value};
+use super::fields::{LimitFields, ratelimit_value};
 use super::future::{ResponseFuture, answer, pass};
 use super::key::{KeyExtractor, RequestHead};
 use super::layer::Config;
@@ -80,7 +80,7 @@ impl<S, Bk, X, P> RateLimit<S, Bk, X, P> {
 /// What to do with a request once its check is done.
 enum Action {
     /// Call the inner service, adding these fields to its response.
-    Pass(Option<Box<HeaderMap>>),
+    Pass(Option<Box<LimitFields>>),
     /// Answer with this. (Boxed, as the fields: the common path then moves a few words, not
     /// a few hundred bytes.)
     Answer(Box<Response<Bytes>>),
@@ -114,7 +114,7 @@ impl<Bk, X, P> Config<Bk, X, P> {
             self.counters.add(Count::Allowed);
             return Action::Pass(
                 self.headers_on_allowed
-                    .then(|| Box::new(limit_headers(&verdict, policy))),
+                    .then(|| Box::new(LimitFields::of(&verdict, policy))),
             );
         }
         if self.sampler.enforce_next() {
