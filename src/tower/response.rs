@@ -314,7 +314,7 @@ fn text_body(decision: &Decision) -> Bytes {
     let mut body = ValueBuffer::new();
     // Writing to a `ValueBuffer` cannot fail.
     let _ = match (decision.rejection(), decision.retry_after_seconds()) {
-        (Some(rejection), _) => write!(body, "Too Many Requests: {rejection}\n"),
+        (Some(rejection), _) => writeln!(body, "Too Many Requests: {rejection}"),
         (None, Some(seconds)) => body
             .write_str("Too Many Requests: retry in ")
             .and_then(|()| write_integer(&mut body, seconds))
