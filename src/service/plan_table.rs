@@ -411,12 +411,11 @@ impl<K, P, S> PlanTable<K, P, S> {
         Ok(true)
     }
 
-    /// Counts one decision for the plan at `index`.
+    /// The decision counts of the plan at `index`, if the table counts them: read once per
+    /// decision, which then counts its answer in them.
     #[inline]
-    pub(crate) fn record(&self, index: usize, allowed: bool) {
-        if let Some(counts) = &self.plans[index].counts {
-            counts.record(allowed);
-        }
+    pub(crate) fn counts(&self, index: usize) -> Option<&DecisionCounts> {
+        self.plans[index].counts.as_ref()
     }
 
     /// The decision counts of the plan at `index`, if the table counts them.

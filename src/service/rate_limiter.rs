@@ -248,10 +248,15 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let index = self.plan_index(plan)?;
+        let counts = self.plans.counts(index);
         let request = Asking {
             n,
             clock: &self.clock,
-            record: |allowed| self.plans.record(index, allowed),
+            record: |allowed| {
+                if let Some(counts) = counts {
+                    counts.record(allowed);
+                }
+            },
             answer: PhantomData::<T>,
         };
         // A plan moves between its store and its map only when its limits change between one

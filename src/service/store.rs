@@ -143,13 +143,14 @@ fn is_live(tag: u64) -> bool {
     tag & FINGERPRINT != 0
 }
 
-/// Where a key lives: its fingerprint and its two buckets.
+/// Where a key lives: its fingerprint, its home bucket, and the hash its other bucket is
+/// computed from (only where the home bucket does not answer).
 #[doc(hidden)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Place {
     fingerprint: u64,
     home: usize,
-    other: usize,
+    hash: u64,
 }
 
 /// `B` slots: their tags, then their states.
@@ -321,21 +322,32 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
         let buckets = self.buckets.len();
         // The low bits, never 0 (0 marks a free slot).
         let fingerprint = (hash & FINGERPRINT).max(1);
-        // A remix, so that keys of one home spread over different second buckets.
-        let remixed = (hash ^ (hash >> 31)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         Place {
             fingerprint,
             home: bucket_of(hash, buckets),
-            other: bucket_of(remixed, buckets),
+            hash,
         }
+    }
+
+    /// The other bucket of `place`: the bucket of a remix of its hash, so that keys of one home
+    /// spread over different second buckets. Computed where the home bucket does not answer.
+    #[inline]
+    fn other_of(&self, place: Place) -> usize {
+        let remixed = (place.hash ^ (place.hash >> 31)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        bucket_of(remixed, self.buckets.len())
+    }
+
+    /// The other bucket of `place`, if it is not its home.
+    #[inline]
+    fn other_bucket(&self, place: Place) -> Option<&Bucket<W, B>> {
+        let other = self.other_of(place);
+        (other != place.home).then(|| &self.buckets[other])
     }
 
     /// The buckets `place` may use, home first: the home alone where the other is the same.
     #[inline]
     fn buckets(&self, place: Place) -> impl Iterator<Item = &Bucket<W, B>> {
-        let home = &self.buckets[place.home];
-        let other = (place.other != place.home).then(|| &self.buckets[place.other]);
-        std::iter::once(home).chain(other)
+        std::iter::once(&self.buckets[place.home]).chain(self.other_bucket(place))
     }
 
     /// The slots `place` may use, home bucket first: each slot's tag and state (for the insert's
@@ -584,22 +596,43 @@ where
     P::Limit: WordLimit<W>,
     R: WordRequest<W, P::Limit>,
 {
+    // The home bucket first, alone: a known key's state is there unless the bucket was full
+    // when the key came, so the other bucket is computed only where the home does not answer.
+    // (The order of the probe is the one `decide_further` goes on with: home, then other.)
+    match decide_in_bucket(store, &store.buckets[place.home], place, plan, request) {
+        Some(answer) => Stored::Answer(answer),
+        None => decide_further(store, place, plan, request, evicted_up_to, now_nanos),
+    }
+}
+
+/// [`decide`] once the home bucket did not answer: its other bucket, then (as often as another
+/// thread's change makes it) an insert and both buckets again.
+#[inline(always)]
+fn decide_further<W, const B: usize, P, R>(
+    store: &ClientStore<W, B>,
+    place: Place,
+    plan: &P,
+    request: &R,
+    evicted_up_to: &W,
+    now_nanos: impl Fn() -> u64,
+) -> Stored<R::Answer>
+where
+    W: AtomicWord,
+    P: StorePlan,
+    P::Limit: WordLimit<W>,
+    R: WordRequest<W, P::Limit>,
+{
     let mut inserts = 0;
+    // The home bucket was looked up already, for the first pass.
+    let mut from_home = false;
     loop {
-        // Bucket by bucket, slot by slot: a loop of constant length over each bucket's tags,
-        // which compiles to a few instructions a slot.
-        for bucket in store.buckets(place) {
-            for at in 0..B {
-                let (tag, state) = (&bucket.tags[at], &bucket.states[at]);
-                // Acquire: pairs with the Release that published the tag after its state.
-                let seen = tag.load(Ordering::Acquire);
-                if seen & FINGERPRINT == place.fingerprint
-                    && let Some(answer) = decide_on_slot(store, plan, request, tag, state, seen)
-                {
-                    return Stored::Answer(answer);
-                }
+        let home = from_home.then(|| &store.buckets[place.home]);
+        for bucket in home.into_iter().chain(store.other_bucket(place)) {
+            if let Some(answer) = decide_in_bucket(store, bucket, place, plan, request) {
+                return Stored::Answer(answer);
             }
         }
+        from_home = true;
         let head = plan.head();
         if !head.kept {
             return Stored::Elsewhere;
@@ -622,6 +655,37 @@ where
             return Stored::Answer(answer);
         }
     }
+}
+
+/// [`decide`] on each slot of `bucket` whose tag has the key's fingerprint, in turn, until one
+/// answers.
+#[inline(always)]
+fn decide_in_bucket<W, const B: usize, P, R>(
+    store: &ClientStore<W, B>,
+    bucket: &Bucket<W, B>,
+    place: Place,
+    plan: &P,
+    request: &R,
+) -> Option<R::Answer>
+where
+    W: AtomicWord,
+    P: StorePlan,
+    P::Limit: WordLimit<W>,
+    R: WordRequest<W, P::Limit>,
+{
+    // Slot by slot: a loop of constant length over the bucket's tags, which compiles to a few
+    // instructions a slot.
+    for at in 0..B {
+        let (tag, state) = (&bucket.tags[at], &bucket.states[at]);
+        // Acquire: pairs with the Release that published the tag after its state.
+        let seen = tag.load(Ordering::Acquire);
+        if seen & FINGERPRINT == place.fingerprint
+            && let Some(answer) = decide_on_slot(store, plan, request, tag, state, seen)
+        {
+            return Some(answer);
+        }
+    }
+    None
 }
 
 /// [`decide`] on the slot whose tag read `seen` (the key's fingerprint): the answer, if the slot
