@@ -30,5 +30,6 @@ mod several_limits;
 mod sliding_window_counter;
 mod sliding_window_log;
 mod store;
+mod store_layouts;
 mod support;
 mod token_bucket;
