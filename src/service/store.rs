@@ -64,15 +64,24 @@
 //! its answer, dropping the answer and looking again if the holding changed. (The fresh state is
 //! stored with Release before its tag, and the checks fence with Acquire, so a decision that has
 //! read any word of a later holding sees that holding's tag.) So a request's answer always comes
-//! from its own client's state, under the limits that state was made under, and no decision
-//! writes a later holding's state with an earlier version's limits, even when the method's
-//! compare-and-swap loop retries on a word the next holding wrote. One race is left: should the
-//! slot change hands in the few instructions between a check and its exchange, and the new
-//! state's word equal the one the exchange expects bit for bit, the exchange lands on the new
-//! state; the check after it drops the answer, and the new state keeps the permit taken (its
-//! client pays one permit, and no one is granted one more). The generation in the tag tells a
-//! change apart even when the slot came back to the same key under the same version, unless it
-//! changed hands a multiple of 64 times during one decision.
+//! from its own client's state, under the limits that state was made under, and a decision's
+//! compare-and-swap loop that retries on a word the slot's next holding wrote fails its check.
+//! One race is left: should the slot change hands in the few instructions between a check and
+//! its exchange, and the new state's word equal the one the exchange expects bit for bit, the
+//! exchange lands on the new state, and the check after it drops the answer. Under the same
+//! limits (the same version) the new state keeps the permit taken: its client pays one permit,
+//! and no one is granted one more. Under other limits, the token bucket's exchange only moves
+//! the arrival time later (stricter, never looser). **The windowed methods' need not**: the
+//! sliding window counter's word layout depends on the limit (its count fields are as wide as
+//! the limit's bits), and the fixed window's index counts windows of the rule's length, so a word
+//! written under an earlier version can read, under the later one, as fewer permits taken (or as
+//! a later window whose count starts anew and takes the current window's readings). A rule
+//! change racing a
+//! descheduled decision can then grant more than the later limit allows in that window
+//! (`loom-tests/store_layouts.rs` finds 4 grants under a limit of 2 for the counter, and is
+//! ignored until an exchange of one holding cannot land on another). The generation in
+//! the tag tells a change apart even when the slot came back to the same key under the same
+//! version, unless it changed hands a multiple of 64 times during one decision.
 
 // The store is public (doc-hidden) only for the `loom` feature's models.
 #![cfg_attr(not(feature = "loom"), allow(unreachable_pub))]
