@@ -76,12 +76,11 @@
 //! the limit's bits), and the fixed window's index counts windows of the rule's length, so a word
 //! written under an earlier version can read, under the later one, as fewer permits taken (or as
 //! a later window whose count starts anew and takes the current window's readings). A rule
-//! change racing a
-//! descheduled decision can then grant more than the later limit allows in that window
-//! (`loom-tests/store_layouts.rs` finds 4 grants under a limit of 2 for the counter, and is
-//! ignored until an exchange of one holding cannot land on another). The generation in
-//! the tag tells a change apart even when the slot came back to the same key under the same
-//! version, unless it changed hands a multiple of 64 times during one decision.
+//! change racing a descheduled decision can then grant more than the later limit allows in that
+//! window (`loom-tests/store_layouts.rs` finds 4 grants under a limit of 2 for the counter, and
+//! is ignored until an exchange of one holding cannot land on another). The generation in the
+//! tag tells a change apart even when the slot came back to the same key under the same version,
+//! unless it changed hands a multiple of 64 times during one decision.
 
 // The store is public (doc-hidden) only for the `loom` feature's models.
 #![cfg_attr(not(feature = "loom"), allow(unreachable_pub))]
