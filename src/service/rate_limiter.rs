@@ -184,6 +184,12 @@ where
     /// window's worth of the new rule beyond what it had already used; no more, because the old
     /// state is retired (no request can still be granted on it) before the fresh one is made,
     /// and a request uses a state only if it was made under the rule in force after its lookup.
+    /// One known exception, for the fixed window and the sliding window counter under one limit
+    /// (the plans the fixed client table keeps): a request descheduled between its check of the
+    /// client's slot and its exchange, across the change, can land that exchange on the slot's
+    /// next state when its word is bit for bit the one the request read, and a word written under
+    /// the old rule can read as fewer permits taken under the new one (the store's docs say how);
+    /// the token bucket is not affected.
     ///
     /// Setting the rule a plan already has is no change: its clients keep their state (so a
     /// configuration reloaded unchanged resets nobody).
