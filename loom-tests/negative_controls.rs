@@ -702,3 +702,9 @@ fn store_sweep_retiring_active_states_fails_sweep_model() {
 fn store_evicting_without_counting_fails_eviction_model() {
     crate::store::check_eviction_racing_a_decision(StoreFault::UncountedEviction);
 }
+
+#[test]
+#[should_panic(expected = "under a limit of 2")]
+fn store_unsalted_words_fail_the_layouts_model() {
+    crate::store_layouts::check_stale_exchange_across_layouts(StoreFault::Unsalted);
+}

@@ -18,41 +18,15 @@ use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::thread;
 
 use tollgate::loom_support::store::{
-    ClientStore, Place, SlotWord, StoreFault, StoreHead, StorePlan, Stored, WordLimit, WordRequest,
-    decide,
+    ClientStore, Place, SlotWord, StoreFault, StoreHead, StorePlan, Stored, WordRequest, decide,
 };
 use tollgate::loom_support::{Admit, GcraParams, Method as Core, Retired};
 
-use crate::support::{FixedClock, explore};
+use crate::support::{FixedClock, explore, one_word_limit};
 use crate::token_bucket::bucket;
 
-/// A token bucket's constants, as the store's plan hands them out.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct ModelLimit(pub(crate) GcraParams);
-
-impl WordLimit<AtomicU64> for ModelLimit {
-    fn fresh(&self, since_nanos: u64) -> u64 {
-        self.0.full_since(since_nanos)
-    }
-
-    fn retire_now(&self, state: &AtomicU64) -> bool {
-        Core::retire_now(&self.0, state)
-    }
-
-    fn retire_if_idle(&self, state: &AtomicU64, now_nanos: u64) -> bool {
-        Core::retire_if_idle(&self.0, state, now_nanos)
-    }
-
-    fn available(&self, state: &AtomicU64, now_nanos: u64) -> Option<u64> {
-        Core::peek(&self.0, state, &FixedClock(now_nanos))
-            .ok()
-            .map(|decision| decision.remaining())
-    }
-
-    fn is_idle(&self, state: &AtomicU64, now_nanos: u64) -> bool {
-        self.available(state, now_nanos) == Some(Core::rule(&self.0).limit())
-    }
-}
+// A token bucket's constants, as the store's plan hands them out.
+one_word_limit!(ModelLimit, GcraParams, full_since);
 
 /// A plan whose version is one atomic word (a read of the table's published pointer is one
 /// atomic snapshot, as a word's load is), with the limit of each version.

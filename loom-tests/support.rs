@@ -448,3 +448,51 @@ fn retired_decisions_are_told_from_denials() {
         assert_eq!(Method::acquire(&params, &emptied, 1, 0), Answer::Denied);
     });
 }
+
+/// `$name`: a one-word method's constants (`$params`) as a store's plan hands them out, whose
+/// fresh word is `$fresh` of them (the store's `WordLimit`, through the method's own operations).
+macro_rules! one_word_limit {
+    ($name:ident, $params:ty, $fresh:ident) => {
+        #[derive(Debug, Clone, Copy)]
+        pub(crate) struct $name(pub(crate) $params);
+
+        impl tollgate::loom_support::store::WordLimit for $name {
+            fn fresh(&self, since_nanos: u64) -> u64 {
+                self.0.$fresh(since_nanos)
+            }
+
+            fn retire_now<A: tollgate::loom_support::AtomicWord>(&self, state: &A) -> bool {
+                tollgate::loom_support::Method::retire_now(&self.0, state)
+            }
+
+            fn retire_if_idle<A: tollgate::loom_support::AtomicWord>(
+                &self,
+                state: &A,
+                now_nanos: u64,
+            ) -> bool {
+                tollgate::loom_support::Method::retire_if_idle(&self.0, state, now_nanos)
+            }
+
+            fn available<A: tollgate::loom_support::AtomicWord>(
+                &self,
+                state: &A,
+                now_nanos: u64,
+            ) -> Option<u64> {
+                let clock = crate::support::FixedClock(now_nanos);
+                tollgate::loom_support::Method::peek(&self.0, state, &clock)
+                    .ok()
+                    .map(|decision| decision.remaining())
+            }
+
+            fn is_idle<A: tollgate::loom_support::AtomicWord>(
+                &self,
+                state: &A,
+                now_nanos: u64,
+            ) -> bool {
+                let limit = tollgate::loom_support::Method::rule(&self.0).limit();
+                self.available(state, now_nanos) == Some(limit)
+            }
+        }
+    };
+}
+pub(crate) use one_word_limit;

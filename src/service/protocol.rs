@@ -594,28 +594,28 @@ impl Clock for Reading {
 
 /// One limit's constants (borrowed from the plan's version), on a state word of the plan's
 /// store.
-impl WordLimit<Word> for &AnyParams {
+impl WordLimit for &AnyParams {
     fn fresh(&self, since_nanos: u64) -> u64 {
         // Only the one-word methods have a store (a service of the sliding log makes none); the
         // retired word, should it ever be otherwise, grants nothing.
         self.fresh_word(since_nanos).unwrap_or(u64::MAX)
     }
 
-    fn retire_now(&self, state: &Word) -> bool {
+    fn retire_now<A: AtomicWord>(&self, state: &A) -> bool {
         AnyParams::retire_now(self, state)
     }
 
-    fn retire_if_idle(&self, state: &Word, now_nanos: u64) -> bool {
+    fn retire_if_idle<A: AtomicWord>(&self, state: &A, now_nanos: u64) -> bool {
         AnyParams::retire_if_idle(self, state, now_nanos)
     }
 
-    fn available(&self, state: &Word, now_nanos: u64) -> Option<u64> {
+    fn available<A: AtomicWord>(&self, state: &A, now_nanos: u64) -> Option<u64> {
         self.peek(state, &Reading(now_nanos))
             .ok()
             .map(|decision| decision.remaining())
     }
 
-    fn is_idle(&self, state: &Word, now_nanos: u64) -> bool {
+    fn is_idle<A: AtomicWord>(&self, state: &A, now_nanos: u64) -> bool {
         self.available(state, now_nanos) == Some(self.rule().limit())
     }
 }

@@ -184,12 +184,6 @@ where
     /// window's worth of the new rule beyond what it had already used; no more, because the old
     /// state is retired (no request can still be granted on it) before the fresh one is made,
     /// and a request uses a state only if it was made under the rule in force after its lookup.
-    /// One known exception, for the fixed window and the sliding window counter under one limit
-    /// (the plans the fixed client table keeps): a request descheduled between its check of the
-    /// client's slot and its exchange, across the change, can land that exchange on the slot's
-    /// next state when its word is bit for bit the one the request read, and a word written under
-    /// the old rule can read as fewer permits taken under the new one (the store's docs say how);
-    /// the token bucket is not affected.
     ///
     /// Setting the rule a plan already has is no change: its clients keep their state (so a
     /// configuration reloaded unchanged resets nobody).
@@ -372,7 +366,7 @@ where
         index: usize,
         pinned: &'p PinnedPlan<'_, K, S>,
         client: &Q,
-    ) -> (PlanVersion, Option<StateRef<'p>>)
+    ) -> (PlanVersion, Option<LookedState<'p>>)
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
@@ -385,11 +379,11 @@ where
         let limits = pinned.limits();
         let state = match stored {
             Some((version, word)) if !limits.has_several() => {
-                (version == limits.version()).then_some(StateRef::Word(word))
+                (version == limits.version()).then(|| LookedState::Stored(Word::new(word)))
             }
             _ => entry
                 .filter(|entry| entry.state.version() == limits.version())
-                .map(|entry| StateRef::from(&entry.state)),
+                .map(|entry| LookedState::Entry(StateRef::from(&entry.state))),
         };
         (limits, state)
     }
@@ -485,7 +479,8 @@ where
     {
         let index = self.plan_index(plan)?;
         let pinned = self.plans.pin(index);
-        let (limits, state) = self.current_state(index, &pinned, client);
+        let (limits, looked) = self.current_state(index, &pinned, client);
+        let state = looked.as_ref().map(LookedState::state);
         if limits.has_several() {
             if let Some(StateRef::Several(several)) = state
                 && let Ok(decision) = several.peek(limits.as_slice(), &self.clock)
@@ -562,7 +557,8 @@ where
     {
         let index = self.plan_index(plan)?;
         let pinned = self.plans.pin(index);
-        let (current, state) = self.current_state(index, &pinned, client);
+        let (current, looked) = self.current_state(index, &pinned, client);
+        let state = looked.as_ref().map(LookedState::state);
         let limits = current.as_slice();
         let each = state.and_then(|state| match state {
             StateRef::Several(several) => several
@@ -581,5 +577,22 @@ where
                 .map(|limit| limit.fresh_report(false, since, &self.clock))
                 .collect()
         }))
+    }
+}
+
+/// A client's state for a look: a snapshot of its word in the plan's store (a look reads the
+/// word once, so the snapshot answers as the word did), or its entry's in the map.
+enum LookedState<'p> {
+    Stored(Word),
+    Entry(StateRef<'p>),
+}
+
+impl LookedState<'_> {
+    /// The state to look at.
+    fn state(&self) -> StateRef<'_> {
+        match self {
+            LookedState::Stored(word) => StateRef::Word(word),
+            LookedState::Entry(state) => *state,
+        }
     }
 }

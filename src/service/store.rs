@@ -11,7 +11,8 @@
 //! the one thread that claimed it when the busy bit is set, and otherwise *live*: a state made
 //! under that version of the plan's limits for the key of that fingerprint (40 bits of the key's
 //! keyed hash, never 0). The generation counts the states the slot has held (wrapping at 64).
-//! The state word is the method's own (a TAT, a packed window).
+//! The state word is the method's own (a TAT, a packed window), stored XORed with the holding's
+//! salt (see below).
 //!
 //! A slot changes hands only through its tag: a thread that retires a live state first sets the
 //! tag's retiring bit by an exchange from the tag it read, which exactly one thread wins for one
@@ -66,24 +67,28 @@
 //! read any word of a later holding sees that holding's tag.) So a request's answer always comes
 //! from its own client's state, under the limits that state was made under, and a decision's
 //! compare-and-swap loop that retries on a word the slot's next holding wrote fails its check.
-//! One race is left: should the slot change hands in the few instructions between a check and
-//! its exchange, and the new state's word equal the one the exchange expects bit for bit, the
-//! exchange lands on the new state, and the check after it drops the answer. Under the same
-//! limits (the same version) the new state keeps the permit taken: its client pays one permit,
-//! and no one is granted one more. Under other limits, the token bucket's exchange only moves
-//! the arrival time later (stricter, never looser). **The windowed methods' need not**: the
-//! sliding window counter's word layout depends on the limit (its count fields are as wide as
-//! the limit's bits), and the fixed window's index counts windows of the rule's length, so a word
-//! written under an earlier version can read, under the later one, as fewer permits taken (or as
-//! a later window whose count starts anew and takes the current window's readings). A rule
-//! change racing a descheduled decision can then grant more than the later limit allows in that
-//! window (`loom-tests/store_layouts.rs` finds 4 grants under a limit of 2 for the counter, and
-//! is ignored until an exchange of one holding cannot land on another). The generation in the
-//! tag tells a change apart even when the slot came back to the same key under the same version,
-//! unless it changed hands a multiple of 64 times during one decision.
+//! One race is left, and salts close it: should the slot change hands in the few instructions
+//! between a check and its exchange, the exchange expects the word it read of the earlier
+//! holding. Each holding's word is stored XORed with a salt of its own ([`SaltedWord`]: a folded
+//! multiply of the holding's tag by the store's random keys), so that exchange lands only if the
+//! later holding's word, in its own frame, equals the value read XORed with the difference of
+//! the two salts, a 64-bit pattern no one can foresee: a chance of about 2^-64 for each word the
+//! later holding passes through while the decision is descheduled. Without the salts the
+//! windowed methods could grant more than a later rule allows: the sliding window counter's
+//! layout depends on the limit (its count fields are as wide as the limit's bits) and the fixed
+//! window's index counts windows of the rule's length, so a word written under an earlier
+//! version can read, under the later one, as fewer permits taken (`loom-tests/store_layouts.rs`
+//! finds 4 grants under a limit of 2 across a rule change once the salts are taken away). A slot
+//! that comes back to the very tag the decision found (the same key, version and generation, so
+//! the same salt: 64 changes of hands during one decision) holds the same client's state under
+//! the same limits, where a landed exchange keeps the permit taken: the client pays one permit
+//! for the race, and no one is granted one more. Since a salted word cannot be added to in place,
+//! the fixed window's one-permit add runs in the store as checked exchanges.
 
 // The store is public (doc-hidden) only for the `loom` feature's models.
 #![cfg_attr(not(feature = "loom"), allow(unreachable_pub))]
+
+use std::hash::BuildHasher;
 
 use crate::decision::Retired;
 use crate::method::client_state::Version;
@@ -177,6 +182,8 @@ pub struct ClientStore<W, const B: usize = SLOTS_PER_BUCKET> {
     insert_locks: Box<[W]>,
     /// How many states were evicted (taken from a client that was not idle).
     evictions: W,
+    /// The keys of the holdings' salts (see [`ClientStore::salt_of`]): random for each store.
+    salt_keys: [u64; 2],
     /// A broken step, for the loom models' negative controls.
     #[cfg(feature = "loom")]
     fault: StoreFault,
@@ -201,24 +208,27 @@ pub enum StoreFault {
     SweepRetiresActive,
     /// An eviction that is not counted: a client started afresh without its eviction showing.
     UncountedEviction,
+    /// Every holding's salt 0: a decision's exchange, checked against one holding, can land on
+    /// the next holding of its slot when that holding's word equals the one it read.
+    Unsalted,
 }
 
 /// What one limit of a plan does to a state word, as the store needs it (the method's own
 /// operations: see `crate::method::Method`).
 #[doc(hidden)]
-pub trait WordLimit<W> {
+pub trait WordLimit {
     /// The word of a client that has taken nothing, as of the clock reading `since_nanos`.
     fn fresh(&self, since_nanos: u64) -> u64;
     /// Retires `state` whatever it holds; whether this call did (false if it already was).
-    fn retire_now(&self, state: &W) -> bool;
+    fn retire_now<A: AtomicWord>(&self, state: &A) -> bool;
     /// Retires `state` if it is indistinguishable from a fresh one at `now_nanos`; whether it
     /// did.
-    fn retire_if_idle(&self, state: &W, now_nanos: u64) -> bool;
+    fn retire_if_idle<A: AtomicWord>(&self, state: &A, now_nanos: u64) -> bool;
     /// The permits `state` has available at `now_nanos`; `None` when it is retired.
-    fn available(&self, state: &W, now_nanos: u64) -> Option<u64>;
+    fn available<A: AtomicWord>(&self, state: &A, now_nanos: u64) -> Option<u64>;
     /// Whether `state` looks indistinguishable from a fresh one at `now_nanos` (a load: the
     /// retirement that follows decides, by an exchange).
-    fn is_idle(&self, state: &W, now_nanos: u64) -> bool;
+    fn is_idle<A: AtomicWord>(&self, state: &A, now_nanos: u64) -> bool;
 }
 
 /// A plan's current limits as the store reads them, after each lookup.
@@ -289,6 +299,8 @@ impl<W: OwnedWord, const B: usize> ClientStore<W, B> {
     pub fn with_fault(capacity: usize, fault: StoreFault) -> Self {
         ClientStore {
             fault,
+            // Fixed keys: a model must run alike in every execution loom explores.
+            salt_keys: [0x243F_6A88_85A3_08D3, 0x1319_8A2E_0370_7345],
             ..Self::new(capacity)
         }
     }
@@ -296,7 +308,10 @@ impl<W: OwnedWord, const B: usize> ClientStore<W, B> {
     /// A store of at least `capacity` slots (rounded up to whole buckets), all free.
     pub fn new(capacity: usize) -> Self {
         let buckets = capacity.div_ceil(B).max(1);
+        let random = std::hash::RandomState::new();
         ClientStore {
+            // Each from a random key of the process's (a different one for each `RandomState`).
+            salt_keys: [random.hash_one(0_u64), random.hash_one(1_u64) | 1],
             buckets: (0..buckets)
                 .map(|_| Bucket {
                     tags: std::array::from_fn(|_| W::new(0)),
@@ -337,6 +352,32 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
         }
     }
 
+    /// The salt of the holding whose tag is `tag` (its retiring bit aside): the holding's state
+    /// is stored XORed with it (see [`SaltedWord`]). A folded multiply of the tag by the store's
+    /// random keys, so two holdings' salts differ by a pattern of all 64 bits that no one can
+    /// foresee: an exchange computed on one holding's word expects, in another holding's frame,
+    /// a word that holding would have to reach by a 2^-64 chance.
+    #[inline]
+    fn salt_of(&self, tag: u64) -> u64 {
+        if self.has_fault(StoreFault::Unsalted) {
+            return 0;
+        }
+        let product =
+            u128::from((tag & !RETIRING) ^ self.salt_keys[0]) * u128::from(self.salt_keys[1]);
+        // The product's two halves: the high one depends on every bit of the tag.
+        (product as u64) ^ ((product >> 64) as u64)
+    }
+
+    /// The state word of the holding whose tag is `tag`, as that holding reads it (for a thread
+    /// that holds the slot, or only reads it).
+    #[inline]
+    fn salted<'s>(&self, state: &'s W, tag: u64) -> SaltedWord<'s, W> {
+        SaltedWord {
+            word: state,
+            salt: self.salt_of(tag),
+        }
+    }
+
     /// The other bucket of `place`: the bucket of a remix of its hash, so that keys of one home
     /// spread over different second buckets. Computed where the home bucket does not answer.
     #[inline]
@@ -365,13 +406,24 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
             .flat_map(|bucket| bucket.tags.iter().zip(&bucket.states))
     }
 
-    /// The first state the key at `place` has in the store, with the version it was made
-    /// under, if any (live, or being retired: a decision on it answers `Retired` then).
-    pub fn find(&self, place: Place) -> Option<(Version, &W)> {
+    /// The word of the first state the key at `place` has in the store, as its holding reads it,
+    /// with the version it was made under, if any (live, or being retired: a look at it answers
+    /// `Retired` then). A snapshot, kept only if the slot had the same holding after the load.
+    pub fn find(&self, place: Place) -> Option<(Version, u64)> {
         self.slots(place).find_map(|(tag, state)| {
             // Acquire: as in `decide`.
             let seen = tag.load(Ordering::Acquire);
-            (seen & FINGERPRINT == place.fingerprint).then(|| (version_of(seen), state))
+            if seen & FINGERPRINT != place.fingerprint {
+                return None;
+            }
+            let slot = SlotWord {
+                state: self.salted(state, seen),
+                tag,
+                seen,
+            };
+            // Relaxed: a snapshot of one word; the check after it fences.
+            let word = slot.load(Ordering::Relaxed);
+            slot.same_holding().then(|| (version_of(seen), word))
         })
     }
 
@@ -394,7 +446,7 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
     /// Retires `state` (under `tag`, which read `seen`) made under an earlier version than
     /// `head`'s, and frees its slot, unless another thread has taken the slot since; whether it
     /// did.
-    fn retire_earlier<L: WordLimit<W>>(
+    fn retire_earlier<L: WordLimit>(
         &self,
         head: &StoreHead<L>,
         tag: &W,
@@ -411,7 +463,7 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
         if taken {
             // Once the tag is taken, the state is this thread's to retire (nothing else retires
             // it), and the slot to free.
-            head.limit.retire_now(state);
+            head.limit.retire_now(&self.salted(state, seen));
             // Release: the slot is free only after its state is retired (see `claim_free`).
             tag.store(idle_tag(seen, false), Ordering::Release);
         }
@@ -424,7 +476,7 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
     /// `evicted_up_to` before it retires a state to reuse its slot. Returns the slot of the
     /// key's state, put or found, with its tag; `None` when every state it tried to take for
     /// reuse changed first (the decision inserts again).
-    pub fn insert<L: WordLimit<W>>(
+    pub fn insert<L: WordLimit>(
         &self,
         place: Place,
         head: &StoreHead<L>,
@@ -460,14 +512,14 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
             Some(slot) => slot,
             None => self.reuse(place, head, now_nanos, evicted_up_to)?,
         };
+        let live = live_tag(head.version, place.fingerprint, previous);
         // Release: a request whose exchange lands on this state or a later one (an Acquire
         // fence follows it) then sees the slot's tag no earlier than `BUSY`, so it knows the slot
         // changed hands (see `decide`).
-        state.store(
+        self.salted(state, live).store(
             head.limit.fresh(evicted_up_to.load(Ordering::Relaxed)),
             Ordering::Release,
         );
-        let live = live_tag(head.version, place.fingerprint, previous);
         // Release: a reader that finds the tag (Acquire) sees the state.
         tag.store(live, Ordering::Release);
         Some((tag, state, live))
@@ -486,7 +538,7 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
     /// Takes a live slot of `place`'s buckets for reuse: one made under an earlier version, else
     /// an idle one, else the one closest to fresh (an eviction). Its state is retired by this
     /// call, and its tag set to `BUSY`. Returns the slot's tag, the tag it held, and its state.
-    fn reuse<L: WordLimit<W>>(
+    fn reuse<L: WordLimit>(
         &self,
         place: Place,
         head: &StoreHead<L>,
@@ -507,15 +559,16 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
         };
         for (tag, state) in self.slots(place) {
             let Some(seen) = live(tag) else { continue };
+            let salted = self.salted(state, seen);
             if version_of(seen) < head.version {
                 if take_live(tag, seen) {
-                    head.limit.retire_now(state);
+                    head.limit.retire_now(&salted);
                     taken(tag, seen);
                     return Some((tag, seen, state));
                 }
             } else if version_of(seen) == head.version
-                && head.limit.is_idle(state, now_nanos)
-                && retire_if_idle(&head.limit, tag, seen, state, now_nanos)
+                && head.limit.is_idle(&salted, now_nanos)
+                && retire_if_idle(&head.limit, tag, seen, &salted, now_nanos)
             {
                 taken(tag, seen);
                 return Some((tag, seen, state));
@@ -526,13 +579,15 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
                 .slots(place)
                 .filter_map(|(tag, state)| {
                     let seen = live(tag).filter(|seen| version_of(*seen) == head.version)?;
-                    Some((head.limit.available(state, now_nanos)?, tag, seen, state))
+                    let available = head.limit.available(&self.salted(state, seen), now_nanos)?;
+                    Some((available, tag, seen, state))
                 })
                 .max_by_key(|(available, ..)| *available);
             let (_, tag, seen, state) = closest?;
             if take_live(tag, seen) {
-                if !head.limit.retire_if_idle(state, now_nanos) {
-                    head.limit.retire_now(state);
+                let salted = self.salted(state, seen);
+                if !head.limit.retire_if_idle(&salted, now_nanos) {
+                    head.limit.retire_now(&salted);
                     if !self.has_fault(StoreFault::UncountedEviction) {
                         // Relaxed: a count.
                         self.evictions.fetch_add(1, Ordering::Relaxed);
@@ -547,7 +602,7 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
 
     /// Retires every state idle at `now_nanos` under `head` or made under an earlier version,
     /// and frees its slot; how many it freed. Publishes `now_nanos` in `evicted_up_to` first.
-    pub fn sweep<L: WordLimit<W>>(
+    pub fn sweep<L: WordLimit>(
         &self,
         head: &StoreHead<L>,
         now_nanos: u64,
@@ -568,8 +623,8 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
                 {
                     self.retire_earlier(head, tag, seen, state)
                 } else if version_of(seen) == head.version
-                    && head.limit.is_idle(state, now_nanos)
-                    && retire_if_idle(&head.limit, tag, seen, state, now_nanos)
+                    && head.limit.is_idle(&self.salted(state, seen), now_nanos)
+                    && retire_if_idle(&head.limit, tag, seen, &self.salted(state, seen), now_nanos)
                 {
                     // Release: as in `retire_earlier`.
                     tag.store(idle_tag(seen, false), Ordering::Release);
@@ -601,7 +656,7 @@ pub fn decide<W, const B: usize, P, R>(
 where
     W: AtomicWord,
     P: StorePlan,
-    P::Limit: WordLimit<W>,
+    P::Limit: WordLimit,
     R: WordRequest<W, P::Limit>,
 {
     // The home bucket first, alone: a known key's state is there unless the bucket was full
@@ -627,7 +682,7 @@ fn decide_further<W, const B: usize, P, R>(
 where
     W: AtomicWord,
     P: StorePlan,
-    P::Limit: WordLimit<W>,
+    P::Limit: WordLimit,
     R: WordRequest<W, P::Limit>,
 {
     let mut inserts = 0;
@@ -678,7 +733,7 @@ fn decide_in_bucket<W, const B: usize, P, R>(
 where
     W: AtomicWord,
     P: StorePlan,
-    P::Limit: WordLimit<W>,
+    P::Limit: WordLimit,
     R: WordRequest<W, P::Limit>,
 {
     // Slot by slot: a loop of constant length over the bucket's tags, which compiles to a few
@@ -710,7 +765,7 @@ fn decide_on_slot<W, const B: usize, P, R>(
 where
     W: AtomicWord,
     P: StorePlan,
-    P::Limit: WordLimit<W>,
+    P::Limit: WordLimit,
     R: WordRequest<W, P::Limit>,
 {
     // The plan is read *after* the state is found: a state is used only if it was made under
@@ -720,7 +775,11 @@ where
     let head = plan.head();
     let version = version_of(seen);
     if version == head.version && head.kept {
-        let slot = SlotWord { state, tag, seen };
+        let slot = SlotWord {
+            state: store.salted(state, seen),
+            tag,
+            seen,
+        };
         let decided = request.acquire(&head.limit, &slot);
         // Checked whatever the answer: after a decision that met a retired state, the check's
         // fence pairs with the Release of the retiring exchange, so that what the retiring
@@ -759,15 +818,110 @@ fn claim<W: AtomicWord>(tag: &W, seen: u64) -> bool {
             .is_ok()
 }
 
-/// A slot's state word as a decision sees it, through the tag the decision found: every
-/// exchange first checks that the slot still has the same holding (the same tag, its retiring
-/// bit aside), and fails as on a retired word if not. So a decision made with the limits of one
-/// holding (its version) never writes another holding's state, even when the method's
-/// compare-and-swap loop retries on a word the slot's next holding wrote.
+/// A slot's state word as one holding reads it: stored XORed with the holding's salt
+/// ([`ClientStore::salt_of`]), so that the words of two holdings of one slot, even when their
+/// values coincide, almost never coincide bit for bit (see the module's docs). Every access of
+/// the store's to a state word goes through the view of the holding it found.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SaltedWord<'s, W> {
+    word: &'s W,
+    salt: u64,
+}
+
+/// Adds `value` to `word`'s value by its own exchanges, as `fetch_add` would: a salted word's
+/// sum is not the sum of what it stores.
+#[inline]
+fn add_by_exchanges<A: AtomicWord>(word: &A, value: u64, order: Ordering) -> u64 {
+    update_by_exchanges(word, order, |current| current.wrapping_add(value))
+}
+
+/// Replaces `word`'s value by `change` of it, by exchanges until one lands: the value it
+/// replaced. (An exchange that finds another value computes again from it.)
+#[inline]
+fn update_by_exchanges<A: AtomicWord>(
+    word: &A,
+    order: Ordering,
+    change: impl Fn(u64) -> u64,
+) -> u64 {
+    // Relaxed: the exchange below decides, with the caller's ordering.
+    let mut current = word.load(Ordering::Relaxed);
+    loop {
+        match word.compare_exchange_weak(current, change(current), order, Ordering::Relaxed) {
+            Ok(previous) => return previous,
+            Err(actual) => current = actual,
+        }
+    }
+}
+
+impl<W: AtomicWord> AtomicWord for SaltedWord<'_, W> {
+    #[inline]
+    fn load(&self, order: Ordering) -> u64 {
+        self.word.load(order) ^ self.salt
+    }
+    #[inline]
+    fn store(&self, value: u64, order: Ordering) {
+        self.word.store(value ^ self.salt, order);
+    }
+    #[inline]
+    fn compare_exchange_weak(
+        &self,
+        current: u64,
+        new: u64,
+        success: Ordering,
+        failure: Ordering,
+    ) -> Result<u64, u64> {
+        self.word
+            .compare_exchange_weak(current ^ self.salt, new ^ self.salt, success, failure)
+            .map(|previous| previous ^ self.salt)
+            .map_err(|actual| actual ^ self.salt)
+    }
+    #[inline]
+    fn compare_exchange(
+        &self,
+        current: u64,
+        new: u64,
+        success: Ordering,
+        failure: Ordering,
+    ) -> Result<u64, u64> {
+        self.word
+            .compare_exchange(current ^ self.salt, new ^ self.salt, success, failure)
+            .map(|previous| previous ^ self.salt)
+            .map_err(|actual| actual ^ self.salt)
+    }
+    #[inline]
+    fn fetch_add(&self, value: u64, order: Ordering) -> u64 {
+        add_by_exchanges(self, value, order)
+    }
+    #[inline]
+    fn fetch_max(&self, value: u64, order: Ordering) -> u64 {
+        update_by_exchanges(self, order, |current| current.max(value))
+    }
+    #[inline]
+    fn fence(order: Ordering) {
+        W::fence(order);
+    }
+    #[inline]
+    fn wait_for_writer() {
+        W::wait_for_writer();
+    }
+    #[inline]
+    fn yield_thread() {
+        W::yield_thread();
+    }
+}
+
+/// A slot's state word as a decision sees it, through the tag the decision found: read through
+/// that holding's salt, and every exchange first checks that the slot still has the same
+/// holding (the same tag, its retiring bit aside), and fails as on a retired word if not. So a
+/// decision made with the limits of one holding (its version) never writes another holding's
+/// state from a word it read of that holding, even when the method's compare-and-swap loop
+/// retries on a word the slot's next holding wrote; and an exchange whose check passed just
+/// before the slot changed hands expects a word of the old holding's salt, which the next
+/// holding's word matches only by chance (see the module's docs).
 #[doc(hidden)]
 #[derive(Debug)]
 pub struct SlotWord<'s, W> {
-    state: &'s W,
+    state: SaltedWord<'s, W>,
     tag: &'s W,
     seen: u64,
 }
@@ -787,6 +941,29 @@ impl<W: AtomicWord> SlotWord<'_, W> {
         // Relaxed: ordered by the fence. The retiring bit aside: a retirement that lands after a
         // decision leaves the decision standing.
         (self.tag.load(Ordering::Relaxed) ^ self.seen) & !RETIRING == 0
+    }
+
+    /// Replaces the word's value by `change` of it, by checked exchanges until one lands: the
+    /// value it replaced, or the retired word (nothing written) once the slot has another
+    /// holding.
+    #[inline]
+    fn update_checked(&self, order: Ordering, change: impl Fn(u64) -> u64) -> u64 {
+        // Relaxed: the exchange below decides, with the caller's ordering.
+        let mut current = self.state.load(Ordering::Relaxed);
+        loop {
+            if !self.same_holding() {
+                return READS_AS_RETIRED;
+            }
+            match self.state.compare_exchange_weak(
+                current,
+                change(current),
+                order,
+                Ordering::Relaxed,
+            ) {
+                Ok(previous) => return previous,
+                Err(actual) => current = actual,
+            }
+        }
     }
 }
 
@@ -826,21 +1003,15 @@ impl<W: AtomicWord> AtomicWord for SlotWord<'_, W> {
         }
         self.state.compare_exchange(current, new, success, failure)
     }
-    /// The fixed window's one-permit fast path: checked as an exchange is, and on another
-    /// holding answers the retired word (having added nothing).
+    /// The fixed window's one-permit fast path, by checked exchanges (a salted word cannot be
+    /// added to in place): on another holding it answers the retired word, having added nothing.
     #[inline]
     fn fetch_add(&self, value: u64, order: Ordering) -> u64 {
-        if !self.same_holding() {
-            return READS_AS_RETIRED;
-        }
-        self.state.fetch_add(value, order)
+        self.update_checked(order, |current| current.wrapping_add(value))
     }
     #[inline]
     fn fetch_max(&self, value: u64, order: Ordering) -> u64 {
-        if !self.same_holding() {
-            return READS_AS_RETIRED;
-        }
-        self.state.fetch_max(value, order)
+        self.update_checked(order, |current| current.max(value))
     }
     #[inline]
     fn fence(order: Ordering) {
@@ -871,11 +1042,11 @@ fn take_live<W: AtomicWord>(tag: &W, seen: u64) -> bool {
 /// Takes the live slot whose tag read `seen` and retires its state if it is idle at `now_nanos`;
 /// when it is not (an acquire landed first), puts the tag back. Whether it retired it (the slot
 /// is then this thread's).
-fn retire_if_idle<W: AtomicWord, L: WordLimit<W>>(
+fn retire_if_idle<W: AtomicWord, L: WordLimit>(
     limit: &L,
     tag: &W,
     seen: u64,
-    state: &W,
+    state: &SaltedWord<'_, W>,
     now_nanos: u64,
 ) -> bool {
     if !take_live(tag, seen) {
