@@ -828,15 +828,9 @@ pub(crate) struct SaltedWord<'s, W> {
     salt: u64,
 }
 
-/// Adds `value` to `word`'s value by its own exchanges, as `fetch_add` would: a salted word's
-/// sum is not the sum of what it stores.
-#[inline]
-fn add_by_exchanges<A: AtomicWord>(word: &A, value: u64, order: Ordering) -> u64 {
-    update_by_exchanges(word, order, |current| current.wrapping_add(value))
-}
-
 /// Replaces `word`'s value by `change` of it, by exchanges until one lands: the value it
-/// replaced. (An exchange that finds another value computes again from it.)
+/// replaced. (An exchange that finds another value computes again from it.) A salted word's
+/// `fetch_add` and `fetch_max`: its sum is not the sum of what it stores.
 #[inline]
 fn update_by_exchanges<A: AtomicWord>(
     word: &A,
@@ -850,6 +844,16 @@ fn update_by_exchanges<A: AtomicWord>(
             Ok(previous) => return previous,
             Err(actual) => current = actual,
         }
+    }
+}
+
+impl<W> SaltedWord<'_, W> {
+    /// An exchange's answer (the word it replaced, or the one it found) as the holding reads it.
+    #[inline]
+    fn unsalted(&self, answer: Result<u64, u64>) -> Result<u64, u64> {
+        answer
+            .map(|previous| previous ^ self.salt)
+            .map_err(|actual| actual ^ self.salt)
     }
 }
 
@@ -870,10 +874,12 @@ impl<W: AtomicWord> AtomicWord for SaltedWord<'_, W> {
         success: Ordering,
         failure: Ordering,
     ) -> Result<u64, u64> {
-        self.word
-            .compare_exchange_weak(current ^ self.salt, new ^ self.salt, success, failure)
-            .map(|previous| previous ^ self.salt)
-            .map_err(|actual| actual ^ self.salt)
+        self.unsalted(self.word.compare_exchange_weak(
+            current ^ self.salt,
+            new ^ self.salt,
+            success,
+            failure,
+        ))
     }
     #[inline]
     fn compare_exchange(
@@ -883,14 +889,16 @@ impl<W: AtomicWord> AtomicWord for SaltedWord<'_, W> {
         success: Ordering,
         failure: Ordering,
     ) -> Result<u64, u64> {
-        self.word
-            .compare_exchange(current ^ self.salt, new ^ self.salt, success, failure)
-            .map(|previous| previous ^ self.salt)
-            .map_err(|actual| actual ^ self.salt)
+        self.unsalted(self.word.compare_exchange(
+            current ^ self.salt,
+            new ^ self.salt,
+            success,
+            failure,
+        ))
     }
     #[inline]
     fn fetch_add(&self, value: u64, order: Ordering) -> u64 {
-        add_by_exchanges(self, value, order)
+        update_by_exchanges(self, order, |current| current.wrapping_add(value))
     }
     #[inline]
     fn fetch_max(&self, value: u64, order: Ordering) -> u64 {
