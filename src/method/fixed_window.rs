@@ -259,7 +259,7 @@ impl WindowParams {
 /// A fixed window: at most N permits per window aligned to the clock's origin.
 ///
 /// Lock-free: one `AtomicU64` (on its own cache line); a single permit in the current window is
-/// one `fetch_add`.
+/// one `fetch_add` (a compare-and-swap for a service's client, whose word is stored salted).
 ///
 /// # Guarantee
 ///
