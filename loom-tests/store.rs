@@ -22,7 +22,7 @@ use tollgate::loom_support::store::{
 };
 use tollgate::loom_support::{Admit, GcraParams, Method as Core, Retired};
 
-use crate::support::{FixedClock, explore, one_word_limit};
+use crate::support::{FixedClock, WINDOW, explore, one_word_limit};
 use crate::token_bucket::bucket;
 
 // A token bucket's constants, as the store's plan hands them out.
@@ -243,6 +243,42 @@ pub(crate) fn check_sweep_racing_requests(fault: StoreFault) {
     });
 }
 
+/// Alice is active and Bob idle in the model's full bucket; a sweep (which frees Bob's slot)
+/// races Carol's first request: Carol should take Bob's slot, and Alice keep her state (no
+/// eviction while a slot no active client needs exists). Panics with "evicted an active client"
+/// otherwise.
+pub(crate) fn check_sweep_racing_an_insert(fault: StoreFault) {
+    const LATER: u64 = 2 * WINDOW;
+    explore(3, move || {
+        let model = Arc::new(ModelStore::new([bucket(1), bucket(1)], fault));
+        // Bob's permit at 0 is long back at `LATER`; Alice's, taken then, is not.
+        assert!(model.request(BOB, 0), "Bob's permit");
+        assert!(model.request(ALICE, LATER), "Alice's permit");
+        let sweeper = {
+            let model = Arc::clone(&model);
+            thread::spawn(move || model.sweep(LATER))
+        };
+        let carol = {
+            let model = Arc::clone(&model);
+            thread::spawn(move || model.request(CAROL, LATER))
+        };
+        sweeper.join().expect("the sweep panicked");
+        assert!(
+            carol.join().expect("Carol's request panicked"),
+            "Carol's first permit"
+        );
+        assert_eq!(
+            model.store.evictions(),
+            0,
+            "evicted an active client while Bob's idle slot was there"
+        );
+        assert!(
+            !model.request(ALICE, LATER),
+            "Alice's used permit stays used"
+        );
+    });
+}
+
 #[test]
 fn store_first_requests_make_one_state() {
     check_first_requests(StoreFault::None);
@@ -261,4 +297,10 @@ fn store_eviction_racing_a_decision_never_grants_more_than_fresh_states() {
 #[test]
 fn store_sweep_racing_requests_never_grants_twice() {
     check_sweep_racing_requests(StoreFault::None);
+}
+
+#[test]
+#[ignore = "fails until fixed: an insert passes over the slot a sweep is freeing and evicts Alice; run with --ignored"]
+fn store_sweep_racing_an_insert_evicts_no_active_client() {
+    check_sweep_racing_an_insert(StoreFault::None);
 }
