@@ -579,13 +579,13 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
                 .slots(place)
                 .filter_map(|(tag, state)| {
                     let seen = live(tag).filter(|seen| version_of(*seen) == head.version)?;
-                    let available = head.limit.available(&self.salted(state, seen), now_nanos)?;
-                    Some((available, tag, seen, state))
+                    let salted = self.salted(state, seen);
+                    let available = head.limit.available(&salted, now_nanos)?;
+                    Some((available, tag, seen, state, salted))
                 })
                 .max_by_key(|(available, ..)| *available);
-            let (_, tag, seen, state) = closest?;
+            let (_, tag, seen, state, salted) = closest?;
             if take_live(tag, seen) {
-                let salted = self.salted(state, seen);
                 if !head.limit.retire_if_idle(&salted, now_nanos) {
                     head.limit.retire_now(&salted);
                     if !self.has_fault(StoreFault::UncountedEviction) {
@@ -623,8 +623,9 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
                 {
                     self.retire_earlier(head, tag, seen, state)
                 } else if version_of(seen) == head.version
-                    && head.limit.is_idle(&self.salted(state, seen), now_nanos)
-                    && retire_if_idle(&head.limit, tag, seen, &self.salted(state, seen), now_nanos)
+                    && let salted = self.salted(state, seen)
+                    && head.limit.is_idle(&salted, now_nanos)
+                    && retire_if_idle(&head.limit, tag, seen, &salted, now_nanos)
                 {
                     // Release: as in `retire_earlier`.
                     tag.store(idle_tag(seen, false), Ordering::Release);
@@ -829,8 +830,11 @@ pub(crate) struct SaltedWord<'s, W> {
 }
 
 /// Replaces `word`'s value by `change` of it, by exchanges until one lands: the value it
-/// replaced. (An exchange that finds another value computes again from it.) A salted word's
-/// `fetch_add` and `fetch_max`: its sum is not the sum of what it stores.
+/// replaced. (An exchange that finds another value computes again from it.) The `fetch_add`
+/// and `fetch_max` of a salted word, whose sum is not the sum of what it stores, and of a
+/// decision's view of one ([`SlotWord`]), whose exchanges answer [`READS_AS_RETIRED`] once the
+/// slot has another holding: that word ends the loop, nothing written (on a word that holds it,
+/// retired for every method, writing would change no answer).
 #[inline]
 fn update_by_exchanges<A: AtomicWord>(
     word: &A,
@@ -842,6 +846,7 @@ fn update_by_exchanges<A: AtomicWord>(
     loop {
         match word.compare_exchange_weak(current, change(current), order, Ordering::Relaxed) {
             Ok(previous) => return previous,
+            Err(READS_AS_RETIRED) => return READS_AS_RETIRED,
             Err(actual) => current = actual,
         }
     }
@@ -950,29 +955,6 @@ impl<W: AtomicWord> SlotWord<'_, W> {
         // decision leaves the decision standing.
         (self.tag.load(Ordering::Relaxed) ^ self.seen) & !RETIRING == 0
     }
-
-    /// Replaces the word's value by `change` of it, by checked exchanges until one lands: the
-    /// value it replaced, or the retired word (nothing written) once the slot has another
-    /// holding.
-    #[inline]
-    fn update_checked(&self, order: Ordering, change: impl Fn(u64) -> u64) -> u64 {
-        // Relaxed: the exchange below decides, with the caller's ordering.
-        let mut current = self.state.load(Ordering::Relaxed);
-        loop {
-            if !self.same_holding() {
-                return READS_AS_RETIRED;
-            }
-            match self.state.compare_exchange_weak(
-                current,
-                change(current),
-                order,
-                Ordering::Relaxed,
-            ) {
-                Ok(previous) => return previous,
-                Err(actual) => current = actual,
-            }
-        }
-    }
 }
 
 impl<W: AtomicWord> AtomicWord for SlotWord<'_, W> {
@@ -1015,11 +997,11 @@ impl<W: AtomicWord> AtomicWord for SlotWord<'_, W> {
     /// added to in place): on another holding it answers the retired word, having added nothing.
     #[inline]
     fn fetch_add(&self, value: u64, order: Ordering) -> u64 {
-        self.update_checked(order, |current| current.wrapping_add(value))
+        update_by_exchanges(self, order, |current| current.wrapping_add(value))
     }
     #[inline]
     fn fetch_max(&self, value: u64, order: Ordering) -> u64 {
-        self.update_checked(order, |current| current.max(value))
+        update_by_exchanges(self, order, |current| current.max(value))
     }
     #[inline]
     fn fence(order: Ordering) {
