@@ -708,3 +708,15 @@ fn store_evicting_without_counting_fails_eviction_model() {
 fn store_unsalted_words_fail_the_layouts_model() {
     crate::store_layouts::check_stale_exchange_across_layouts(StoreFault::Unsalted);
 }
+
+#[test]
+#[should_panic(expected = "evicted an active client")]
+fn store_evicting_past_retiring_slots_fails_the_sweep_and_insert_model() {
+    crate::store::check_sweep_racing_an_insert(StoreFault::EvictPastRetiring);
+}
+
+#[test]
+#[should_panic(expected = "evicted an active client")]
+fn store_unfenced_look_at_freed_tags_fails_the_sweep_and_insert_model() {
+    crate::store::check_sweep_racing_an_insert(StoreFault::FreedTagsUnfenced);
+}

@@ -300,7 +300,6 @@ fn store_sweep_racing_requests_never_grants_twice() {
 }
 
 #[test]
-#[ignore = "fails until fixed: an insert passes over the slot a sweep is freeing and evicts Alice; run with --ignored"]
 fn store_sweep_racing_an_insert_evicts_no_active_client() {
     check_sweep_racing_an_insert(StoreFault::None);
 }

@@ -496,7 +496,6 @@ fn moving_windows_racing_rule_changes_and_sweeps_never_pass_a_window_limit() {
 /// racing them, and the exhausted ones asking all along, with sweeps) take the idle slots,
 /// evict no one, and the exhausted clients stay refused.
 #[test]
-#[ignore = "fails until fixed: an insert passes over a slot a sweep is retiring (`reuse` in src/service/store.rs) and evicts an active client, though that slot is freed a moment later"]
 fn active_clients_are_not_evicted_while_idle_slots_remain() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
     let window = Duration::from_secs(10);
@@ -588,7 +587,6 @@ fn active_clients_are_not_evicted_while_idle_slots_remain() {
 /// clock moves on so that the last round's new client (one permit taken) is idle, then a new
 /// client comes, while two threads sweep without pause.
 #[test]
-#[ignore = "fails until fixed: an insert passes over a slot a sweep is retiring (`reuse` in src/service/store.rs) and evicts an active client, though that slot is freed a moment later"]
 fn a_sweep_racing_an_insert_never_makes_it_evict_an_active_client() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
     let window = Duration::from_secs(10);

@@ -45,7 +45,10 @@
 //!   under an earlier version, else one whose state is indistinguishable from fresh (retired by
 //!   one exchange on its state, so a state that is admitting is never taken), else the state
 //!   closest to fresh among the two buckets (the most permits available), which is an
-//!   **eviction**, counted. The slot's new state is stored before its tag is published
+//!   **eviction**, counted. An insert evicts only while no slot of the two buckets is free or
+//!   being freed by another thread (a sweep): holding its victim, it looks at the tags once more,
+//!   and where one is, it puts the victim back and inserts again (waiting for that slot). The
+//!   slot's new state is stored before its tag is published
 //!   (Release), so a reader that finds the tag sees the state. The insert returns the slot, and
 //!   the decision decides on it as on one it found (the plan read after, the holding checked).
 //! - **Sweep** ([`ClientStore::sweep`]): retires idle states and ones made under earlier
@@ -208,6 +211,12 @@ pub enum StoreFault {
     SweepRetiresActive,
     /// An eviction that is not counted: a client started afresh without its eviction showing.
     UncountedEviction,
+    /// An insert that evicts an active client while another slot of its buckets is being freed
+    /// (a sweep's idle one).
+    EvictPastRetiring,
+    /// The insert's last look at the tags before an eviction without its Acquire fence: a slot
+    /// skipped for its state read retired may still read live there.
+    FreedTagsUnfenced,
     /// Every holding's salt 0: a decision's exchange, checked against one holding, can land on
     /// the next holding of its slot when that holding's word equals the one it read.
     Unsalted,
@@ -586,6 +595,15 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
                 .max_by_key(|(available, ..)| *available);
             let (_, tag, seen, state, salted) = closest?;
             if take_live(tag, seen) {
+                // Holding the victim, a last look at the tags as they are now: a slot another
+                // thread is freeing (a sweep's, most often) or has freed since the passes above
+                // is one no active client needs. The victim is put back and the insert runs
+                // again, whose first pass waits for that slot.
+                if !self.has_fault(StoreFault::EvictPastRetiring) && self.is_any_freed(place, tag) {
+                    // Release: as every tag a live state is published under.
+                    tag.store(seen, Ordering::Release);
+                    return None;
+                }
                 if !head.limit.retire_if_idle(&salted, now_nanos) {
                     head.limit.retire_now(&salted);
                     if !self.has_fault(StoreFault::UncountedEviction) {
@@ -598,6 +616,26 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
             }
         }
         None
+    }
+
+    /// Whether a slot of `place`'s buckets other than `holding` is free or being freed (its
+    /// retiring bit set) since the insert's passes read it live. Those passes skip a slot that
+    /// another thread is freeing by one of three reads: its tag with the retiring bit, an
+    /// exchange on its tag that failed on that bit, or its state word retired (by the retiring
+    /// thread's Release exchange, which follows its exchange on the tag). After the first two,
+    /// this thread's loads of the tag return that tag or a later one; after the third, the
+    /// Acquire fence below makes the retiring exchange on the tag happen before them. So a slot
+    /// the passes skipped for a sweep's work reads free or retiring here.
+    fn is_any_freed(&self, place: Place, holding: &W) -> bool {
+        if !self.has_fault(StoreFault::FreedTagsUnfenced) {
+            // Acquire: pairs with the Release of a retiring exchange whose word a pass read.
+            W::fence(Ordering::Acquire);
+        }
+        self.slots(place).any(|(tag, _)| {
+            // Relaxed: ordered by the fence above.
+            let now = tag.load(Ordering::Relaxed);
+            !std::ptr::eq(tag, holding) && (is_free(now) || now & RETIRING != 0)
+        })
     }
 
     /// Retires every state idle at `now_nanos` under `head` or made under an earlier version,
