@@ -99,10 +99,16 @@ fn write_instructions_figures(dir: &Path) {
 const FOOTPRINT_FIGURES: &str = r#"{
   "source": "commit 0000000",
   "clients": 1000000,
+  "flood_keys": 10000000,
+  "flood_bound_bytes": 33554432.0,
   "runs": 3,
   "subjects": [
-    {"subject": "tollgate", "resident_bytes_per_client": 70.0, "nanos_per_first_request": 700.0},
-    {"subject": "governor", "resident_bytes_per_client": 35.0, "nanos_per_first_request": 350.0}
+    {"subject": "tollgate", "resident_bytes_per_client": 70.0, "nanos_per_first_request": 700.0,
+     "clients_held": 923000.0, "evictions": 0.0, "resident_growth_bytes": 70000000.0},
+    {"subject": "governor", "resident_bytes_per_client": 35.0, "nanos_per_first_request": 350.0,
+     "clients_held": 1000000.0, "evictions": 0.0, "resident_growth_bytes": 35000000.0},
+    {"subject": "flood", "resident_bytes_per_client": 17.0, "nanos_per_first_request": 700.0,
+     "clients_held": 1000000.0, "evictions": 5.0, "resident_growth_bytes": 17825792.0}
   ]
 }"#;
 
@@ -212,7 +218,15 @@ fn each_part_keeps_the_others() {
         "{written}"
     );
     assert!(
-        written.contains("| tollgate | 70.0 | 2.00x | 700 | 2.00x |\n"),
+        written.contains("| tollgate | 70.0 | 2.00x | 700 | 2.00x | 923000 | 0 |\n"),
+        "{written}"
+    );
+    assert!(
+        written.contains("| flood | 17.0 | 0.49x | 700 | 2.00x | 1000000 | 5 |\n"),
+        "{written}"
+    );
+    assert!(
+        written.contains("The flood's resident growth: 17.0 MiB, within its bound of 32.0 MiB"),
         "{written}"
     );
 
