@@ -47,10 +47,11 @@
 //!   closest to fresh among the two buckets (the most permits available), which is an
 //!   **eviction**, counted. An insert evicts only while no slot of the two buckets is free or
 //!   being freed by another thread (a sweep): holding its victim, it looks at the tags once more,
-//!   and where one is, it puts the victim back and inserts again (waiting for that slot). The
-//!   slot's new state is stored before its tag is published
-//!   (Release), so a reader that finds the tag sees the state. The insert returns the slot, and
-//!   the decision decides on it as on one it found (the plan read after, the holding checked).
+//!   and where one is, it puts the victim back and inserts again (waiting for that slot), up to
+//!   four times a decision (a slot being taken by another insert looks the same). The slot's new
+//!   state is stored before its tag is published (Release), so a reader that finds the tag sees
+//!   the state. The insert returns the slot, and the decision decides on it as on one it found
+//!   (the plan read after, the holding checked).
 //! - **Sweep** ([`ClientStore::sweep`]): retires idle states and ones made under earlier
 //!   versions, and frees their slots. The store never needs it to take new clients (inserts
 //!   reuse idle slots themselves); it keeps [`ClientStore::clients`] to the clients that are active.
@@ -119,6 +120,12 @@ const VERSION_SHIFT: u32 = 48;
 /// The most times one decision inserts its client (each insert after the first follows a change
 /// another thread made meanwhile: a rule change, an eviction of the state just put).
 const MAX_INSERTS: u32 = 1_000;
+
+/// How many of one decision's inserts may put their victim back for a slot another thread is
+/// freeing or taking (see `ClientStore::reuse`) before the next evicts all the same. A sweep's
+/// slot is free for the insert after the first (which waits for it); the bound is for two
+/// inserts that each find the other's victim taken and would put theirs back in turn.
+const EVICTION_DEFERRALS: u32 = 4;
 
 /// How many times an insert into a full pair of buckets looks for a state to evict, when each
 /// one it picks changes before it can retire it (each change is a grant to an active client).
@@ -484,13 +491,15 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
     /// later one is there; `now_nanos` decides which states are idle. Publishes `now_nanos` in
     /// `evicted_up_to` before it retires a state to reuse its slot. Returns the slot of the
     /// key's state, put or found, with its tag; `None` when every state it tried to take for
-    /// reuse changed first (the decision inserts again).
+    /// reuse changed first, or when `may_defer` and it put back the state it was to evict for a
+    /// slot another thread is freeing (the decision inserts again).
     pub fn insert<L: WordLimit>(
         &self,
         place: Place,
         head: &StoreHead<L>,
         now_nanos: u64,
         evicted_up_to: &W,
+        may_defer: bool,
     ) -> Option<(&W, &W, u64)> {
         let _lock = (!self.has_fault(StoreFault::InsertWithoutLock))
             .then(|| InsertLock::take(&self.insert_locks[place.home]));
@@ -519,7 +528,7 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
             .or_else(|| self.claim_free(place));
         let (tag, previous, state) = match claimed {
             Some(slot) => slot,
-            None => self.reuse(place, head, now_nanos, evicted_up_to)?,
+            None => self.reuse(place, head, now_nanos, evicted_up_to, may_defer)?,
         };
         let live = live_tag(head.version, place.fingerprint, previous);
         // Release: a request whose exchange lands on this state or a later one (an Acquire
@@ -546,13 +555,16 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
 
     /// Takes a live slot of `place`'s buckets for reuse: one made under an earlier version, else
     /// an idle one, else the one closest to fresh (an eviction). Its state is retired by this
-    /// call, and its tag set to `BUSY`. Returns the slot's tag, the tag it held, and its state.
+    /// call, and its tag set to `BUSY`. Returns the slot's tag, the tag it held, and its state;
+    /// `None` when each state it picked changed first, or when `may_defer` and another slot is
+    /// being freed (see [`ClientStore::is_any_freed`]).
     fn reuse<L: WordLimit>(
         &self,
         place: Place,
         head: &StoreHead<L>,
         now_nanos: u64,
         evicted_up_to: &W,
+        may_defer: bool,
     ) -> Option<(&W, u64, &W)> {
         // Relaxed: published to the requests that meet the retired state by the Release of the
         // retiring exchange (their Acquire fence follows).
@@ -598,8 +610,12 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
                 // Holding the victim, a last look at the tags as they are now: a slot another
                 // thread is freeing (a sweep's, most often) or has freed since the passes above
                 // is one no active client needs. The victim is put back and the insert runs
-                // again, whose first pass waits for that slot.
-                if !self.has_fault(StoreFault::EvictPastRetiring) && self.is_any_freed(place, tag) {
+                // again, whose first pass waits for that slot. (The bit may also be another
+                // insert's, taking its own victim: hence the bound on deferrals.)
+                if may_defer
+                    && !self.has_fault(StoreFault::EvictPastRetiring)
+                    && self.is_any_freed(place, tag)
+                {
                     // Release: as every tag a live state is published under.
                     tag.store(seen, Ordering::Release);
                     return None;
@@ -751,7 +767,9 @@ where
         inserts += 1;
         // The slot the insert put (or found) the key's state in, decided on at once; the key's
         // buckets are looked up again only if that does not answer.
-        if let Some((tag, state, seen)) = store.insert(place, &head, now_nanos(), evicted_up_to)
+        let may_defer = inserts <= EVICTION_DEFERRALS;
+        if let Some((tag, state, seen)) =
+            store.insert(place, &head, now_nanos(), evicted_up_to, may_defer)
             && let Some(answer) = decide_on_slot(store, plan, request, tag, state, seen)
         {
             return Stored::Answer(answer);
