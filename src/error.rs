@@ -148,9 +148,11 @@ pub enum ServiceError {
         /// The most changes one plan may have.
         max: u64,
     },
-    /// A decision looked its client up many times, each time finding an entry it had just
-    /// removed: the key's `Hash` or `Eq` changes between calls (a hash of a mutable field), which
-    /// the service cannot index. Answered instead of retrying for ever.
+    /// A decision looked its client up many times, each time losing the state it found or put:
+    /// the key's `Hash` or `Eq` changes between calls (a hash of a mutable field), which the
+    /// service cannot index, or (in a fixed table) other threads took every state this decision
+    /// put before it could decide on it (a flood of new clients into a full table, or rule changes
+    /// without pause). Answered instead of retrying for ever.
     UnstableKey {
         /// The plan, as its `Debug` form.
         plan: String,
@@ -189,9 +191,11 @@ impl fmt::Display for ServiceError {
             ),
             ServiceError::UnstableKey { plan, tries } => write!(
                 f,
-                "plan {plan}: the client's entry was still found after {tries} lookups that \
-                 removed it: the key's `Hash` or `Eq` changes between calls, and a key must hash \
-                 and compare the same for as long as it is in use"
+                "plan {plan}: the client's state was lost in each of {tries} lookups: either \
+                 the key's `Hash` or `Eq` changes between calls (a key must hash and compare the \
+                 same for as long as it is in use), or other threads took each state put for it \
+                 before it was decided on (new clients flooding a full table, or rule changes \
+                 without pause)"
             ),
             ServiceError::CapacityTooLarge { capacity, max } => {
                 write!(
