@@ -171,9 +171,14 @@ impl TollgateService {
     /// 10 000, twice 99.98%, four times every one of 1 000 000 (the instruction harness checks
     /// it on the same keys).
     pub(crate) fn new(algorithm: Algorithm, rule: Rule, clients: u64) -> Self {
+        Self::with_capacity(algorithm, rule, 4 * clients)
+    }
+
+    /// A service of `capacity` clients.
+    pub(crate) fn with_capacity(algorithm: Algorithm, rule: Rule, capacity: u64) -> Self {
         let service = ServiceBuilder::new(algorithm, MonotonicClock::new())
             .plan(Plan::Standard, rule)
-            .capacity(usize::try_from(4 * clients).expect("the clients fit in memory"))
+            .capacity(usize::try_from(capacity).expect("the clients fit in memory"))
             .build()
             .expect("the benchmark rules are valid for every method");
         TollgateService(service)
