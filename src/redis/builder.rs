@@ -7,7 +7,7 @@ use std::time::Duration;
 use ::redis::Value;
 
 use super::RedisError;
-use super::connection::{Connection, ConnectionSettings};
+use super::connection::{Connection, ConnectionSettings, first_node_error};
 use super::deny_cache::DenyCache;
 use super::fallback::LocalFallback;
 use super::limiter::{PlanEntry, RedisRateLimiter};
@@ -163,6 +163,8 @@ impl<P: Eq + fmt::Debug> RedisRateLimiterBuilder<P> {
         let bound = self
             .connect_timeout
             .saturating_add(self.timeout.saturating_mul(4));
+        let (connect_timeout, response_timeout) = (self.connect_timeout, self.timeout);
+        let root_certificate = self.root_certificate.clone();
         let limiter = self.build_lazy()?;
         let mut connection = limiter.connection.clone();
         let url = limiter.url.clone();
@@ -181,7 +183,21 @@ impl<P: Eq + fmt::Debug> RedisRateLimiterBuilder<P> {
         match tokio::time::timeout(bound, connect).await {
             Ok(Ok(true)) => Ok(limiter),
             Ok(Ok(false)) => Err(RedisError::ReadOnlyReplica { url }),
-            Ok(Err(source)) => Err(connect_error(url, source)),
+            Ok(Err(source)) => {
+                // A cluster's client says only that no node could be reached; one node's own
+                // connection tells why, where it is a certificate or credentials.
+                let settings = ConnectionSettings {
+                    url: &url,
+                    response_timeout,
+                    connect_timeout,
+                    root_certificate: root_certificate.as_deref(),
+                };
+                let cause = match first_node_error(&settings).await {
+                    Some(cause) if is_named_cause(&cause) => cause,
+                    _ => source,
+                };
+                Err(connect_error(url, cause))
+            }
             Err(_) => Err(RedisError::Timeout { after: bound }),
         }
     }
@@ -328,15 +344,25 @@ async fn is_replica(connection: &mut Connection) -> Result<bool, ::redis::RedisE
 
 /// Classifies a failure to connect.
 fn connect_error(url: String, source: ::redis::RedisError) -> RedisError {
-    let refused_credentials = source.kind() == ::redis::ErrorKind::AuthenticationFailed
-        || matches!(source.code(), Some("WRONGPASS" | "NOAUTH" | "NOPERM"));
-    if refused_credentials {
+    if are_credentials_refused(&source) {
         RedisError::Authentication { url, source }
     } else if is_untrusted_certificate(&source) {
         RedisError::UntrustedCertificate { url, source }
     } else {
         RedisError::Connect { url, source }
     }
+}
+
+/// Whether the server refused the credentials.
+fn are_credentials_refused(source: &::redis::RedisError) -> bool {
+    source.kind() == ::redis::ErrorKind::AuthenticationFailed
+        || matches!(source.code(), Some("WRONGPASS" | "NOAUTH" | "NOPERM"))
+}
+
+/// Whether a failure to connect has a cause of its own error: refused credentials or an
+/// untrusted certificate.
+fn is_named_cause(source: &::redis::RedisError) -> bool {
+    are_credentials_refused(source) || is_untrusted_certificate(source)
 }
 
 /// Whether TLS failed on the server's certificate: rustls names such a failure "invalid peer

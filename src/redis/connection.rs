@@ -18,7 +18,7 @@ const CLUSTER_SCHEMES: [(&str, &str); 2] = [
 ];
 
 /// What the connection is made from: the URL and the limiter's bounds.
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 pub(super) struct ConnectionSettings<'a> {
     pub(super) url: &'a str,
     /// Bounds one command (a redirected one with its retries, on a cluster).
@@ -94,6 +94,30 @@ impl Connection {
     /// Whether this is a cluster's connection.
     pub(super) fn is_cluster(&self) -> bool {
         matches!(self, Connection::Cluster(_))
+    }
+}
+
+/// The error of a connection to the first node a cluster URL names, made as the cluster's
+/// client makes its connections (the same TLS roots, credentials and timeout), if that fails:
+/// the cluster's client answers a failure to reach every node without its cause (an untrusted
+/// certificate, refused credentials), which this one keeps. `None` for a URL of one server, or
+/// when the node answers.
+pub(super) async fn first_node_error(
+    settings: &ConnectionSettings<'_>,
+) -> Option<::redis::RedisError> {
+    let nodes = cluster_nodes(settings.url).ok()??;
+    let first = nodes.first()?;
+    let client = match server_client(&ConnectionSettings {
+        url: first,
+        ..*settings
+    }) {
+        Ok(client) => client,
+        Err(error) => return Some(error),
+    };
+    let connect = client.get_multiplexed_async_connection();
+    match tokio::time::timeout(settings.connect_timeout, connect).await {
+        Ok(Err(error)) => Some(error),
+        Ok(Ok(_)) | Err(_) => None,
     }
 }
 
