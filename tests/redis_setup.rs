@@ -72,7 +72,7 @@ mod tls {
     use tollgate::redis::{RedisError, RedisRateLimiter, Source};
     use tollgate::{Algorithm, Rule};
 
-    use super::redis_support::{RedisServer, ScratchDir};
+    use super::redis_support::{RedisCluster, RedisServer, ScratchDir};
 
     /// A certificate authority: its certificate in PEM, and the issuer to sign with.
     fn authority(name: &str) -> CertifiedIssuer<'static, KeyPair> {
@@ -85,6 +85,18 @@ mod tls {
     /// A `redis-server` speaking TLS only, with a certificate for 127.0.0.1 and localhost that
     /// `ca` signed.
     fn tls_server(ca: &CertifiedIssuer<'static, KeyPair>, dir: &ScratchDir) -> RedisServer {
+        let (arguments, _) = tls_arguments(ca, dir);
+        let arguments: Vec<&str> = arguments.iter().map(String::as_str).collect();
+        RedisServer::start_tls(&arguments)
+    }
+
+    /// A server's `--tls-*` arguments for a certificate for 127.0.0.1 and localhost that `ca`
+    /// signed (written into `dir`), clients not asked for certificates; and the file of `ca`'s
+    /// certificate.
+    fn tls_arguments(
+        ca: &CertifiedIssuer<'static, KeyPair>,
+        dir: &ScratchDir,
+    ) -> (Vec<String>, String) {
         let key = KeyPair::generate().unwrap();
         let params =
             CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
@@ -95,7 +107,7 @@ mod tls {
         std::fs::write(&ca_file, ca.pem()).unwrap();
         std::fs::write(&cert_file, certificate.pem()).unwrap();
         std::fs::write(&key_file, key.serialize_pem()).unwrap();
-        RedisServer::start_tls(&[
+        let arguments = [
             "--tls-cert-file",
             &cert_file,
             "--tls-key-file",
@@ -104,7 +116,8 @@ mod tls {
             &ca_file,
             "--tls-auth-clients",
             "no",
-        ])
+        ];
+        (arguments.map(str::to_owned).to_vec(), ca_file)
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -143,5 +156,57 @@ mod tls {
             );
             assert!(error.to_string().contains("is not trusted"), "{error}");
         }
+    }
+    /// A cluster whose nodes speak only TLS, reached by `rediss+cluster://` naming one node:
+    /// clients spread over the three masters (so decisions follow `MOVED` over TLS) each get
+    /// exactly their limit, under every method; without the authority, the build says the
+    /// certificate is not trusted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cluster_over_tls_gives_every_client_its_limit_on_every_master() {
+        let dir = ScratchDir::new("tls-cluster");
+        let ca = authority("tollgate test CA");
+        let (arguments, ca_file) = tls_arguments(&ca, &dir);
+        let arguments: Vec<&str> = arguments.iter().map(String::as_str).collect();
+        let cluster = RedisCluster::start_tls(&arguments, &ca_file);
+        let url = cluster.url();
+        assert!(url.starts_with("rediss+cluster://"), "{url}");
+
+        for algorithm in Algorithm::ALL {
+            let redis = RedisRateLimiter::builder(url.clone(), algorithm)
+                .plan("free", Rule::per_hour(3).unwrap())
+                .key_prefix(format!("tls-{algorithm}"))
+                .deny_cache(0)
+                .tls_root_certificate(ca.pem())
+                .build()
+                .await
+                .unwrap();
+            let mut masters = std::collections::BTreeSet::new();
+            for index in 0..12 {
+                let client = format!("client-{index}");
+                let mut admitted = 0;
+                for _ in 0..5 {
+                    let answer = redis.decide(&client, &"free", 1).await.unwrap();
+                    assert_eq!(answer.source(), Source::Redis, "{algorithm}");
+                    admitted += u64::from(answer.decision().is_allowed());
+                }
+                assert_eq!(
+                    admitted, 3,
+                    "{algorithm}: {client} admitted {admitted} of 5"
+                );
+                let keys = redis.keys(&client, &"free").unwrap();
+                masters.insert(cluster.node_holding(&keys[0]));
+            }
+            assert_eq!(masters.len(), 3, "{algorithm}: keys on masters {masters:?}");
+        }
+
+        let error = RedisRateLimiter::builder(url, Algorithm::TokenBucket)
+            .plan("free", Rule::per_hour(3).unwrap())
+            .build()
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error, RedisError::UntrustedCertificate { .. }),
+            "{error:?}"
+        );
     }
 }

@@ -198,15 +198,32 @@ impl Drop for RedisServer {
 pub(crate) struct RedisCluster {
     nodes: Vec<RedisServer>,
     dir: ScratchDir,
+    /// What `redis-cli` needs to reach the nodes: `--tls --cacert <file>` for a TLS cluster.
+    cli_tls: Vec<String>,
 }
 
 impl RedisCluster {
     pub(crate) fn start() -> RedisCluster {
+        RedisCluster::start_on(None)
+    }
+
+    /// A cluster whose nodes speak TLS only, to clients and on the cluster bus: `tls` are each
+    /// server's `--tls-*` arguments (certificate, key, authority), and `ca_file` the authority
+    /// that `redis-cli` trusts.
+    pub(crate) fn start_tls(tls: &[&str], ca_file: &str) -> RedisCluster {
+        RedisCluster::start_on(Some((tls, ca_file)))
+    }
+
+    fn start_on(tls: Option<(&[&str], &str)>) -> RedisCluster {
         let dir = ScratchDir::new("cluster");
+        let cli_tls: Vec<String> = match tls {
+            Some((_, ca_file)) => vec!["--tls".into(), "--cacert".into(), ca_file.into()],
+            None => Vec::new(),
+        };
         let nodes: Vec<RedisServer> = (0..3)
             .map(|node| {
                 let config = dir.path().join(format!("nodes-{node}.conf"));
-                RedisServer::start_with(&[
+                let mut extra = vec![
                     "--cluster-enabled",
                     "yes",
                     "--cluster-config-file",
@@ -217,14 +234,23 @@ impl RedisCluster {
                     "no",
                     "--dir",
                     dir.path().to_str().expect("a UTF-8 temporary path"),
-                ])
+                ];
+                match tls {
+                    Some((tls, _)) => {
+                        extra.extend(tls);
+                        extra.extend(["--tls-cluster", "yes"]);
+                        RedisServer::start_tls(&extra)
+                    }
+                    None => RedisServer::start_with(&extra),
+                }
             })
             .collect();
         let addresses: Vec<String> = nodes
             .iter()
             .map(|node| format!("127.0.0.1:{}", node.port()))
             .collect();
-        let mut create = vec!["--cluster", "create"];
+        let mut create: Vec<&str> = cli_tls.iter().map(String::as_str).collect();
+        create.extend(["--cluster", "create"]);
         create.extend(addresses.iter().map(String::as_str));
         create.extend(["--cluster-replicas", "0", "--cluster-yes"]);
         let output = redis_cli(&create);
@@ -233,7 +259,11 @@ impl RedisCluster {
             "redis-cli --cluster create failed: {}",
             String::from_utf8_lossy(&output.stdout)
         );
-        let cluster = RedisCluster { nodes, dir };
+        let cluster = RedisCluster {
+            nodes,
+            dir,
+            cli_tls,
+        };
         let deadline = Instant::now() + START_TIMEOUT;
         while !cluster.is_ok() {
             assert!(
@@ -248,16 +278,41 @@ impl RedisCluster {
     /// Whether every node reports `cluster_state:ok` and knows all three masters.
     fn is_ok(&self) -> bool {
         self.nodes.iter().all(|node| {
-            let port = node.port().to_string();
-            let info = redis_cli(&["-p", &port, "cluster", "info"]);
+            let info = self.cli(node, &["cluster", "info"]);
             let info = String::from_utf8_lossy(&info.stdout);
             info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:3")
         })
     }
 
+    /// `redis-cli` run with `args` against `node`.
+    fn cli(&self, node: &RedisServer, args: &[&str]) -> std::process::Output {
+        let port = node.port().to_string();
+        let mut all: Vec<&str> = self.cli_tls.iter().map(String::as_str).collect();
+        all.extend(["-p", &port]);
+        all.extend(args);
+        redis_cli(&all)
+    }
+
+    /// The index of the node that holds `key` (read with `redis-cli`, which works over TLS too);
+    /// panics if none does.
+    pub(crate) fn node_holding(&self, key: &str) -> usize {
+        self.nodes
+            .iter()
+            .position(|node| {
+                let exists = self.cli(node, &["exists", key]);
+                String::from_utf8_lossy(&exists.stdout).trim() == "1"
+            })
+            .unwrap_or_else(|| panic!("no node holds {key}"))
+    }
+
     /// A URL naming one node, as a deployment would.
     pub(crate) fn url(&self) -> String {
-        format!("redis+cluster://127.0.0.1:{}", self.nodes[0].port())
+        let scheme = if self.cli_tls.is_empty() {
+            "redis+cluster"
+        } else {
+            "rediss+cluster"
+        };
+        format!("{scheme}://127.0.0.1:{}", self.nodes[0].port())
     }
 
     pub(crate) fn nodes(&self) -> &[RedisServer] {
