@@ -20,7 +20,9 @@
 //! `--redis URL` (feature `redis`) serves the same limits from the Redis at `URL`, so that every
 //! process started with it shares each client's limit (run two on different `--listen` ports and
 //! a client gets its plan's limit across both). While Redis cannot answer, the limited routes
-//! answer `503 Service Unavailable` (the limiter's default failure policy, `Error`).
+//! answer as `--redis-failure` says: `error` (the default) `503 Service Unavailable`, `open` let
+//! requests through, `closed` `429 Too Many Requests` with a `Retry-After` of the breaker's
+//! cool-down.
 //!
 //! ```sh
 //! cargo run --release --features tower,redis --example api_server -- --redis redis://127.0.0.1:6379
@@ -142,6 +144,18 @@ pub(crate) struct Options {
     keys: String,
     trusted: Vec<Cidr>,
     redis: Option<String>,
+    redis_failure: RedisFailure,
+}
+
+/// `--redis-failure`: what the limited routes answer while Redis cannot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RedisFailure {
+    /// `503 Service Unavailable` (the limiter's `FailurePolicy::Error`).
+    Error,
+    /// Every request passes (`FailurePolicy::FailOpen`).
+    Open,
+    /// Every request is refused (`FailurePolicy::FailClosed`).
+    Closed,
 }
 
 /// The options given by `args` (the program's arguments, without its name).
@@ -156,6 +170,7 @@ pub(crate) fn options(mut args: impl Iterator<Item = String>) -> Result<Options,
         .to_owned(),
         trusted: Vec::new(),
         redis: None,
+        redis_failure: RedisFailure::Error,
     };
     while let Some(flag) = args.next() {
         let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
@@ -171,10 +186,22 @@ pub(crate) fn options(mut args: impl Iterator<Item = String>) -> Result<Options,
                 .trusted
                 .push(value.parse().map_err(|error| format!("--trust: {error}"))?),
             "--redis" => options.redis = Some(value),
+            "--redis-failure" => {
+                options.redis_failure = match value.as_str() {
+                    "error" => RedisFailure::Error,
+                    "open" => RedisFailure::Open,
+                    "closed" => RedisFailure::Closed,
+                    other => {
+                        return Err(format!(
+                            "--redis-failure {other:?}: expected error, open or closed"
+                        ));
+                    }
+                }
+            }
             other => {
                 return Err(format!(
-                    "unknown option {other:?}: expected --listen, --settings, --keys, --trust or \
-                     --redis"
+                    "unknown option {other:?}: expected --listen, --settings, --keys, --trust, \
+                     --redis or --redis-failure"
                 ));
             }
         }
@@ -215,7 +242,16 @@ pub(crate) async fn serve(options: Options) -> Result<(), Box<dyn Error>> {
             app(&settings, MonotonicClock::new(), keys, &options.trusted)?,
             "in process".to_owned(),
         ),
-        Some(url) => redis::app(&settings, url, keys, &options.trusted).await?,
+        Some(url) => {
+            redis::app(
+                &settings,
+                url,
+                options.redis_failure,
+                keys,
+                &options.trusted,
+            )
+            .await?
+        }
     };
 
     let listener = tokio::net::TcpListener::bind(options.listen)
@@ -329,19 +365,27 @@ mod redis {
 
     use axum::Router;
     use tollgate::Settings;
-    use tollgate::redis::RedisRateLimiter;
+    use tollgate::redis::{FailurePolicy, RedisRateLimiter};
     use tollgate::tower::{Cidr, RateLimitLayer, RedisBackend, Shadow};
 
-    use super::{ApiKeys, Plan, client_key, plan_of, routes};
+    use super::{ApiKeys, Plan, RedisFailure, client_key, plan_of, routes};
 
-    /// The API with its limits kept in the Redis at `url`, and how it says so at start-up.
+    /// The API with its limits kept in the Redis at `url`, answering as `failure` says while
+    /// Redis cannot, and how it says so at start-up.
     pub(crate) async fn app(
         settings: &Settings,
         url: &str,
+        failure: RedisFailure,
         keys: Arc<ApiKeys>,
         trusted: &[Cidr],
     ) -> Result<(Router, String), Box<dyn Error>> {
-        let mut builder = RedisRateLimiter::builder(url, settings.algorithm());
+        let policy = match failure {
+            RedisFailure::Error => FailurePolicy::Error,
+            RedisFailure::Open => FailurePolicy::FailOpen,
+            RedisFailure::Closed => FailurePolicy::FailClosed,
+        };
+        let mut builder =
+            RedisRateLimiter::builder(url, settings.algorithm()).failure_policy(policy);
         for (name, rules) in settings.plans() {
             let plan = Plan::named(name).ok_or_else(|| {
                 format!("plan {name:?} of the settings is unknown: expected free or pro")
@@ -378,11 +422,12 @@ mod redis {
     use tollgate::Settings;
     use tollgate::tower::Cidr;
 
-    use super::ApiKeys;
+    use super::{ApiKeys, RedisFailure};
 
     pub(crate) async fn app(
         _: &Settings,
         _: &str,
+        _: RedisFailure,
         _: Arc<ApiKeys>,
         _: &[Cidr],
     ) -> Result<(Router, String), Box<dyn Error>> {

@@ -400,6 +400,41 @@ async fn two_api_server_processes_without_redis_each_admit_the_limit() {
     std::fs::remove_file(settings).unwrap();
 }
 
+/// `--redis-failure`: with the server killed, each process answers its policy's way: `error`
+/// 503, `open` 200, `closed` 429 with a `Retry-After`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_servers_whose_redis_is_down_answer_as_their_failure_policies_say() {
+    let mut redis = RedisServer::start();
+    // A plan size of its own: the settings file is named by the sizes, per process.
+    let settings = settings_file(FREE as u64, PRO as u64 + 2);
+    let url = redis.url();
+    let start = |policy: &str| {
+        ApiServer::start(&[
+            "--settings",
+            settings.to_str().unwrap(),
+            "--redis",
+            &url,
+            "--redis-failure",
+            policy,
+        ])
+    };
+    let servers = [
+        (StatusCode::SERVICE_UNAVAILABLE, start("error")),
+        (StatusCode::OK, start("open")),
+        (StatusCode::TOO_MANY_REQUESTS, start("closed")),
+    ];
+    redis.kill();
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    for (expected, server) in &servers {
+        let reply = get(&client, server.addr, &[("x-forwarded-for", "198.51.100.9")]).await;
+        assert_eq!(reply.status, *expected, "{}", reply.body);
+        if *expected == StatusCode::TOO_MANY_REQUESTS {
+            assert!(reply.retry_after() >= 1, "a refusal says when to come back");
+        }
+    }
+    std::fs::remove_file(settings).unwrap();
+}
+
 /// A plan of several limits over Redis lists each limit in the fields, as in process: the
 /// figures of every limit come back with the decision.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
