@@ -1,6 +1,7 @@
 //! Decisions per second against a Redis, with 1, 8 and 64 concurrent tasks on one
-//! `RedisRateLimiter` (one multiplexed connection), the round trips each decision took, and what
-//! the local deny cache saves when one client is over its limit.
+//! `RedisRateLimiter` (one multiplexed connection, or `--connections N` taken in turn), the round
+//! trips each decision took, and what the local deny cache saves when one client is over its
+//! limit.
 //!
 //! ```sh
 //! redis-server --port 6399 --save "" --appendonly no &
@@ -9,7 +10,7 @@
 //!
 //! `--redis` takes any URL the builder does: `redis+cluster://host:port` for a Redis Cluster
 //! (any of its nodes), `rediss://` for TLS (feature `redis-tls`). The empty script's floor is
-//! measured on a single server's connection manager.
+//! measured on a single server's connection managers, as many as the limiter's connections.
 //!
 //! About 20 seconds. Allow-heavy: each task its own client under a limit it never reaches,
 //! beside an empty script (`return 1`) called by as many tasks on one connection manager, and
@@ -99,16 +100,25 @@ async fn measure(
     }
 }
 
-/// Calls per second of an empty script (`return 1`) by `tasks` concurrent tasks on one connection
-/// manager, as the limiter's: the floor a decision's round trip cannot beat.
-async fn empty_script_rate(url: &str, tasks: usize) -> Result<f64, Box<dyn std::error::Error>> {
-    let connection = redis::Client::open(url)?.get_connection_manager().await?;
+/// Calls per second of an empty script (`return 1`) by `tasks` concurrent tasks on `connections`
+/// connection managers (task `i` on the `i % connections`-th), as the limiter's: the floor a
+/// decision's round trip cannot beat.
+async fn empty_script_rate(
+    url: &str,
+    tasks: usize,
+    connections: usize,
+) -> Result<f64, Box<dyn std::error::Error>> {
+    let client = redis::Client::open(url)?;
+    let mut managers = Vec::with_capacity(connections);
+    for _ in 0..connections {
+        managers.push(client.get_connection_manager().await?);
+    }
     let script = Arc::new(redis::Script::new("return 1"));
     let stop = Arc::new(AtomicBool::new(false));
     let calls = Arc::new(AtomicU64::new(0));
     let mut handles = Vec::new();
-    for _ in 0..tasks {
-        let (mut connection, script) = (connection.clone(), Arc::clone(&script));
+    for task in 0..tasks {
+        let (mut connection, script) = (managers[task % connections].clone(), Arc::clone(&script));
         let (stop, calls) = (Arc::clone(&stop), Arc::clone(&calls));
         handles.push(tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
@@ -136,12 +146,26 @@ async fn main() -> ExitCode {
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let mut url = "redis://127.0.0.1:6379".to_owned();
+    let mut connections = 1;
     while let Some(flag) = args.next() {
         match (flag.as_str(), args.next()) {
             ("--redis", Some(value)) => url = value,
-            _ => return Err(format!("usage: redis_throughput [--redis URL], not {flag}").into()),
+            ("--connections", Some(value)) => {
+                connections = value
+                    .parse()
+                    .ok()
+                    .filter(|&n| n >= 1)
+                    .ok_or_else(|| format!("--connections {value:?}: expected 1 or more"))?;
+            }
+            _ => {
+                return Err(format!(
+                    "usage: redis_throughput [--redis URL] [--connections N], not {flag}"
+                )
+                .into());
+            }
         }
     }
+    println!("{connections} connection(s) for the limiter and for the empty script\n");
 
     println!(
         "allow-heavy (a client per task, never limited): decisions/s (round trips per decision)"
@@ -155,7 +179,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut empty = Vec::new();
     for tasks in TASK_COUNTS {
         empty.push(if on_one_server {
-            empty_script_rate(&url, tasks).await?
+            empty_script_rate(&url, tasks, connections).await?
         } else {
             f64::NAN
         });
@@ -167,6 +191,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         let limiter = Arc::new(
             RedisRateLimiter::builder(url.clone(), algorithm)
                 .plan("bench", rule)
+                .connections(connections)
                 .build()
                 .await?,
         );
@@ -187,7 +212,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     println!("{row}");
 
     println!();
-    println!("decisions/s against empty-script calls/s, same tasks, one connection each way");
+    println!("decisions/s against empty-script calls/s, same tasks, same connections each way");
     for row in ratios {
         println!("{row}");
     }
@@ -208,6 +233,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             RedisRateLimiter::builder(url.clone(), Algorithm::TokenBucket)
                 .plan("bench", Rule::per_hour(1)?)
                 .deny_cache(capacity)
+                .connections(connections)
                 .build()
                 .await?,
         );

@@ -12,7 +12,9 @@ use ::redis::AsyncCommands;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use redis_support::RedisServer;
-use tollgate::redis::{CircuitBreaker, FailurePolicy, RedisError, RedisRateLimiter, Source};
+use tollgate::redis::{
+    CircuitBreaker, FailurePolicy, RedisError, RedisRateLimiter, RedisRateLimiterBuilder, Source,
+};
 use tollgate::{
     Algorithm, Decision, FakeClock, FixedWindow, Limiter, PlanError, Rule, SlidingWindowCounter,
     SlidingWindowLog, TokenBucket,
@@ -334,6 +336,92 @@ async fn a_fleet_admits_exactly_the_limit_over_a_long_window() {
             let _: () = connection.del(&key).await.unwrap();
         }
     }
+}
+
+/// `connections(4)`: concurrent round trips spread over four connections to the server (its
+/// `CLIENT LIST` shows them), and the fleet still admits exactly the limit; 0, more than the
+/// most, and more than one for a cluster are refused by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trips_spread_over_several_connections_keep_the_limit() {
+    let server = RedisServer::start();
+    let mut inspect = server.connection().await;
+    let clients_before = client_count(&mut inspect).await;
+    let redis = Arc::new(
+        RedisRateLimiter::builder(server.url(), Algorithm::SlidingWindowLog)
+            .plan("free", Rule::per_hour(40).unwrap())
+            .connections(4)
+            .deny_cache(0)
+            .build()
+            .await
+            .unwrap(),
+    );
+    let admitted = Arc::new(AtomicU64::new(0));
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let (redis, admitted) = (Arc::clone(&redis), Arc::clone(&admitted));
+            tokio::spawn(async move {
+                for _ in 0..5 {
+                    if redis.allow("shared-client", &"free").await.unwrap() {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(
+        admitted.load(Ordering::Relaxed),
+        40,
+        "80 requests, limit 40"
+    );
+    assert_eq!(
+        client_count(&mut inspect).await - clients_before,
+        4,
+        "the limiter's connections"
+    );
+
+    for (connections, url) in [
+        (0, server.url()),
+        (
+            RedisRateLimiterBuilder::<&str>::MAX_CONNECTIONS + 1,
+            server.url(),
+        ),
+        (2, "redis+cluster://127.0.0.1:1".to_owned()),
+    ] {
+        let error = RedisRateLimiter::builder(url, Algorithm::TokenBucket)
+            .plan("free", Rule::per_hour(40).unwrap())
+            .connections(connections)
+            .build_lazy()
+            .unwrap_err();
+        assert!(
+            matches!(
+                error,
+                RedisError::InvalidSetting {
+                    field: "connections",
+                    ..
+                }
+            ),
+            "{connections}: {error:?}"
+        );
+        assert!(
+            error
+                .to_string()
+                .contains(&format!("connections {connections}")),
+            "{error}"
+        );
+    }
+}
+
+/// How many clients the server has connected.
+async fn client_count(connection: &mut ::redis::aio::MultiplexedConnection) -> usize {
+    let list: String = ::redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(connection)
+        .await
+        .unwrap();
+    list.lines().count()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

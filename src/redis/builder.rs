@@ -2,6 +2,7 @@
 //! checked once.
 
 use std::fmt;
+use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 use ::redis::Value;
@@ -39,6 +40,7 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
             breaker: CircuitBreaker::default(),
             deny_cache: Some(RedisRateLimiterBuilder::<P>::DEFAULT_DENY_CACHE_CAPACITY),
             root_certificate: None,
+            connections: 1,
         }
     }
 }
@@ -57,6 +59,7 @@ pub struct RedisRateLimiterBuilder<P> {
     deny_cache: Option<usize>,
     /// PEM, under feature `redis-tls` only.
     root_certificate: Option<Vec<u8>>,
+    connections: usize,
 }
 
 impl<P> RedisRateLimiterBuilder<P> {
@@ -120,6 +123,20 @@ impl<P: Eq + fmt::Debug> RedisRateLimiterBuilder<P> {
         self
     }
 
+    /// The most connections [`RedisRateLimiterBuilder::connections`] takes.
+    pub const MAX_CONNECTIONS: usize = 256;
+
+    /// How many connections to one server the limiter spreads its round trips over, in turn
+    /// (default 1). One connection already pipelines every concurrent round trip; more let the
+    /// client read and write their replies in parallel (on several of the runtime's threads),
+    /// where one connection's reader is a bottleneck for many tasks. Each connects on its first
+    /// round trip. From 1 to [`Self::MAX_CONNECTIONS`], and 1 for a cluster (whose client keeps
+    /// one connection to each node).
+    pub fn connections(mut self, connections: usize) -> Self {
+        self.connections = connections;
+        self
+    }
+
     /// What to answer when Redis fails (default [`FailurePolicy::Error`]).
     pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
         self.policy = policy;
@@ -166,7 +183,7 @@ impl<P: Eq + fmt::Debug> RedisRateLimiterBuilder<P> {
         let (connect_timeout, response_timeout) = (self.connect_timeout, self.timeout);
         let root_certificate = self.root_certificate.clone();
         let limiter = self.build_lazy()?;
-        let mut connection = limiter.connection.clone();
+        let mut connection = limiter.connections[0].clone();
         let url = limiter.url.clone();
         let connect = async {
             // A cluster's client sends writes to masters only; one server must be a master.
@@ -227,6 +244,20 @@ impl<P: Eq + fmt::Debug> RedisRateLimiterBuilder<P> {
                     bound: "it must be at least 1ns (tens of milliseconds are typical)",
                 });
             }
+        }
+        if !(1..=Self::MAX_CONNECTIONS).contains(&self.connections) {
+            return Err(RedisError::InvalidSetting {
+                field: "connections",
+                value: self.connections.to_string(),
+                bound: "from 1 to RedisRateLimiterBuilder::MAX_CONNECTIONS (256)",
+            });
+        }
+        if self.connections > 1 && self.url.contains("+cluster://") {
+            return Err(RedisError::InvalidSetting {
+                field: "connections",
+                value: self.connections.to_string(),
+                bound: "1 for a cluster, whose client keeps one connection to each node",
+            });
         }
         if self.breaker.failures == 0 {
             return Err(RedisError::InvalidSetting {
@@ -290,26 +321,30 @@ impl<P: Eq + fmt::Debug> RedisRateLimiterBuilder<P> {
                 bound: "a TLS URL (rediss://) needs tollgate's feature `redis-tls`",
             });
         }
-        let connection = Connection::open(&ConnectionSettings {
+        let settings = ConnectionSettings {
             url: &self.url,
             response_timeout: self.timeout,
             connect_timeout: self.connect_timeout,
             root_certificate: self.root_certificate.as_deref(),
-        })
-        .map_err(|source| match source.kind() {
-            ::redis::ErrorKind::InvalidClientConfig => RedisError::InvalidUrl {
-                url: url.clone(),
-                source,
-            },
-            _ => connect_error(url.clone(), source),
-        })?;
+        };
+        let connections = (0..self.connections)
+            .map(|_| Connection::open(&settings))
+            .collect::<Result<Box<[Connection]>, _>>()
+            .map_err(|source| match source.kind() {
+                ::redis::ErrorKind::InvalidClientConfig => RedisError::InvalidUrl {
+                    url: url.clone(),
+                    source,
+                },
+                _ => connect_error(url.clone(), source),
+            })?;
 
         Ok(RedisRateLimiter {
             algorithm: self.algorithm,
             plans,
             prefix: self.prefix,
             url,
-            connection,
+            connections,
+            next_connection: AtomicUsize::new(0),
             timeout: self.timeout,
             policy: self.policy,
             breaker: Breaker::new(self.breaker),

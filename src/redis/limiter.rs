@@ -1,6 +1,7 @@
 //! [`RedisRateLimiter`]: the per-client service, with its state in Redis.
 
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use super::RedisError;
@@ -102,7 +103,9 @@ pub struct RedisRateLimiter<P> {
     pub(super) prefix: String,
     /// With any password redacted.
     pub(super) url: String,
-    pub(super) connection: Connection,
+    /// At least one; round trips take them in turn.
+    pub(super) connections: Box<[Connection]>,
+    pub(super) next_connection: AtomicUsize,
     pub(super) timeout: Duration,
     pub(super) policy: FailurePolicy,
     pub(super) breaker: Breaker,
@@ -119,6 +122,7 @@ impl<P: fmt::Debug> fmt::Debug for RedisRateLimiter<P> {
             .field("plans", &self.plans)
             .field("prefix", &self.prefix)
             .field("url", &self.url)
+            .field("connections", &self.connections.len())
             .field("timeout", &self.timeout)
             .field("policy", &self.policy)
             .field("breaker", &self.breaker)
@@ -425,7 +429,7 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
             spec.push_args(&mut invocation);
         }
         Counters::bump(&self.counters.round_trips);
-        let mut connection = self.connection.clone();
+        let mut connection = self.connection();
         // EVALSHA; on NOSCRIPT (a restarted or flushed server) the client loads the script and
         // retries, once.
         let call = invocation.invoke_async::<Vec<i64>>(&mut connection);
@@ -439,6 +443,16 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
                 after: self.timeout,
             }),
         }
+    }
+
+    /// The connection for the next round trip: the next of the limiter's connections, in turn.
+    fn connection(&self) -> Connection {
+        let at = match self.connections.len() {
+            1 => 0,
+            // Relaxed: a counter that spreads round trips; any interleaving spreads them.
+            len => self.next_connection.fetch_add(1, Ordering::Relaxed) % len,
+        };
+        self.connections[at].clone()
     }
 
     /// The plan's answer from a script's reply: its decision is the denial with the longest wait
