@@ -11,13 +11,17 @@
 //! `REVIEW_EVICT_MILLIS` sets how long each stress shape runs (default 1,500 ms).
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use tollgate::{Algorithm, FakeClock, RateLimiterService, Rule, ServiceBuilder, ServiceError};
+
+#[path = "support/stress.rs"]
+mod stress;
+
+use stress::{Identity, watchdog, xorshift};
 
 type Service = RateLimiterService<u64, &'static str, FakeClock, Identity>;
 
@@ -37,39 +41,7 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 fn hammer_for() -> Duration {
-    let millis = std::env::var("REVIEW_EVICT_MILLIS")
-        .ok()
-        .and_then(|value| value.parse().ok())
-        .unwrap_or(1_500);
-    Duration::from_millis(millis)
-}
-
-/// The hash is the `u64` key itself.
-#[derive(Debug, Clone, Default)]
-struct IdentityHasher(u64);
-
-impl Hasher for IdentityHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for byte in bytes {
-            self.0 = (self.0 << 8) | u64::from(*byte);
-        }
-    }
-    fn write_u64(&mut self, value: u64) {
-        self.0 = value;
-    }
-}
-
-#[derive(Debug, Clone, Default)]
-struct Identity;
-
-impl BuildHasher for Identity {
-    type Hasher = IdentityHasher;
-    fn build_hasher(&self) -> IdentityHasher {
-        IdentityHasher(0)
-    }
+    stress::hammer_for("REVIEW_EVICT_MILLIS", 1_500)
 }
 
 /// The store's `bucket_of`.
@@ -107,27 +79,6 @@ fn service(algorithm: Algorithm, capacity: usize, rule: Rule, clock: &FakeClock)
             .build::<u64>()
             .expect("a service"),
     )
-}
-
-fn xorshift(state: &mut u64) -> u64 {
-    *state ^= *state << 13;
-    *state ^= *state >> 7;
-    *state ^= *state << 17;
-    *state
-}
-
-/// Aborts the process unless `done` is set within `limit` (a livelocked insert fails the run).
-fn watchdog(done: Arc<AtomicBool>, limit: Duration, what: String) -> thread::JoinHandle<()> {
-    thread::spawn(move || {
-        let start = Instant::now();
-        while !done.load(Ordering::Relaxed) {
-            if start.elapsed() > limit {
-                eprintln!("HANG: {what} did not finish within {limit:?}");
-                std::process::abort();
-            }
-            thread::sleep(Duration::from_millis(20));
-        }
-    })
 }
 
 /// A thread sweeping `service` until `stop`; how many sweeps and slots freed.

@@ -27,6 +27,11 @@ use std::time::{Duration, Instant};
 
 use tollgate::{Algorithm, Decision, FakeClock, RateLimiterService, Rule, ServiceBuilder};
 
+#[path = "support/stress.rs"]
+mod stress;
+
+use stress::{watchdog, xorshift};
+
 type Service = RateLimiterService<u64, &'static str, FakeClock>;
 
 const PLAN: &str = "salted";
@@ -40,11 +45,7 @@ const MAX_VERSIONS: usize = 20_000;
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn hammer_for() -> Duration {
-    let millis = std::env::var("REVIEW_SALT_MILLIS")
-        .ok()
-        .and_then(|value| value.parse().ok())
-        .unwrap_or(2_500);
-    Duration::from_millis(millis)
+    stress::hammer_for("REVIEW_SALT_MILLIS", 2_500)
 }
 
 /// The rule of version `v`: a limit of `LIMITS`, and a window of `base` plus `v` microseconds.
@@ -69,28 +70,6 @@ fn version_of(decision: &Decision, base: Duration) -> usize {
         "a limit no version has with that window: {decision:?}"
     );
     micros
-}
-
-fn xorshift(state: &mut u64) -> u64 {
-    *state ^= *state << 13;
-    *state ^= *state >> 7;
-    *state ^= *state << 17;
-    *state
-}
-
-/// Aborts the process unless `done` is set within `limit`: a hung decision (a compare-and-swap
-/// loop spinning on a changed holding, an insert lock never released) fails the test.
-fn watchdog(done: Arc<AtomicBool>, limit: Duration, what: String) -> thread::JoinHandle<()> {
-    thread::spawn(move || {
-        let start = Instant::now();
-        while !done.load(Ordering::Relaxed) {
-            if start.elapsed() > limit {
-                eprintln!("HANG: {what} did not finish within {limit:?}");
-                std::process::abort();
-            }
-            thread::sleep(Duration::from_millis(20));
-        }
-    })
 }
 
 #[derive(Debug, Clone, Copy)]

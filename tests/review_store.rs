@@ -10,6 +10,11 @@ use std::time::Duration;
 
 use tollgate::{Algorithm, FakeClock, Rule, ServiceBuilder};
 
+#[path = "support/stress.rs"]
+mod stress;
+
+use stress::Identity;
+
 /// Every key hashes to one value: one fingerprint, one home bucket.
 #[derive(Debug, Clone, Default)]
 struct ConstantHasher;
@@ -25,34 +30,6 @@ impl BuildHasher for ConstantHasher {
     type Hasher = ConstantHasher;
     fn build_hasher(&self) -> ConstantHasher {
         ConstantHasher
-    }
-}
-
-/// The hash is the `u64` key itself: a test picks each key's fingerprint and buckets.
-#[derive(Debug, Clone, Default)]
-struct IdentityHasher(u64);
-
-impl Hasher for IdentityHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for byte in bytes {
-            self.0 = (self.0 << 8) | u64::from(*byte);
-        }
-    }
-    fn write_u64(&mut self, value: u64) {
-        self.0 = value;
-    }
-}
-
-#[derive(Debug, Clone, Default)]
-struct Identity;
-
-impl BuildHasher for Identity {
-    type Hasher = IdentityHasher;
-    fn build_hasher(&self) -> IdentityHasher {
-        IdentityHasher(0)
     }
 }
 
