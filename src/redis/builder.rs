@@ -8,7 +8,7 @@ use std::time::Duration;
 use ::redis::Value;
 
 use super::RedisError;
-use super::connection::{Connection, ConnectionSettings, first_node_error};
+use super::connection::{Connection, ConnectionSettings, first_node_error, is_cluster_url};
 use super::deny_cache::DenyCache;
 use super::fallback::LocalFallback;
 use super::limiter::{PlanEntry, RedisRateLimiter};
@@ -252,7 +252,7 @@ impl<P: Eq + fmt::Debug> RedisRateLimiterBuilder<P> {
                 bound: "from 1 to RedisRateLimiterBuilder::MAX_CONNECTIONS (256)",
             });
         }
-        if self.connections > 1 && self.url.contains("+cluster://") {
+        if self.connections > 1 && is_cluster_url(&self.url) {
             return Err(RedisError::InvalidSetting {
                 field: "connections",
                 value: self.connections.to_string(),

@@ -97,6 +97,13 @@ impl Connection {
     }
 }
 
+/// Whether `url` names a cluster (`redis+cluster://` or `rediss+cluster://`).
+pub(super) fn is_cluster_url(url: &str) -> bool {
+    CLUSTER_SCHEMES
+        .iter()
+        .any(|(cluster, _)| url.starts_with(cluster))
+}
+
 /// The error of a connection to the first node a cluster URL names, made as the cluster's
 /// client makes its connections (the same TLS roots, credentials and timeout), if that fails:
 /// the cluster's client answers a failure to reach every node without its cause (an untrusted

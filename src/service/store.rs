@@ -648,9 +648,11 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
             W::fence(Ordering::Acquire);
         }
         self.slots(place).any(|(tag, _)| {
-            // Relaxed: ordered by the fence above.
-            let now = tag.load(Ordering::Relaxed);
-            !std::ptr::eq(tag, holding) && (is_free(now) || now & RETIRING != 0)
+            !std::ptr::eq(tag, holding) && {
+                // Relaxed: ordered by the fence above.
+                let now = tag.load(Ordering::Relaxed);
+                is_free(now) || now & RETIRING != 0
+            }
         })
     }
 
