@@ -21,7 +21,7 @@ use tollgate::{Algorithm, FakeClock, RateLimiterService, Rule, ServiceBuilder, S
 #[path = "support/stress.rs"]
 mod stress;
 
-use stress::{Identity, watchdog, xorshift};
+use stress::{Identity, Watchdog, xorshift};
 
 type Service = RateLimiterService<u64, &'static str, FakeClock, Identity>;
 
@@ -203,12 +203,7 @@ fn epochs(shape: EpochShape, for_how_long: Duration) -> u64 {
     let epoch = Arc::new(AtomicU64::new(0));
     let finished = Arc::new(AtomicUsize::new(0));
     let stop = Arc::new(AtomicBool::new(false));
-    let done = Arc::new(AtomicBool::new(false));
-    let dog = watchdog(
-        Arc::clone(&done),
-        for_how_long + Duration::from_secs(60),
-        format!("{shape:?}"),
-    );
+    let dog = Watchdog::start(for_how_long + Duration::from_secs(60), format!("{shape:?}"));
     // The key of client `i` (of `per_epoch`) in epoch `e`.
     let key_of = move |groups: &[Group], e: u64, i: usize| {
         let (g, j) = (i % groups.len(), i / groups.len());
@@ -306,8 +301,7 @@ fn epochs(shape: EpochShape, for_how_long: Duration) -> u64 {
         .flat_map(|worker| worker.join().expect("a worker panicked"))
         .collect();
     let (sweeps, freed) = sweeping.join().unwrap();
-    done.store(true, Ordering::Relaxed);
-    dog.join().unwrap();
+    dog.finish();
     eprintln!(
         "{shape:?}: {e} epochs in {:?}, {sweeps} sweeps freed {freed}, evictions {} (in {} epochs), \
          {} failures, most held {most_held}",
@@ -376,9 +370,7 @@ fn every_reset_of_a_spent_client_is_a_counted_eviction() {
             );
             let buckets = capacity / 8;
             let stop = Arc::new(AtomicBool::new(false));
-            let done = Arc::new(AtomicBool::new(false));
-            let dog = watchdog(
-                Arc::clone(&done),
+            let dog = Watchdog::start(
                 each + Duration::from_secs(60),
                 format!("{algorithm} {capacity}"),
             );
@@ -416,8 +408,7 @@ fn every_reset_of_a_spent_client_is_a_counted_eviction() {
             stop.store(true, Ordering::Relaxed);
             let results: Vec<_> = workers.into_iter().map(|w| w.join().unwrap()).collect();
             let (sweeps, freed) = sweeping.join().unwrap();
-            done.store(true, Ordering::Relaxed);
-            dog.join().unwrap();
+            dog.finish();
             let evictions = service.evictions();
             let (mut extra, mut fresh_at_end, mut requests_keys, mut errors) =
                 (0u64, 0u64, 0u64, 0usize);
@@ -507,9 +498,7 @@ fn spent_clients_under_a_flood(
         assert_eq!(granted, 3);
     }
     let stop = Arc::new(AtomicBool::new(false));
-    let done = Arc::new(AtomicBool::new(false));
-    let dog = watchdog(
-        Arc::clone(&done),
+    let dog = Watchdog::start(
         for_how_long + Duration::from_secs(60),
         format!("{algorithm}"),
     );
@@ -591,8 +580,7 @@ fn spent_clients_under_a_flood(
         errors.extend(e);
     }
     let (sweeps, freed) = sweeping.join().unwrap();
-    done.store(true, Ordering::Relaxed);
-    dog.join().unwrap();
+    dog.finish();
     let evictions = service.evictions();
     eprintln!(
         "{algorithm} capacity {capacity} rule changes {v}: {flooded} new clients ({flood_denied} denied), \
@@ -684,12 +672,7 @@ fn a_storm_of_new_clients_into_a_full_store_never_gives_up() {
             );
             let buckets = capacity / 8;
             let stop = Arc::new(AtomicBool::new(false));
-            let done = Arc::new(AtomicBool::new(false));
-            let dog = watchdog(
-                Arc::clone(&done),
-                each + Duration::from_secs(60),
-                format!("storm {algorithm}"),
-            );
+            let dog = Watchdog::start(each + Duration::from_secs(60), format!("storm {algorithm}"));
             let threads = 8;
             let workers: Vec<_> = (0..threads)
                 .map(|t| {
@@ -743,8 +726,7 @@ fn a_storm_of_new_clients_into_a_full_store_never_gives_up() {
             if let Some(s) = sweeping {
                 s.join().unwrap();
             }
-            done.store(true, Ordering::Relaxed);
-            dog.join().unwrap();
+            dog.finish();
             latencies.sort();
             let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize];
             eprintln!(
@@ -823,9 +805,7 @@ fn idle_slot_swept_while_new_clients_insert(
     }
     assert_eq!(service.evictions(), 0);
     let stop = Arc::new(AtomicBool::new(false));
-    let done = Arc::new(AtomicBool::new(false));
-    let dog = watchdog(
-        Arc::clone(&done),
+    let dog = Watchdog::start(
         for_how_long + Duration::from_secs(60),
         format!("idle slot {algorithm}"),
     );
@@ -872,8 +852,7 @@ fn idle_slot_swept_while_new_clients_insert(
         first.push(f);
     }
     let (sweeps, freed) = sweeping.join().unwrap();
-    done.store(true, Ordering::Relaxed);
-    dog.join().unwrap();
+    dog.finish();
     let evictions = service.evictions();
     let reset = spent
         .iter()

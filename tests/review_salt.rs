@@ -30,7 +30,7 @@ use tollgate::{Algorithm, Decision, FakeClock, RateLimiterService, Rule, Service
 #[path = "support/stress.rs"]
 mod stress;
 
-use stress::{watchdog, xorshift};
+use stress::{Watchdog, xorshift};
 
 type Service = RateLimiterService<u64, &'static str, FakeClock>;
 
@@ -138,12 +138,7 @@ fn one_service(shape: Shape, for_how_long: Duration, outcome: &mut Outcome) {
     );
     let current = Arc::new(AtomicUsize::new(0));
     let stop = Arc::new(AtomicBool::new(false));
-    let done = Arc::new(AtomicBool::new(false));
-    let dog = watchdog(
-        Arc::clone(&done),
-        for_how_long + Duration::from_secs(60),
-        format!("{shape:?}"),
-    );
+    let dog = Watchdog::start(for_how_long + Duration::from_secs(60), format!("{shape:?}"));
 
     let workers: Vec<_> = (0..shape.workers)
         .map(|w| {
@@ -271,8 +266,7 @@ fn one_service(shape: Shape, for_how_long: Duration, outcome: &mut Outcome) {
         outcome.peeks += peeks;
         outcome.look_failures.extend(failures);
     }
-    done.store(true, Ordering::SeqCst);
-    dog.join().unwrap();
+    dog.finish();
 
     let evictions = service.evictions();
     // Quiet now: what each client's look reports against what it was granted under the

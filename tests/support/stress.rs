@@ -47,24 +47,37 @@ pub(crate) fn xorshift(state: &mut u64) -> u64 {
     *state
 }
 
-/// Aborts the process unless `done` is set within `limit`: a hung decision (a compare-and-swap
-/// loop spinning on a changed holding, an insert lock never released, a livelocked insert) fails
-/// the run.
-pub(crate) fn watchdog(
+/// A watch on a run: aborts the process unless [`Watchdog::finish`] is called within its limit
+/// (a hung decision, such as a compare-and-swap loop spinning on a changed holding, an insert lock
+/// never released or a livelocked insert, fails the run).
+pub(crate) struct Watchdog {
     done: Arc<AtomicBool>,
-    limit: Duration,
-    what: String,
-) -> thread::JoinHandle<()> {
-    thread::spawn(move || {
-        let start = Instant::now();
-        while !done.load(Ordering::Relaxed) {
-            if start.elapsed() > limit {
-                eprintln!("HANG: {what} did not finish within {limit:?}");
-                std::process::abort();
+    thread: thread::JoinHandle<()>,
+}
+
+impl Watchdog {
+    /// Starts watching a run named `what` that must finish within `limit`.
+    pub(crate) fn start(limit: Duration, what: String) -> Watchdog {
+        let done = Arc::new(AtomicBool::new(false));
+        let watched = Arc::clone(&done);
+        let thread = thread::spawn(move || {
+            let start = Instant::now();
+            while !watched.load(Ordering::Relaxed) {
+                if start.elapsed() > limit {
+                    eprintln!("HANG: {what} did not finish within {limit:?}");
+                    std::process::abort();
+                }
+                thread::sleep(Duration::from_millis(20));
             }
-            thread::sleep(Duration::from_millis(20));
-        }
-    })
+        });
+        Watchdog { done, thread }
+    }
+
+    /// The run finished: stops the watch.
+    pub(crate) fn finish(self) {
+        self.done.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap();
+    }
 }
 
 /// How long each stress shape runs: the milliseconds in the environment's `variable`, else
