@@ -720,3 +720,9 @@ fn store_evicting_past_retiring_slots_fails_the_sweep_and_insert_model() {
 fn store_unfenced_look_at_freed_tags_fails_the_sweep_and_insert_model() {
     crate::store::check_sweep_racing_an_insert(StoreFault::FreedTagsUnfenced);
 }
+
+#[test]
+#[should_panic(expected = "Carol granted twice")]
+fn store_give_back_to_the_slot_fails_the_give_back_and_eviction_model() {
+    crate::store::check_give_back_racing_an_eviction(StoreFault::GiveBackToTheSlot);
+}

@@ -8,6 +8,9 @@
 //! - An eviction racing a decision on the state being evicted, and a slot reused for another
 //!   client while a stale request holds it: no grant is made but from a fresh state's permits.
 //! - A sweep racing requests: nothing is granted twice.
+//! - A give-back (a grant undone: `RateLimiterService::give_back`) racing an eviction of its
+//!   slot, and a decision on its state: it reaches its own state or nothing, and returns its
+//!   permit once.
 //!
 //! `negative_controls` runs each checker on a broken variant of the store and shows that it is
 //! caught: an insert without its lock, a tag taken twice, a sweep that retires active states, and
@@ -17,10 +20,12 @@ use loom::sync::Arc;
 use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::thread;
 
+use tollgate::Decision;
 use tollgate::loom_support::store::{
-    ClientStore, Place, SlotWord, StoreFault, StoreHead, StorePlan, Stored, WordRequest, decide,
+    ClientStore, Holding, Place, SlotWord, StoreFault, StoreHead, StorePlan, Stored, WordRequest,
+    decide, give_back,
 };
-use tollgate::loom_support::{Admit, GcraParams, Method as Core, Retired};
+use tollgate::loom_support::{Admit, GcraParams, Method as Core, Reservation, Retired};
 
 use crate::support::{FixedClock, WINDOW, explore, one_word_limit};
 use crate::token_bucket::bucket;
@@ -75,6 +80,37 @@ impl WordRequest<AtomicU64, ModelLimit> for ModelRequest {
     }
 }
 
+/// A grant kept to give back: where it landed, and what it took.
+pub(crate) type Grant = (Holding, Decision, Reservation);
+
+/// One permit at a fixed reading, keeping its grant (see `RateLimiterService::reserve_verdict`).
+pub(crate) struct ReservingRequest {
+    pub(crate) now: u64,
+}
+
+impl WordRequest<AtomicU64, ModelLimit> for ReservingRequest {
+    type Answer = Option<Grant>;
+
+    fn acquire(
+        &self,
+        limit: &ModelLimit,
+        state: &SlotWord<'_, AtomicU64>,
+    ) -> Result<Option<Grant>, Retired> {
+        let (decision, reservation) = Core::reserve(&limit.0, state, 1, &FixedClock(self.now))?;
+        Ok(reservation
+            .filter(|_| decision.is_allowed())
+            .map(|reservation| (state.holding(), decision, reservation)))
+    }
+
+    fn answered(&self, answer: Option<Grant>) -> Option<Grant> {
+        answer
+    }
+
+    fn without_state(&self, _limit: &ModelLimit, _since_nanos: u64) -> Option<Option<Grant>> {
+        None
+    }
+}
+
 /// A service's store, plan and `evicted_up_to`, with one bucket of two slots. Every model's
 /// rule is a bucket of one permit per window, before and after the change.
 pub(crate) struct ModelStore {
@@ -116,6 +152,29 @@ impl ModelStore {
             Stored::Answer(granted) => granted,
             other => panic!("the store gave no answer: {other:?}"),
         }
+    }
+
+    /// One permit for `key` at `now`, keeping the grant (`None` if refused).
+    pub(crate) fn reserve(&self, key: u64, now: u64) -> Option<Grant> {
+        match decide(
+            &self.store,
+            self.place(key),
+            &self.plan,
+            &ReservingRequest { now },
+            &self.evicted_up_to,
+            || now,
+        ) {
+            Stored::Answer(grant) => grant,
+            other => panic!("the store gave no answer: {other:?}"),
+        }
+    }
+
+    /// Gives `grant` back, as the service does; whether its holding was found.
+    pub(crate) fn give_back(&self, grant: Grant, now: u64) -> bool {
+        let (holding, decision, reservation) = grant;
+        give_back(&self.store, holding, &self.plan, |limit, slot| {
+            Core::undo(&limit.0, slot, 1, &decision, reservation, now);
+        })
     }
 
     /// `set_rule`: publishes the plan's next version.
@@ -277,6 +336,75 @@ pub(crate) fn check_sweep_racing_an_insert(fault: StoreFault) {
             "Alice's used permit stays used"
         );
     });
+}
+
+/// Bob and Alice fill the bucket's two slots, each having used its one permit (Alice's grant
+/// kept to give back). Alice's give-back races Carol's first two requests: Carol's insert takes
+/// Alice's slot (by evicting her, or reusing it once the give-back made it idle), and the
+/// give-back must reach Alice's state or nothing, never Carol's, which holds the same word in
+/// the same slot. Carol, whom no one evicts, is granted once. Panics with "Carol granted twice"
+/// otherwise.
+pub(crate) fn check_give_back_racing_an_eviction(fault: StoreFault) {
+    explore(3, move || {
+        let model = Arc::new(ModelStore::new([bucket(1), bucket(1)], fault));
+        assert!(model.request(BOB, 0), "Bob's permit");
+        let grant = model.reserve(ALICE, 0).expect("Alice's permit");
+        let alice = {
+            let model = Arc::clone(&model);
+            thread::spawn(move || model.give_back(grant, 0))
+        };
+        let carol = {
+            let model = Arc::clone(&model);
+            thread::spawn(move || [model.request(CAROL, 0), model.request(CAROL, 0)])
+        };
+        alice.join().expect("the give-back panicked");
+        let [first, second] = carol.join().expect("Carol's requests panicked");
+        assert!(first, "Carol's first permit");
+        assert!(
+            !second,
+            "Carol granted twice: a give-back landed on the state that took its slot"
+        );
+    });
+}
+
+/// Alice's grant, kept to give back, races her next request: the give-back restores her permit
+/// exactly (a refusal writes nothing for it to meet), so of that request and one after both,
+/// exactly one is granted. Panics with "granted" otherwise.
+pub(crate) fn check_give_back_racing_a_decision(fault: StoreFault) {
+    explore(3, move || {
+        let model = Arc::new(ModelStore::new([bucket(1), bucket(1)], fault));
+        let grant = model.reserve(ALICE, 0).expect("Alice's permit");
+        let giver = {
+            let model = Arc::clone(&model);
+            thread::spawn(move || model.give_back(grant, 0))
+        };
+        let racing = {
+            let model = Arc::clone(&model);
+            thread::spawn(move || model.request(ALICE, 0))
+        };
+        assert!(
+            giver.join().expect("the give-back panicked"),
+            "the give-back finds Alice's state"
+        );
+        let racing = racing.join().expect("Alice's request panicked");
+        let after = model.request(ALICE, 0);
+        assert_eq!(
+            u8::from(racing) + u8::from(after),
+            1,
+            "the given-back permit granted {} times (racing {racing}, after {after})",
+            u8::from(racing) + u8::from(after)
+        );
+    });
+}
+
+#[test]
+fn store_give_back_racing_an_eviction_reaches_only_its_own_state() {
+    check_give_back_racing_an_eviction(StoreFault::None);
+}
+
+#[test]
+fn store_give_back_racing_a_decision_returns_the_permit_once() {
+    check_give_back_racing_a_decision(StoreFault::None);
 }
 
 #[test]

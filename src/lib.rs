@@ -133,6 +133,7 @@ pub mod loom_support {
     pub use crate::method::sliding_window_counter::CounterParams;
     pub use crate::method::sliding_window_log::{LogParams, LogRing};
     pub use crate::method::token_bucket::GcraParams;
+    pub use crate::method::word::Reservation;
     pub use crate::sync::{AtomicWord, OwnedWord};
 
     /// The service's protocol ([`decide`](service::decide), [`sweep`](service::sweep)),
@@ -149,8 +150,8 @@ pub mod loom_support {
     /// request.
     pub mod store {
         pub use crate::service::{
-            ClientStore, Place, SlotWord, StoreFault, StoreHead, StorePlan, Stored, WordLimit,
-            WordRequest, decide_in_store as decide,
+            ClientStore, Holding, Place, SlotWord, StoreFault, StoreHead, StorePlan, Stored,
+            WordLimit, WordRequest, decide_in_store as decide, give_back_in_store as give_back,
         };
     }
 }

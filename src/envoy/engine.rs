@@ -13,6 +13,7 @@ use super::config::{DescriptorNode, Limits, RlsConfig, Unit, UnitLimit, ValueMat
 use super::metrics::DescriptorMetrics;
 use crate::headers::LimitFigures;
 use crate::redis::{FailurePolicy, RedisError, RedisRateLimiter, Source};
+use crate::service::Grant;
 use crate::verdict::{Figures, Verdict};
 use crate::{Algorithm, Decision, MonotonicClock, RateLimiterService, Rule, ServiceBuilder};
 
@@ -424,6 +425,39 @@ impl Limiter {
                 Some(outcome_of(&verdict))
             }
             Limiter::Redis { .. } => None,
+        }
+    }
+
+    /// In process: takes `hits` for `client` now, as [`Limiter::acquire_now`], with the grant
+    /// to give back should another descriptor of the request refuse it (none for the sliding
+    /// log, which cannot undo one). `None` for a limiter on Redis.
+    pub(crate) fn reserve_now(&self, client: &str, hits: u64) -> Option<(Outcome, Option<Grant>)> {
+        match self {
+            Limiter::InProcess(service) => {
+                let (verdict, grant) = service
+                    .reserve_verdict(client, &DescriptorPlan, hits)
+                    .expect("the service has its one plan");
+                Some((outcome_of(&verdict), grant))
+            }
+            Limiter::Redis { .. } => None,
+        }
+    }
+
+    /// In process: gives back `grant`, made by [`Limiter::reserve_now`] for `client` (see
+    /// `RateLimiterService::give_back` for what it restores).
+    pub(crate) fn give_back_now(&self, client: &str, grant: &Grant) {
+        if let Limiter::InProcess(service) = self {
+            service.give_back(client, &DescriptorPlan, grant);
+        }
+    }
+
+    /// In process: whether taking from `client` now would move one of its windows forward, a
+    /// write that an undo cannot take back once another decision lands on it (see
+    /// `SeveralLimits::acquire`). False on Redis.
+    pub(crate) fn would_roll_now(&self, client: &str) -> bool {
+        match self {
+            Limiter::InProcess(service) => service.would_roll(client, &DescriptorPlan),
+            Limiter::Redis { .. } => false,
         }
     }
 

@@ -20,8 +20,9 @@ use super::BuildError;
 use super::config::{RlsConfig, Unit, UnitLimit};
 use super::engine::{self, Enforced, NodeLimit, Outcome, Snapshot, StateStore};
 use super::metrics::{self, Counted};
-use crate::Decision;
 use crate::headers::{LimitFigures, RateLimitFields};
+use crate::service::Grant;
+use crate::{Algorithm, Decision};
 
 /// Envoy's rate-limit service on tollgate's methods.
 ///
@@ -136,9 +137,21 @@ impl RateLimitServer {
     /// none is charged (envoyproxy/ratelimit charges every descriptor, so refused traffic spends
     /// the quotas of the others). A request of one limited descriptor is one decision; one of
     /// several first looks at each limit, taking nothing, and is refused at once if any would
-    /// refuse; else it takes from each. Only when another request takes the last permits of a
-    /// limit between that look and the taking is the request refused after earlier descriptors
-    /// took theirs, which then stay taken: no limit ever grants more than it allows.
+    /// refuse; else it takes from each. When another request takes the last permits of a limit
+    /// between that look and the taking, the request is refused there:
+    ///
+    /// - in process, every grant it made before is given back to the very state it was made on
+    ///   (a client evicted or a rule changed meanwhile took it away already), exactly while no
+    ///   other decision has landed on that state since, and otherwise as far as the method can
+    ///   without leaving the limit more generous than had the grant not been made: the fixed
+    ///   window and the sliding window counter take the permits off the window they were
+    ///   counted in, the token bucket keeps them (they refill at its rate). The sliding log
+    ///   cannot give back: its descriptors are taken last, so only a request with two of them
+    ///   can keep a grant of the first.
+    /// - on Redis, the takings are made together (their round trips overlap), and those that
+    ///   granted stay taken.
+    ///
+    /// No limit ever grants more than it allows.
     ///
     /// # Errors
     ///
@@ -328,27 +341,101 @@ impl RateLimitService for RateLimitServer {
 }
 
 /// Decides `matched` in process, where every limiter decides now: looks first when
-/// `look_first`, then, unless a look refused, takes from each in turn, none after a refusal
-/// (which only a racing request can cause): what is left untaken stays untaken.
+/// `look_first`, then, unless a look refused, takes from each in turn. A taking refused after
+/// all (another request took the last permits between the look and the taking) stops the
+/// request, and every grant made before it is given back, so that the refused request is
+/// charged nothing.
+///
+/// The takings that can be given back exactly come first, then those that move a window
+/// forward (a grant that rolled a window is undone exactly only while no other decision has
+/// landed on it; taken last, it is followed only by others of its kind, and a window's roll
+/// always grants), then the sliding log's, which cannot be undone (a request with two of them
+/// keeps the first's grant when the second is refused after its look; see
+/// `RateLimitServer::decide`).
 fn decide_in_process(matched: &[Matched<'_>], look_first: bool) -> (Vec<Result_>, bool) {
+    let mut looks = Vec::new();
     if look_first {
-        let looks: Vec<Result_> = matched.iter().map(look_now).collect();
+        looks = matched.iter().map(look_now).collect();
         if refuses(matched, &looks) {
             return (looks, true);
         }
     }
-    let mut results = Vec::with_capacity(matched.len());
-    let mut refused = false;
-    for m in matched {
-        let result = if refused {
-            Result_::Skipped
-        } else {
-            take_now(m)
-        };
-        refused |= !m.shadow_mode && is_over(&result);
-        results.push(result);
+    if let [only] = matched {
+        // Nothing to give back to: one decision.
+        let result = take_now(only);
+        let refused = refuses(matched, std::slice::from_ref(&result));
+        return (vec![result], refused);
     }
+    let mut order: Vec<(u8, usize)> = matched
+        .iter()
+        .enumerate()
+        .map(|(at, m)| (take_order(m), at))
+        .collect();
+    order.sort_unstable();
+    let mut results: Vec<Option<Result_>> = matched.iter().map(|_| None).collect();
+    let mut grants = Vec::with_capacity(matched.len());
+    let mut refused = false;
+    for (_, at) in order {
+        let m = &matched[at];
+        let (result, grant) = reserve_now(m);
+        let refusing = !m.shadow_mode && is_over(&result);
+        results[at] = Some(result);
+        if refusing {
+            refused = true;
+            // Every grant of the request given back: each such descriptor reports its look
+            // (a grant is given back only after a look, which every request that can be
+            // refused at a later taking makes: it has several limited descriptors).
+            for (given, grant) in grants.drain(..) {
+                give_back_now(&matched[given], &grant);
+                let reported = match looks.get_mut(given) {
+                    Some(look) => std::mem::replace(look, Result_::Skipped),
+                    None => Result_::Skipped,
+                };
+                results[given] = Some(reported);
+            }
+            break;
+        }
+        if let Some(grant) = grant {
+            grants.push((at, grant));
+        }
+    }
+    let results = results
+        .into_iter()
+        .map(|result| result.unwrap_or(Result_::Skipped))
+        .collect();
     (results, refused)
+}
+
+/// When `m` is taken among a request's descriptors: 0 for one whose grant can be given back
+/// exactly, 1 for one whose taking would move a window forward, 2 for the sliding log's.
+fn take_order(m: &Matched<'_>) -> u8 {
+    match &m.limit.enforced {
+        Enforced::Limited {
+            method: Algorithm::SlidingWindowLog,
+            ..
+        } => 2,
+        Enforced::Limited { limiter, .. } => u8::from(limiter.would_roll_now(&m.client)),
+        _ => 0,
+    }
+}
+
+/// Takes `m`'s permits, in process, with the grant to give back (see `Limiter::reserve_now`).
+fn reserve_now(m: &Matched<'_>) -> (Result_, Option<Grant>) {
+    match &m.limit.enforced {
+        Enforced::Limited { limiter, .. } => match limiter.reserve_now(&m.client, m.hits) {
+            Some((outcome, grant)) => (taken(outcome), grant),
+            // Not reached, as in `look_now`.
+            None => (Result_::Unlimited, None),
+        },
+        _ => (without_limiter(m), None),
+    }
+}
+
+/// Gives back `grant`, made by `reserve_now(m)`.
+fn give_back_now(m: &Matched<'_>, grant: &Grant) {
+    if let Enforced::Limited { limiter, .. } = &m.limit.enforced {
+        limiter.give_back_now(&m.client, grant);
+    }
 }
 
 /// Decides `matched` when some limiter is on Redis: the looks, then the takings, each set

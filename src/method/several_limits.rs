@@ -151,6 +151,10 @@ impl Clock for Reading {
     }
 }
 
+/// What a grant took from each limit of a plan of several (by limit, in the plan's order): the
+/// limit's decision and its [`Reservation`].
+pub(crate) type Reservations = [Option<(Decision, Reservation)>; SeveralLimits::MAX_LIMITS];
+
 impl SeveralLimits {
     /// The most limits one plan may have: enough for the usual tiers (per second, minute, hour
     /// and day), and few enough for a request's reservations to live on its stack.
@@ -173,23 +177,35 @@ impl SeveralLimits {
 
     /// Takes `n` permits from every limit, or from none. `Retired` when the entry is retired
     /// (the caller moves to a fresh one).
+    #[inline]
     pub(crate) fn acquire(
         &self,
         limits: &[AnyParams],
         n: u64,
         clock: &impl Clock,
     ) -> Result<Decision, Retired> {
+        self.reserve(limits, n, clock.now_nanos())
+            .map(|(decision, _)| decision)
+    }
+
+    /// [`SeveralLimits::acquire`] at the clock reading `now`, also returning, for a grant of
+    /// `n > 0` permits, what it took from each limit, for [`SeveralLimits::give_back`].
+    pub(crate) fn reserve(
+        &self,
+        limits: &[AnyParams],
+        n: u64,
+        now: u64,
+    ) -> Result<(Decision, Option<Reservations>), Retired> {
         if self.is_retired() {
             return Err(Retired);
         }
-        let now = clock.now_nanos();
         let reading = Reading(now);
         if n == 0 {
             let each =
                 self.each_answer(limits, |limit, state| limit.acquire(state, 0, &reading))?;
             let mut each = each.into_iter().flatten();
             let first = each.next().ok_or(Retired)?;
-            return Ok(closest_to_exhaustion(first, each));
+            return Ok((closest_to_exhaustion(first, each), None));
         }
         // First a look at every limit, taking nothing: a request that some limit refuses at
         // this reading is refused without a write, so a refusal leaves every limit exactly as
@@ -200,9 +216,9 @@ impl SeveralLimits {
         let each_look = looked.iter().flatten().copied();
         if let Some(refused) = each_look.clone().find(Decision::is_denied) {
             if refused.rejection().is_some() {
-                return Ok(refused);
+                return Ok((refused, None));
             }
-            return Ok(combined(refused, each_look));
+            return Ok((combined(refused, each_look), None));
         }
         let mut rolls = [false; SeveralLimits::MAX_LIMITS];
         for (at, (limit, state)) in limits.iter().zip(self.states.iter()).enumerate() {
@@ -232,7 +248,7 @@ impl SeveralLimits {
             // report the longest wait over every limit.
             self.give_back(limits, n, &granted, now);
             let (decision, _) = taken?;
-            return self.refusal(limits, n, decision, &reading);
+            return Ok((self.refusal(limits, n, decision, &reading)?, None));
         }
         // The commit: move the gate to the instant every permit has left its limit, unless the
         // sweep retired it meanwhile.
@@ -248,7 +264,17 @@ impl SeveralLimits {
         }
         let mut each = granted.iter().flatten().map(|(decision, _)| *decision);
         let first = each.next().ok_or(Retired)?;
-        Ok(closest_to_exhaustion(first, each))
+        Ok((closest_to_exhaustion(first, each), Some(granted)))
+    }
+
+    /// Whether taking from every limit now would move any limit's window forward.
+    #[cfg(feature = "envoy")]
+    pub(crate) fn would_roll(&self, limits: &[AnyParams], clock: &impl Clock) -> bool {
+        let reading = Reading(clock.now_nanos());
+        limits
+            .iter()
+            .zip(self.states.iter())
+            .any(|(limit, state)| limit.would_roll(state, &reading))
     }
 
     /// Each limit's `answer`, in the plan's order; `Retired` if any limit's state answers so.
@@ -266,7 +292,7 @@ impl SeveralLimits {
 
     /// Undoes the grants in `granted` (by limit), each limit's own word restored exactly while
     /// no other decision has landed on it (see `word::Reservation`).
-    fn give_back(
+    pub(crate) fn give_back(
         &self,
         limits: &[AnyParams],
         n: u64,

@@ -22,6 +22,8 @@ mod store;
 mod sweeper;
 
 pub use builder::ServiceBuilder;
+#[cfg(feature = "envoy")]
+pub(crate) use protocol::Grant;
 pub use rate_limiter::RateLimiterService;
 pub use stats::PlanStats;
 pub use sweeper::Sweeper;
@@ -34,6 +36,6 @@ pub use protocol::{Acquired, Fresh, MapGuard, Pinned, Request, Versioned, decide
 /// The store of one-word states and its protocol, for the loom models (`tollgate::loom_support`).
 #[cfg(feature = "loom")]
 pub use store::{
-    ClientStore, Place, SlotWord, StoreFault, StoreHead, StorePlan, Stored, WordLimit, WordRequest,
-    decide as decide_in_store,
+    ClientStore, Holding, Place, SlotWord, StoreFault, StoreHead, StorePlan, Stored, WordLimit,
+    WordRequest, decide as decide_in_store, give_back as give_back_in_store,
 };

@@ -18,13 +18,17 @@ use std::marker::PhantomData;
 
 use super::client_map::ClientMap;
 use super::plan_table::{PinnedPlan, PlanHead};
-use super::store::{SlotWord, WordLimit, WordRequest};
+use super::store::{Holding, SlotWord, WordLimit, WordRequest};
 use crate::Decision;
 use crate::clock::Clock;
 use crate::decision::{Admit, Retired};
 use crate::method::any::AnyParams;
 use crate::method::client_state::{ClientState, StateRef, Version};
+#[cfg(feature = "envoy")]
+use crate::method::several_limits::Reservations;
 use crate::method::several_limits::SeveralLimits;
+#[cfg(feature = "envoy")]
+use crate::method::word::Reservation;
 use crate::sync::{AtomicWord, Ordering, Word};
 #[cfg(feature = "tower")]
 use crate::verdict::Verdict;
@@ -53,6 +57,27 @@ pub(super) trait Answer: Sized {
     }
     fn from_decision(decision: Decision) -> Self;
     fn is_allowed(&self) -> bool;
+    /// The answer, told where the state it was decided on lives (for an answer that keeps its
+    /// grant to give it back: `Reserving`); the others ignore it.
+    #[inline(always)]
+    fn held_at(self, held: HeldAt) -> Self {
+        let _ = held;
+        self
+    }
+}
+
+/// Where a decision's state lives, so that a grant made on it can be given back to that state
+/// alone (see `RateLimiterService::give_back`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HeldAt {
+    /// Not told yet.
+    #[cfg(feature = "envoy")]
+    Unknown,
+    /// A holding of a slot of the plan's store.
+    Slot(Holding),
+    /// An entry of the plan's map: its address (the entry's identity while the map holds it),
+    /// and the version of the plan's limits it was made under.
+    Entry { address: usize, version: Version },
 }
 
 impl Answer for Decision {
@@ -148,6 +173,94 @@ impl<const GRANT_FIGURES: bool> Answer for Checked<GRANT_FIGURES> {
     #[inline]
     fn is_allowed(&self) -> bool {
         self.0.decision().is_allowed()
+    }
+}
+
+/// A [`Verdict`] (with every limit's figures, as `Checked<true>`), and for a grant of `n > 0`
+/// permits by methods that can undo one, the [`Grant`] to give it back with.
+#[cfg(feature = "envoy")]
+pub(super) struct Reserving(pub(super) Verdict, pub(super) Option<Grant>);
+
+/// A grant that [`RateLimiterService::give_back`](crate::RateLimiterService) can undo: what it
+/// took, when, and from which state.
+#[cfg(feature = "envoy")]
+#[derive(Debug, Clone)]
+pub(crate) struct Grant {
+    pub(super) n: u64,
+    /// The clock reading the grant was decided at.
+    pub(super) now_nanos: u64,
+    pub(super) taken: Taken,
+    pub(super) held: HeldAt,
+}
+
+/// What a [`Grant`] took.
+#[cfg(feature = "envoy")]
+#[derive(Debug, Clone)]
+pub(super) enum Taken {
+    /// From a one-limit state: its decision and reservation.
+    One(Decision, Reservation),
+    /// From each limit of a plan of several (boxed: four limits' worth).
+    Several(Box<Reservations>),
+}
+
+#[cfg(feature = "envoy")]
+impl Answer for Reserving {
+    #[inline]
+    fn acquire<A: AtomicWord>(
+        params: &AnyParams,
+        state: StateRef<'_, A>,
+        n: u64,
+        clock: &impl Clock,
+    ) -> Result<Self, Retired> {
+        // One reading, kept with the grant: an undo locates the window a grant was counted in
+        // from the reading it was decided at.
+        let now_nanos = clock.now_nanos();
+        let (decision, reservation) = params.reserve(state, n, &Reading(now_nanos))?;
+        let grant = reservation
+            .filter(|_| n > 0 && decision.is_allowed())
+            .map(|reservation| Grant {
+                n,
+                now_nanos,
+                taken: Taken::One(decision, reservation),
+                held: HeldAt::Unknown,
+            });
+        Ok(Reserving(Verdict::from(decision), grant))
+    }
+    fn acquire_several(
+        several: &SeveralLimits,
+        limits: &[AnyParams],
+        n: u64,
+        clock: &impl Clock,
+    ) -> Result<Self, Retired> {
+        let now_nanos = clock.now_nanos();
+        let (decision, reservations) = several.reserve(limits, n, now_nanos)?;
+        let grant = reservations.map(|reservations| Grant {
+            n,
+            now_nanos,
+            taken: Taken::Several(Box::new(reservations)),
+            held: HeldAt::Unknown,
+        });
+        // As `Checked<true>`: each limit's figures, read right after from the same entry.
+        let verdict = match several.peek_each(limits, clock) {
+            Ok(each) => Verdict::with_each_limit(decision, each),
+            Err(Retired) => Verdict::from(decision),
+        };
+        Ok(Reserving(verdict, grant))
+    }
+    #[inline]
+    fn from_decision(decision: Decision) -> Self {
+        Reserving(Verdict::from(decision), None)
+    }
+    #[inline]
+    fn is_allowed(&self) -> bool {
+        self.0.decision().is_allowed()
+    }
+    #[inline]
+    fn held_at(mut self, held: HeldAt) -> Self {
+        if let Some(grant) = &mut self.1 {
+            grant.held = held;
+        }
+        self
     }
 }
 
@@ -547,7 +660,11 @@ where
             }
             state => T::acquire(&head.first, state.into(), self.n, self.clock)?,
         };
-        Ok(Acquired::Answer(Ok(self.counted(answer))))
+        let held = HeldAt::Entry {
+            address: std::ptr::from_ref(entry) as usize,
+            version: head.version,
+        };
+        Ok(Acquired::Answer(Ok(self.counted(answer.held_at(held)))))
     }
 }
 
@@ -563,6 +680,7 @@ where
     #[inline(always)]
     fn acquire(&self, limit: &&AnyParams, state: &SlotWord<'_, Word>) -> Result<T, Retired> {
         T::acquire(limit, StateRef::Word(state), self.n, self.clock)
+            .map(|answer| answer.held_at(HeldAt::Slot(state.holding())))
     }
 
     #[inline(always)]

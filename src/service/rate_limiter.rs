@@ -11,12 +11,16 @@ use super::plan_table::{PinnedPlan, PlanTable, PlanVersion};
 #[cfg(feature = "tower")]
 use super::protocol::Checked;
 use super::protocol::{self, Answer, Asking, MAX_LOOKUP_TRIES};
+#[cfg(feature = "envoy")]
+use super::protocol::{Grant, HeldAt, Reserving, Taken};
 use super::store::{self, StorePlan, Stored};
 use crate::clock::Clock;
 use crate::decision::Admit;
 use crate::error::ServiceError;
 use crate::headers::LimitFigures;
 use crate::method::any::AnyParams;
+#[cfg(feature = "envoy")]
+use crate::method::client_state::ClientState;
 use crate::method::client_state::{StateRef, Version};
 use crate::method::several_limits::SeveralLimits;
 use crate::plans::{Together, limits_of};
@@ -465,6 +469,116 @@ where
         }
     }
 
+    /// Takes `n` permits for `client` under `plan`, as [`RateLimiterService::acquire_verdict`]
+    /// does with [`Figures::Always`], and for a grant, what [`RateLimiterService::give_back`]
+    /// needs to undo it: `None` for the sliding log, which cannot, and for a refusal or an
+    /// attempt of 0 permits, which took nothing.
+    #[cfg(feature = "envoy")]
+    pub(crate) fn reserve_verdict<Q>(
+        &self,
+        client: &Q,
+        plan: &P,
+        n: u64,
+    ) -> Result<(Verdict, Option<Grant>), ServiceError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.decide::<Q, Reserving>(client, plan, n)
+            .map(|Reserving(verdict, grant)| (verdict, grant))
+    }
+
+    /// Whether taking permits for `client` under `plan` now would move one of its limits'
+    /// windows forward (see `Method::would_roll`): false for a client the service does not hold.
+    #[cfg(feature = "envoy")]
+    pub(crate) fn would_roll<Q>(&self, client: &Q, plan: &P) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let Ok(index) = self.plan_index(plan) else {
+            return false;
+        };
+        let pinned = self.plans.pin(index);
+        let (limits, looked) = self.current_state(index, &pinned, client);
+        match looked.as_ref().map(LookedState::state) {
+            Some(StateRef::Several(several)) => several.would_roll(limits.as_slice(), &self.clock),
+            Some(state) => limits.first().would_roll(state, &self.clock),
+            None => false,
+        }
+    }
+
+    /// Undoes `grant` (made by [`RateLimiterService::reserve_verdict`] for `client` under
+    /// `plan`): on the very state it was decided on, while that state is still the client's
+    /// under the same limits, by each method's own undo (`Method::undo`): exactly while no other
+    /// decision has landed on the state since, and otherwise never by more than leaves the state
+    /// as strict as it would be had the grant not been made (the token bucket then keeps the
+    /// permits; the fixed window and the sliding window counter take them off the window they
+    /// were counted in, if it is still current). Nothing where the state has gone since (evicted,
+    /// swept, or retired by a rule change): what the grant took went with it, and the client's
+    /// next state is made afresh. Whether the state was found.
+    #[cfg(feature = "envoy")]
+    pub(crate) fn give_back<Q>(&self, client: &Q, plan: &P, grant: &Grant) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let Ok(index) = self.plan_index(plan) else {
+            return false;
+        };
+        let Grant {
+            n,
+            now_nanos,
+            ref taken,
+            held,
+        } = *grant;
+        match (held, taken) {
+            (HeldAt::Slot(holding), Taken::One(decision, reservation)) => {
+                let Some(stored) = self.plans.stored(index) else {
+                    return false;
+                };
+                store::give_back(stored.store, holding, &stored, |limit, slot| {
+                    limit.undo(StateRef::Word(slot), n, decision, *reservation, now_nanos);
+                })
+            }
+            (HeldAt::Entry { address, version }, taken) => {
+                let pinned = self.plans.pin(index);
+                // The client's entry now, if it is the one the grant was decided on: the same
+                // address while the map holds it. (An entry removed since, whose address a later
+                // entry reuses, is told apart by what removed it: a rule change changes the
+                // version; a sweep removes only an idle entry, which the grant's permits had
+                // left already, so an undo finds nothing of theirs to take back.)
+                let Some(entry) = pinned.clients().get(client, pinned.guard()) else {
+                    return false;
+                };
+                let limits = pinned.limits();
+                if std::ptr::from_ref(entry) as usize != address
+                    || entry.state.version() != version
+                    || limits.version() != version
+                {
+                    return false;
+                }
+                match (&entry.state, taken) {
+                    (ClientState::Several(_, several), Taken::Several(reservations)) => {
+                        several.give_back(limits.as_slice(), n, &reservations[..], now_nanos);
+                    }
+                    (state, Taken::One(decision, reservation)) => {
+                        limits.first().undo(
+                            StateRef::from(state),
+                            n,
+                            decision,
+                            *reservation,
+                            now_nanos,
+                        );
+                    }
+                    _ => return false,
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Reports, taking nothing, what one permit for `client` under `plan` would get now. A client
     /// the service does not hold under `plan` (or holds under an earlier rule) is reported as
     /// fresh, and nothing is added or changed.
@@ -594,5 +708,151 @@ impl LookedState<'_> {
             LookedState::Stored(word) => StateRef::Word(word),
             LookedState::Entry(state) => *state,
         }
+    }
+}
+
+#[cfg(all(test, feature = "envoy"))]
+mod give_back {
+    use std::time::Duration;
+
+    use crate::{Algorithm, FakeClock, Rule, ServiceBuilder};
+
+    fn remaining(
+        service: &crate::RateLimiterService<u64, &'static str, FakeClock>,
+        client: u64,
+    ) -> u64 {
+        service.peek(&client, &"plan").expect("a plan").remaining()
+    }
+
+    #[test]
+    fn a_grant_given_back_untouched_restores_every_permit() {
+        for method in [
+            Algorithm::TokenBucket,
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindowCounter,
+        ] {
+            let service = ServiceBuilder::new(method, FakeClock::new())
+                .plan("plan", Rule::per_hour(5).expect("a rule"))
+                .build::<u64>()
+                .expect("a service");
+            let (_, grant) = service.reserve_verdict(&1, &"plan", 3).expect("a plan");
+            let grant = grant.expect("a grant of a method that can give back");
+            assert_eq!(remaining(&service, 1), 2, "{method:?}");
+            assert!(service.give_back(&1, &"plan", &grant), "{method:?}");
+            assert_eq!(remaining(&service, 1), 5, "{method:?}: every permit back");
+        }
+    }
+
+    #[test]
+    fn a_window_gives_back_past_a_later_grant_and_a_bucket_keeps_its_permits() {
+        for (method, after) in [
+            // The window takes the grant's 3 off the window they were counted in.
+            (Algorithm::FixedWindow, 4),
+            (Algorithm::SlidingWindowCounter, 4),
+            // The bucket cannot tell what the later grant started from: it keeps them.
+            (Algorithm::TokenBucket, 1),
+        ] {
+            let service = ServiceBuilder::new(method, FakeClock::new())
+                .plan("plan", Rule::per_hour(5).expect("a rule"))
+                .build::<u64>()
+                .expect("a service");
+            let (_, grant) = service.reserve_verdict(&1, &"plan", 3).expect("a plan");
+            let grant = grant.expect("a grant");
+            assert!(service.allow(&1, &"plan").expect("a plan"));
+            assert!(service.give_back(&1, &"plan", &grant), "{method:?}");
+            assert_eq!(remaining(&service, 1), after, "{method:?}");
+        }
+    }
+
+    #[test]
+    fn a_grant_whose_state_was_evicted_gives_nothing_to_the_next_holder() {
+        // One bucket of 8 slots: a ninth client evicts one of eight spent ones.
+        let service = ServiceBuilder::new(Algorithm::TokenBucket, FakeClock::new())
+            .plan("plan", Rule::per_hour(2).expect("a rule"))
+            .capacity(8)
+            .build::<u64>()
+            .expect("a service");
+        let grants: Vec<_> = (0..8_u64)
+            .map(|client| {
+                let (_, grant) = service
+                    .reserve_verdict(&client, &"plan", 2)
+                    .expect("a plan");
+                (client, grant.expect("a grant"))
+            })
+            .collect();
+        assert!(
+            service
+                .acquire(&100, &"plan", 2)
+                .expect("a plan")
+                .is_allowed()
+        );
+        assert_eq!(service.evictions(), 1);
+        let found = grants
+            .iter()
+            .filter(|(client, grant)| service.give_back(client, &"plan", grant))
+            .count();
+        assert_eq!(found, 7, "the evicted client's grant finds no state");
+        assert_eq!(
+            remaining(&service, 100),
+            0,
+            "the newcomer's spent permits stay spent"
+        );
+    }
+
+    #[test]
+    fn a_grant_made_under_an_earlier_rule_gives_nothing_back() {
+        let service = ServiceBuilder::new(Algorithm::FixedWindow, FakeClock::new())
+            .plan("plan", Rule::per_hour(5).expect("a rule"))
+            .build::<u64>()
+            .expect("a service");
+        let (_, grant) = service.reserve_verdict(&1, &"plan", 3).expect("a plan");
+        let grant = grant.expect("a grant");
+        service
+            .set_rule(&"plan", Rule::per_hour(4).expect("a rule"))
+            .expect("a change");
+        assert!(
+            service
+                .acquire(&1, &"plan", 4)
+                .expect("a plan")
+                .is_allowed()
+        );
+        assert!(!service.give_back(&1, &"plan", &grant));
+        assert_eq!(
+            remaining(&service, 1),
+            0,
+            "the state of the later rule is untouched"
+        );
+    }
+
+    #[test]
+    fn a_plan_of_several_limits_gives_back_to_each() {
+        let clock = FakeClock::new();
+        let service = ServiceBuilder::new(Algorithm::TokenBucket, clock.clone())
+            .plan_limits(
+                "plan",
+                [
+                    Rule::new(3, Duration::from_secs(1)).expect("a rule"),
+                    Rule::per_hour(10).expect("a rule"),
+                ],
+            )
+            .build::<u64>()
+            .expect("a service");
+        let (_, grant) = service.reserve_verdict(&1, &"plan", 3).expect("a plan");
+        let grant = grant.expect("a grant");
+        assert!(service.give_back(&1, &"plan", &grant));
+        let each = service.peek_each_limit(&1, &"plan").expect("a plan");
+        let left: Vec<u64> = each.iter().map(|decision| decision.remaining()).collect();
+        assert_eq!(left, [3, 10]);
+    }
+
+    #[test]
+    fn the_sliding_log_makes_no_grant_to_give_back() {
+        let service = ServiceBuilder::new(Algorithm::SlidingWindowLog, FakeClock::new())
+            .plan("plan", Rule::per_hour(5).expect("a rule"))
+            .build::<u64>()
+            .expect("a service");
+        let (verdict, grant) = service.reserve_verdict(&1, &"plan", 2).expect("a plan");
+        assert!(verdict.decision().is_allowed());
+        assert!(grant.is_none());
     }
 }

@@ -227,6 +227,9 @@ pub enum StoreFault {
     /// Every holding's salt 0: a decision's exchange, checked against one holding, can land on
     /// the next holding of its slot when that holding's word equals the one it read.
     Unsalted,
+    /// Every holding's salt 0, and a give-back that finds its grant by the slot alone, not by
+    /// the holding: it undoes on whatever state the slot holds now.
+    GiveBackToTheSlot,
 }
 
 /// What one limit of a plan does to a state word, as the store needs it (the method's own
@@ -375,7 +378,7 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
     /// a word that holding would have to reach by a 2^-64 chance.
     #[inline]
     fn salt_of(&self, tag: u64) -> u64 {
-        if self.has_fault(StoreFault::Unsalted) {
+        if self.has_fault(StoreFault::Unsalted) || self.has_fault(StoreFault::GiveBackToTheSlot) {
             return 0;
         }
         let product =
@@ -441,6 +444,19 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
             let word = slot.load(Ordering::Relaxed);
             slot.same_holding().then(|| (version_of(seen), word))
         })
+    }
+
+    /// The slot whose tag word lies at `address` (see [`Holding`]), if it is one of this store's.
+    #[cfg(any(feature = "envoy", feature = "loom"))]
+    fn slot_at(&self, address: usize) -> Option<(&W, &W)> {
+        let start = self.buckets.as_ptr() as usize;
+        let index = address.checked_sub(start)? / size_of::<Bucket<W, B>>();
+        let bucket = self.buckets.get(index)?;
+        bucket
+            .tags
+            .iter()
+            .zip(&bucket.states)
+            .find(|(tag, _)| std::ptr::from_ref::<W>(tag) as usize == address)
     }
 
     /// How many slots hold a client (at some instant during the call, slot by slot).
@@ -995,6 +1011,74 @@ pub struct SlotWord<'s, W> {
     state: SaltedWord<'s, W>,
     tag: &'s W,
     seen: u64,
+}
+
+/// Where a decision on a [`SlotWord`] landed: the slot (by the address of its tag word, which
+/// stays the slot's for the store's life) and the holding (the tag the decision found), so that
+/// its grant can be given back to that holding and no other ([`give_back`]).
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Holding {
+    tag_address: usize,
+    seen: u64,
+}
+
+impl<W> SlotWord<'_, W> {
+    /// The slot and holding this view decides on.
+    #[inline]
+    pub fn holding(&self) -> Holding {
+        Holding {
+            tag_address: std::ptr::from_ref::<W>(self.tag) as usize,
+            seen: self.seen,
+        }
+    }
+}
+
+/// Gives back a grant made on `holding` of one of `store`'s slots: `undo` runs on that
+/// holding's state (the view a decision uses, which checks before each exchange that the slot
+/// still has the holding), under the plan's current limits, only if they are the ones the
+/// holding's state was made under. Nothing where the slot has changed hands (its state was
+/// retired, and the grant's permits went with it: the next holding starts afresh, and no undo
+/// may touch it) or the plan's limits have changed since. Whether `undo` ran.
+///
+/// Should the slot change hands between the check and an exchange of `undo`, the exchange
+/// expects a word in the earlier holding's frame, which the salts keep from landing on the
+/// next holding's (see the module's docs): the same argument as a decision's.
+#[doc(hidden)]
+#[cfg(any(feature = "envoy", feature = "loom"))]
+pub fn give_back<W, const B: usize, P>(
+    store: &ClientStore<W, B>,
+    holding: Holding,
+    plan: &P,
+    undo: impl FnOnce(&P::Limit, &SlotWord<'_, W>),
+) -> bool
+where
+    W: AtomicWord,
+    P: StorePlan,
+{
+    let Some((tag, state)) = store.slot_at(holding.tag_address) else {
+        return false;
+    };
+    // Acquire: pairs with the Release that published the holding's tag after its state.
+    let now_held = tag.load(Ordering::Acquire);
+    let seen = if store.has_fault(StoreFault::GiveBackToTheSlot) {
+        now_held
+    } else if (now_held ^ holding.seen) & !RETIRING == 0 {
+        holding.seen
+    } else {
+        return false;
+    };
+    let head = plan.head();
+    if !head.kept || head.version != version_of(seen) {
+        return false;
+    }
+    let slot = SlotWord {
+        state: store.salted(state, seen),
+        tag,
+        seen,
+    };
+    undo(&head.limit, &slot);
+    true
 }
 
 /// A word that every one-word method reads as retired: the token bucket's retired TAT, and the

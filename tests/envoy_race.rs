@@ -1,0 +1,142 @@
+//! All or nothing under a race, in process: requests of two descriptors, each client's own
+//! (`user`) and one shared by every thread (`round`), race for the shared one's last permits.
+//! A request refused at its taking of the shared descriptor, after its look found a permit
+//! there, has taken its own descriptor's permit already; that grant is given back. So each
+//! client's own limit is charged exactly its requests answered OK, for every method that can
+//! give a grant back, and every round grants exactly the shared limit.
+
+mod rls_support;
+
+use std::sync::{Arc, Barrier};
+use std::thread;
+
+use rls_support::descriptor;
+use tollgate::envoy::proto::RateLimitRequest;
+use tollgate::envoy::proto::rate_limit_response::Code;
+use tollgate::envoy::{RateLimitServer, RlsConfig, StateStore};
+
+/// Threads racing in each round.
+const THREADS: usize = 4;
+/// Rounds, each a shared limit of its own.
+const ROUNDS: usize = 400;
+/// Requests per thread and round: more than the round's limit in all.
+const TRIES: usize = 2;
+/// The round's shared limit.
+const SHARED: u64 = 3;
+/// Each client's own limit: never what refuses a request here.
+const OWN: u64 = 100_000;
+
+fn config(method: &str) -> String {
+    format!(
+        r#"
+domain: race
+method: {method}
+descriptors:
+  - key: user
+    rate_limit: {{unit: day, requests_per_unit: {OWN}}}
+  - key: round
+    rate_limit: {{unit: day, requests_per_unit: {SHARED}}}
+"#
+    )
+}
+
+fn request(entries: &[&[(&str, &str)]]) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "race".to_owned(),
+        descriptors: entries.iter().map(|entries| descriptor(entries)).collect(),
+        hits_addend: 0,
+    }
+}
+
+fn decide(
+    runtime: &tokio::runtime::Runtime,
+    server: &RateLimitServer,
+    request: &RateLimitRequest,
+) -> (bool, u32) {
+    let response = runtime
+        .block_on(server.decide(request))
+        .expect("the request is decided");
+    let own_remaining = response.statuses[0].limit_remaining;
+    (response.overall_code == Code::Ok as i32, own_remaining)
+}
+
+/// Runs the race on `method` and checks each client's charge against its OK answers.
+fn race(method: &str) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a runtime");
+    let config = RlsConfig::from_yaml_str("race.yaml", &config(method)).expect("valid");
+    let server = runtime
+        .block_on(RateLimitServer::new(
+            &config,
+            StateStore::InProcess { clients: 4096 },
+        ))
+        .expect("the service builds");
+    let barrier = Arc::new(Barrier::new(THREADS));
+    let workers: Vec<_> = (0..THREADS)
+        .map(|thread| {
+            let (server, barrier) = (server.clone(), Arc::clone(&barrier));
+            thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .build()
+                    .expect("a runtime");
+                let user = format!("u{thread}");
+                let mut oks = vec![0_u64; ROUNDS];
+                for (round, oks) in oks.iter_mut().enumerate() {
+                    let round = round.to_string();
+                    let both = request(&[&[("user", &user)], &[("round", &round)]]);
+                    barrier.wait();
+                    for _ in 0..TRIES {
+                        *oks += u64::from(decide(&runtime, &server, &both).0);
+                    }
+                }
+                oks
+            })
+        })
+        .collect();
+    let per_thread: Vec<Vec<u64>> = workers
+        .into_iter()
+        .map(|worker| worker.join().expect("a worker panicked"))
+        .collect();
+    for round in 0..ROUNDS {
+        let granted: u64 = per_thread.iter().map(|oks| oks[round]).sum();
+        assert_eq!(
+            granted, SHARED,
+            "{method}: round {round} granted {granted} of its shared limit of {SHARED}"
+        );
+    }
+    for (thread, oks) in per_thread.iter().enumerate() {
+        let answered_ok: u64 = oks.iter().sum();
+        // One more request of the client's own descriptor alone: what it reports left.
+        let (allowed, remaining) = decide(
+            &runtime,
+            &server,
+            &request(&[&[("user", &format!("u{thread}"))]]),
+        );
+        assert!(
+            allowed,
+            "{method}: the client's own limit is far from spent"
+        );
+        let charged = OWN - 1 - u64::from(remaining);
+        assert_eq!(
+            charged, answered_ok,
+            "{method}: client u{thread} was charged {charged} permits for {answered_ok} requests \
+             answered OK: a refused request kept a grant"
+        );
+    }
+}
+
+#[test]
+fn a_request_refused_after_its_look_gives_back_under_the_token_bucket() {
+    race("token_bucket");
+}
+
+#[test]
+fn a_request_refused_after_its_look_gives_back_under_the_fixed_window() {
+    race("fixed_window");
+}
+
+#[test]
+fn a_request_refused_after_its_look_gives_back_under_the_sliding_window_counter() {
+    race("sliding_window_counter");
+}
