@@ -451,23 +451,15 @@ impl Limiter {
         }
     }
 
-    /// In process: whether taking from `client` now would move one of its windows forward, a
-    /// write that an undo cannot take back once another decision lands on it (see
-    /// `SeveralLimits::acquire`). False on Redis.
-    pub(crate) fn would_roll_now(&self, client: &str) -> bool {
-        match self {
-            Limiter::InProcess(service) => service.would_roll(client, &DescriptorPlan),
-            Limiter::Redis { .. } => false,
-        }
-    }
-
     /// In process: what one permit for `client` would get now from each of the descriptor's
-    /// limits, taking nothing. `None` for a limiter on Redis.
-    pub(crate) fn peek_now(&self, client: &str) -> Option<Vec<Decision>> {
+    /// limits, taking nothing, and whether a taking would move one of its windows forward (a
+    /// write that an undo cannot take back once another decision lands on it: see
+    /// `SeveralLimits::acquire`). `None` for a limiter on Redis.
+    pub(crate) fn peek_now(&self, client: &str) -> Option<(Vec<Decision>, bool)> {
         match self {
             Limiter::InProcess(service) => Some(
                 service
-                    .peek_each_limit(client, &DescriptorPlan)
+                    .peek_each_limit_and_roll(client, &DescriptorPlan)
                     .expect("the service has its one plan"),
             ),
             Limiter::Redis { .. } => None,
@@ -500,7 +492,8 @@ impl Limiter {
         match self {
             Limiter::InProcess(_) => Ok((
                 self.peek_now(client)
-                    .expect("an in-process limiter decides now"),
+                    .expect("an in-process limiter decides now")
+                    .0,
                 true,
             )),
             Limiter::Redis { limiter, plan } => {

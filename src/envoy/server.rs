@@ -354,8 +354,13 @@ impl RateLimitService for RateLimitServer {
 /// `RateLimitServer::decide`).
 fn decide_in_process(matched: &[Matched<'_>], look_first: bool) -> (Vec<Result_>, bool) {
     let mut looks = Vec::new();
+    let mut order = Vec::new();
     if look_first {
-        looks = matched.iter().map(look_now).collect();
+        for (at, m) in matched.iter().enumerate() {
+            let (look, when) = look_now(m);
+            looks.push(look);
+            order.push((when, at));
+        }
         if refuses(matched, &looks) {
             return (looks, true);
         }
@@ -366,11 +371,12 @@ fn decide_in_process(matched: &[Matched<'_>], look_first: bool) -> (Vec<Result_>
         let refused = refuses(matched, std::slice::from_ref(&result));
         return (vec![result], refused);
     }
-    let mut order: Vec<(u8, usize)> = matched
-        .iter()
-        .enumerate()
-        .map(|(at, m)| (take_order(m), at))
-        .collect();
+    if order.is_empty() {
+        // Not looked at: at most one descriptor takes, so nothing is given back.
+        order = (0..matched.len())
+            .map(|at| (TakeOrder::default(), at))
+            .collect();
+    }
     order.sort_unstable();
     let mut results: Vec<Option<Result_>> = matched.iter().map(|_| None).collect();
     let mut grants = Vec::with_capacity(matched.len());
@@ -382,9 +388,7 @@ fn decide_in_process(matched: &[Matched<'_>], look_first: bool) -> (Vec<Result_>
         results[at] = Some(result);
         if refusing {
             refused = true;
-            // Every grant of the request given back: each such descriptor reports its look
-            // (a grant is given back only after a look, which every request that can be
-            // refused at a later taking makes: it has several limited descriptors).
+            // Every grant of the request given back: each such descriptor reports its look.
             for (given, grant) in grants.drain(..) {
                 give_back_now(&matched[given], &grant);
                 let reported = match looks.get_mut(given) {
@@ -406,17 +410,17 @@ fn decide_in_process(matched: &[Matched<'_>], look_first: bool) -> (Vec<Result_>
     (results, refused)
 }
 
-/// When `m` is taken among a request's descriptors: 0 for one whose grant can be given back
-/// exactly, 1 for one whose taking would move a window forward, 2 for the sliding log's.
-fn take_order(m: &Matched<'_>) -> u8 {
-    match &m.limit.enforced {
-        Enforced::Limited {
-            method: Algorithm::SlidingWindowLog,
-            ..
-        } => 2,
-        Enforced::Limited { limiter, .. } => u8::from(limiter.would_roll_now(&m.client)),
-        _ => 0,
-    }
+/// When a descriptor is taken among its request's (the lesser first): by what a give-back can
+/// do for it, then by how close its look found it to refusing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+struct TakeOrder {
+    /// 0 for a descriptor whose grant can be given back exactly, 1 for one whose taking would
+    /// move a window forward, 2 for the sliding log's, which cannot be given back.
+    undo: u8,
+    /// The fewest permits any of its limits would have left after the taking: the descriptor
+    /// most likely to be refused by a racing request is taken first, before any grant that
+    /// its refusal would have to give back.
+    slack: u64,
 }
 
 /// Takes `m`'s permits, in process, with the grant to give back (see `Limiter::reserve_now`).
@@ -467,15 +471,28 @@ fn without_limiter(m: &Matched<'_>) -> Result_ {
     }
 }
 
-/// What `m` would get now, taking nothing, in process.
-fn look_now(m: &Matched<'_>) -> Result_ {
+/// What `m` would get now, taking nothing, in process; and when to take it.
+fn look_now(m: &Matched<'_>) -> (Result_, TakeOrder) {
     match &m.limit.enforced {
-        Enforced::Limited { limiter, .. } => match limiter.peek_now(&m.client) {
-            Some(each) => looked(m, each, true),
+        Enforced::Limited {
+            limiter, method, ..
+        } => match limiter.peek_now(&m.client) {
+            Some((each, rolls)) => {
+                let undo = match method {
+                    Algorithm::SlidingWindowLog => 2,
+                    _ => u8::from(rolls),
+                };
+                let slack = each
+                    .iter()
+                    .map(|decision| decision.remaining().saturating_sub(m.asked))
+                    .min()
+                    .unwrap_or(0);
+                (looked(m, each, true), TakeOrder { undo, slack })
+            }
             // Not reached: a request is decided here only when every limiter is in process.
-            None => Result_::Unlimited,
+            None => (Result_::Unlimited, TakeOrder::default()),
         },
-        _ => without_limiter(m),
+        _ => (without_limiter(m), TakeOrder::default()),
     }
 }
 

@@ -268,7 +268,6 @@ impl SeveralLimits {
     }
 
     /// Whether taking from every limit now would move any limit's window forward.
-    #[cfg(feature = "envoy")]
     pub(crate) fn would_roll(&self, limits: &[AnyParams], clock: &impl Clock) -> bool {
         let reading = Reading(clock.now_nanos());
         limits

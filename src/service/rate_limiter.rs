@@ -488,26 +488,6 @@ where
             .map(|Reserving(verdict, grant)| (verdict, grant))
     }
 
-    /// Whether taking permits for `client` under `plan` now would move one of its limits'
-    /// windows forward (see `Method::would_roll`): false for a client the service does not hold.
-    #[cfg(feature = "envoy")]
-    pub(crate) fn would_roll<Q>(&self, client: &Q, plan: &P) -> bool
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        let Ok(index) = self.plan_index(plan) else {
-            return false;
-        };
-        let pinned = self.plans.pin(index);
-        let (limits, looked) = self.current_state(index, &pinned, client);
-        match looked.as_ref().map(LookedState::state) {
-            Some(StateRef::Several(several)) => several.would_roll(limits.as_slice(), &self.clock),
-            Some(state) => limits.first().would_roll(state, &self.clock),
-            None => false,
-        }
-    }
-
     /// Undoes `grant` (made by [`RateLimiterService::reserve_verdict`] for `client` under
     /// `plan`): on the very state it was decided on, while that state is still the client's
     /// under the same limits, by each method's own undo (`Method::undo`): exactly while no other
@@ -667,13 +647,50 @@ where
     ) -> Result<Vec<Decision>, ServiceError>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.look_each_limit(client, plan, false)
+            .map(|(each, _)| each)
+    }
+
+    /// [`RateLimiterService::peek_each_limit`], and, in the same lookup, whether taking
+    /// permits now would move one of the client's windows forward (see `Method::would_roll`;
+    /// false for a client the service does not hold).
+    #[cfg(feature = "envoy")]
+    pub(crate) fn peek_each_limit_and_roll<Q>(
+        &self,
+        client: &Q,
+        plan: &P,
+    ) -> Result<(Vec<Decision>, bool), ServiceError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.look_each_limit(client, plan, true)
+    }
+
+    /// Each limit's look, and whether a taking would roll a window when `rolls` is asked.
+    fn look_each_limit<Q>(
+        &self,
+        client: &Q,
+        plan: &P,
+        rolls: bool,
+    ) -> Result<(Vec<Decision>, bool), ServiceError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
     {
         let index = self.plan_index(plan)?;
         let pinned = self.plans.pin(index);
         let (current, looked) = self.current_state(index, &pinned, client);
         let state = looked.as_ref().map(LookedState::state);
         let limits = current.as_slice();
+        let would_roll = rolls
+            && match state {
+                Some(StateRef::Several(several)) => several.would_roll(limits, &self.clock),
+                Some(state) => limits[0].would_roll(state, &self.clock),
+                None => false,
+            };
         let each = state.and_then(|state| match state {
             StateRef::Several(several) => several
                 .peek_each(limits, &self.clock)
@@ -684,13 +701,14 @@ where
                 .ok()
                 .map(|decision| vec![decision]),
         });
-        Ok(each.unwrap_or_else(|| {
+        let each = each.unwrap_or_else(|| {
             let since = self.made_as_of();
             limits
                 .iter()
                 .map(|limit| limit.fresh_report(false, since, &self.clock))
                 .collect()
-        }))
+        });
+        Ok((each, would_roll))
     }
 }
 
