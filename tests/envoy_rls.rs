@@ -565,3 +565,52 @@ proptest::proptest! {
         })?;
     }
 }
+
+/// A descriptor with `is_negative_hits` refunds its permits to its client's state, by each
+/// method's own rule: the windows and the bucket take them back (never past a fresh state:
+/// a refund to an unspent client changes nothing), the sliding log takes nothing back.
+#[tokio::test]
+async fn a_negative_hits_descriptor_refunds_up_to_what_was_taken() {
+    for (method, refunded) in [
+        ("token_bucket", 2),
+        ("fixed_window", 2),
+        ("sliding_window_counter", 2),
+        ("sliding_window_log", 0),
+    ] {
+        let yaml = format!(
+            "domain: edge\nmethod: {method}\ndescriptors:\n  - key: user\n    rate_limit: {{unit: hour, requests_per_unit: 3}}\n"
+        );
+        let server = server(&yaml).await;
+        let user = descriptor(&[("user", "ann")]);
+        let refund = |n: u64| {
+            let mut refund = descriptor(&[("user", "ann")]);
+            refund.hits_addend = Some(UInt64Value { value: n });
+            refund.is_negative_hits = true;
+            refund
+        };
+        // A refund to a client that has taken nothing gives it nothing more.
+        let answer = decide(&server, vec![refund(5)]).await;
+        assert_eq!(answer.overall_code, Code::Ok as i32, "{method}");
+        assert_eq!(
+            oks(&server, std::slice::from_ref(&user), 5).await,
+            3,
+            "{method}"
+        );
+        // Spent: a refund of 2 gives back 2 (none under the sliding log).
+        let answer = decide(&server, vec![refund(2)]).await;
+        assert_eq!(answer.overall_code, Code::Ok as i32, "{method}");
+        assert_eq!(
+            oks(&server, std::slice::from_ref(&user), 5).await,
+            refunded,
+            "{method}: permits after a refund of 2"
+        );
+        // A refund larger than what was taken fills the limit, no more.
+        decide(&server, vec![refund(100)]).await;
+        let expected = if refunded == 0 { 0 } else { 3 };
+        assert_eq!(
+            oks(&server, std::slice::from_ref(&user), 5).await,
+            expected,
+            "{method}: a refund past what was taken"
+        );
+    }
+}

@@ -451,6 +451,16 @@ impl Limiter {
         }
     }
 
+    /// In process: gives `hits` permits back to `client` (a refund: see
+    /// `RateLimiterService::refund`). Nothing on Redis.
+    pub(crate) fn refund_now(&self, client: &str, hits: u64) {
+        if let Limiter::InProcess(service) = self {
+            let _found = service
+                .refund(client, &DescriptorPlan, hits)
+                .expect("the service has its one plan");
+        }
+    }
+
     /// In process: what one permit for `client` would get now from each of the descriptor's
     /// limits, taking nothing, and whether a taking would move one of its windows forward (a
     /// write that an undo cannot take back once another decision lands on it: see

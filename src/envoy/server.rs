@@ -131,7 +131,11 @@ impl RateLimitServer {
     ///
     /// Each descriptor is matched against the request's domain as envoyproxy/ratelimit matches
     /// it. Its permits are its own `hits_addend` when set, else the request's, where 0 means 1.
-    /// A descriptor with `is_negative_hits` (a refund) takes nothing and is answered OK.
+    /// A descriptor with `is_negative_hits` is a refund, answered OK: in process, its permits
+    /// are given back to its client's state by each method's own rule, never past what the
+    /// limit still counts (the token bucket moves back to full at most, the windows take them
+    /// off the current window's count; the sliding log, whose slots record admissions, and a
+    /// client the service does not hold get nothing); on Redis it takes nothing.
     ///
     /// A request is decided **all or nothing**: when any of its descriptors is over its limit,
     /// none is charged (envoyproxy/ratelimit charges every descriptor, so refused traffic spends
@@ -195,15 +199,20 @@ impl RateLimitServer {
 
         let mut matched = Vec::new();
         for (index, descriptor) in request.descriptors.iter().enumerate() {
-            if descriptor.is_negative_hits {
-                continue;
-            }
             let Some(node) = engine::find(nodes, &descriptor.entries) else {
                 continue;
             };
             let Some(limit) = &node.limit else {
                 continue;
             };
+            if descriptor.is_negative_hits {
+                // A refund: answered OK, whatever the request's other descriptors get.
+                if let Enforced::Limited { limiter, .. } = &limit.enforced {
+                    let client = engine::client_key(&descriptor.entries);
+                    limiter.refund_now(&client, engine::hits_of(descriptor, request.hits_addend));
+                }
+                continue;
+            }
             matched.push(Matched {
                 index,
                 limit,

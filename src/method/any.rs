@@ -236,6 +236,18 @@ impl AnyParams {
             Method::undo(params, state, n, granted, reservation, now_nanos), else ())
     }
 
+    /// See [`Method::refund`].
+    #[cfg(feature = "envoy")]
+    pub(crate) fn refund<'s, A: AtomicWord + 's>(
+        &self,
+        state: impl Into<StateRef<'s, A>>,
+        n: u64,
+        clock: &impl Clock,
+    ) -> Result<(), Retired> {
+        on_state!(self, state, params, state => Method::refund(params, state, n, clock),
+            else Err(Retired))
+    }
+
     /// The clock reading by which the permits `granted` (an allowed decision, made at
     /// `now_nanos`) reports will all have left: its `reset_after`, counted from the reading as
     /// the method counts it (a reading before the method's origin counts as the origin).

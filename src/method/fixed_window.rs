@@ -457,6 +457,23 @@ impl Method for WindowParams {
         });
     }
 
+    /// Takes `n` permits off the count of the stored window while it is the reading's; a window
+    /// that has ended has nothing left to refund.
+    fn refund<A: AtomicWord>(&self, word: &A, n: u64, clock: &impl Clock) -> Result<(), Retired> {
+        let now = self.elapsed(clock.now_nanos());
+        // Relaxed: see `word::update`.
+        word::update(word, word.load(Ordering::Relaxed), |current| {
+            if current & RETIRED != 0 {
+                return Step::Answer(Err(Retired));
+            }
+            let (stored, count) = self.unpack(current);
+            if count == 0 || self.newer_index(stored, now).is_some() {
+                return Step::Answer(Ok(()));
+            }
+            Step::Store(self.pack(stored, count.saturating_sub(n)), Ok(()))
+        })
+    }
+
     /// Whether the reading lies past the stored window.
     fn would_roll<A: AtomicWord>(&self, word: &A, clock: &impl Clock) -> bool {
         // Relaxed: a snapshot of one word; the caller orders its takings by it, and a word that

@@ -156,6 +156,21 @@ pub trait Method: Copy + Sized {
         let _ = (state, n, granted, reservation, now_nanos);
     }
 
+    /// Gives `n` permits back to `state` at the clock's reading: a refund of permits taken
+    /// earlier (Envoy's `is_negative_hits`), never past what the method still counts, so that
+    /// the state never becomes more generous than a fresh one. `Retired` for a retired state;
+    /// nothing for a method that cannot (the sliding log, whose slots record admissions).
+    #[cfg_attr(not(feature = "envoy"), allow(dead_code))]
+    fn refund<A: AtomicWord>(
+        &self,
+        state: &Self::State<A>,
+        n: u64,
+        clock: &impl Clock,
+    ) -> Result<(), Retired> {
+        let _ = (state, n, clock);
+        Ok(())
+    }
+
     /// Retires `state` whatever it holds, so that no acquire succeeds on it any more. Returns
     /// whether this call did it (false if it already was).
     fn retire_now<A: AtomicWord>(&self, state: &Self::State<A>) -> bool;

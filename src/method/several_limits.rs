@@ -267,6 +267,21 @@ impl SeveralLimits {
         Ok((closest_to_exhaustion(first, each), Some(granted)))
     }
 
+    /// Refunds `n` permits to every limit (see `Method::refund`).
+    #[cfg(feature = "envoy")]
+    pub(crate) fn refund(
+        &self,
+        limits: &[AnyParams],
+        n: u64,
+        clock: &impl Clock,
+    ) -> Result<(), Retired> {
+        let reading = Reading(clock.now_nanos());
+        for (limit, state) in limits.iter().zip(self.states.iter()) {
+            limit.refund(state, n, &reading)?;
+        }
+        Ok(())
+    }
+
     /// Whether taking from every limit now would move any limit's window forward.
     pub(crate) fn would_roll(&self, limits: &[AnyParams], clock: &impl Clock) -> bool {
         let reading = Reading(clock.now_nanos());

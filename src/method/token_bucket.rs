@@ -421,6 +421,23 @@ impl Method for GcraParams {
         word::restore(tat, reservation);
     }
 
+    /// Moves the TAT back by `n` tokens, never behind the reading (a full bucket): a refund
+    /// can make the bucket full, never fuller.
+    fn refund<A: AtomicWord>(&self, tat: &A, n: u64, clock: &impl Clock) -> Result<(), Retired> {
+        let now = self.now_ticks(clock.now_nanos());
+        let back = n.saturating_mul(self.token_ticks);
+        // Relaxed: see `word::update`.
+        word::update(tat, tat.load(Ordering::Relaxed), |current| {
+            if current == RETIRED {
+                return Step::Answer(Err(Retired));
+            }
+            if current <= now {
+                return Step::Answer(Ok(()));
+            }
+            Step::Store(current.saturating_sub(back).max(now), Ok(()))
+        })
+    }
+
     #[inline]
     fn dry_run<A: AtomicWord>(
         &self,

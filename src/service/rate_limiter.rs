@@ -488,6 +488,44 @@ where
             .map(|Reserving(verdict, grant)| (verdict, grant))
     }
 
+    /// Gives `n` permits back to `client` under `plan` (a refund of permits its requests took
+    /// earlier: Envoy's `is_negative_hits`), by each limit's own rule (`Method::refund`): never
+    /// past what the limit still counts, so that no state becomes more generous than a fresh
+    /// one; nothing under the sliding log. Makes no state for a client the service does not
+    /// hold (a fresh one has nothing to refund). Whether the client's state was found.
+    #[cfg(feature = "envoy")]
+    pub(crate) fn refund<Q>(&self, client: &Q, plan: &P, n: u64) -> Result<bool, ServiceError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let index = self.plan_index(plan)?;
+        if let Some(stored) = self.plans.stored(index) {
+            let place = stored.store.place(self.hasher.hash_one(client));
+            let found = store::with_state(stored.store, place, &stored, |limit, slot| {
+                // A state retired meanwhile (evicted, swept) has nothing left to refund.
+                let _ = limit.refund(StateRef::Word(slot), n, &self.clock);
+            });
+            if found {
+                return Ok(true);
+            }
+        }
+        let pinned = self.plans.pin(index);
+        let Some(entry) = pinned.clients().get(client, pinned.guard()) else {
+            return Ok(false);
+        };
+        let limits = pinned.limits();
+        if entry.state.version() != limits.version() {
+            return Ok(false);
+        }
+        // Retired meanwhile: as above.
+        let _ = match &entry.state {
+            ClientState::Several(_, several) => several.refund(limits.as_slice(), n, &self.clock),
+            state => limits.first().refund(StateRef::from(state), n, &self.clock),
+        };
+        Ok(true)
+    }
+
     /// Undoes `grant` (made by [`RateLimiterService::reserve_verdict`] for `client` under
     /// `plan`): on the very state it was decided on, while that state is still the client's
     /// under the same limits, by each method's own undo (`Method::undo`): exactly while no other

@@ -1081,6 +1081,41 @@ where
     true
 }
 
+/// Runs `change` on the state the key at `place` has in `store` under the plan's current
+/// limits, through the view a decision uses (which checks, before each exchange, that the slot
+/// still has the holding found); inserts nothing. Whether it found one.
+#[cfg(feature = "envoy")]
+pub(crate) fn with_state<W, const B: usize, P>(
+    store: &ClientStore<W, B>,
+    place: Place,
+    plan: &P,
+    change: impl FnOnce(&P::Limit, &SlotWord<'_, W>),
+) -> bool
+where
+    W: AtomicWord,
+    P: StorePlan,
+{
+    for (tag, state) in store.slots(place) {
+        // Acquire: pairs with the Release that published the tag after its state.
+        let seen = tag.load(Ordering::Acquire);
+        if seen & FINGERPRINT != place.fingerprint {
+            continue;
+        }
+        let head = plan.head();
+        if !head.kept || head.version != version_of(seen) {
+            continue;
+        }
+        let slot = SlotWord {
+            state: store.salted(state, seen),
+            tag,
+            seen,
+        };
+        change(&head.limit, &slot);
+        return true;
+    }
+    false
+}
+
 /// A word that every one-word method reads as retired: the token bucket's retired TAT, and the
 /// retired flag of the fixed window's and the sliding window counter's packed words.
 const READS_AS_RETIRED: u64 = u64::MAX;

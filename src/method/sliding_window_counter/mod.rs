@@ -434,6 +434,24 @@ impl Method for CounterParams {
         });
     }
 
+    /// Takes `n` permits off the current window's count while the stored window is the
+    /// reading's; once it has rolled, its permits weigh only as the previous window's, and are
+    /// left (stricter, never more generous).
+    fn refund<A: AtomicWord>(&self, word: &A, n: u64, clock: &impl Clock) -> Result<(), Retired> {
+        let now = self.elapsed(clock.now_nanos());
+        // Relaxed: see `word::update`.
+        word::update(word, word.load(Ordering::Relaxed), |current| {
+            if current & RETIRED != 0 {
+                return Step::Answer(Err(Retired));
+            }
+            let (index, count, previous) = self.unpack(current);
+            if count == 0 || self.roll(current, now).index != index {
+                return Step::Answer(Ok(()));
+            }
+            Step::Store(self.pack(index, count.saturating_sub(n), previous), Ok(()))
+        })
+    }
+
     /// Whether the reading lies past the stored window.
     fn would_roll<A: AtomicWord>(&self, word: &A, clock: &impl Clock) -> bool {
         // Relaxed: a snapshot of one word; the caller orders its takings by it, and a word that
