@@ -397,8 +397,10 @@ fn decide_in_process(matched: &[Matched<'_>], look_first: bool) -> (Vec<Result_>
         results[at] = Some(result);
         if refusing {
             refused = true;
-            // Every grant of the request given back: each such descriptor reports its look.
-            for (given, grant) in grants.drain(..) {
+            // Every grant of the request given back, the latest first (two grants on one state,
+            // from a descriptor sent twice, are then each restored exactly): each such
+            // descriptor reports its look.
+            for (given, grant) in grants.drain(..).rev() {
                 give_back_now(&matched[given], &grant);
                 let reported = match looks.get_mut(given) {
                     Some(look) => std::mem::replace(look, Result_::Skipped),
