@@ -89,24 +89,25 @@ pub(crate) struct ReservingRequest {
 }
 
 impl WordRequest<AtomicU64, ModelLimit> for ReservingRequest {
+    const KEEPS_GRANTS: bool = true;
     type Answer = Option<Grant>;
 
     fn acquire(
         &self,
         limit: &ModelLimit,
         state: &SlotWord<'_, AtomicU64>,
-    ) -> Result<Option<Grant>, Retired> {
+    ) -> Result<Self::Answer, Retired> {
         let (decision, reservation) = Core::reserve(&limit.0, state, 1, &FixedClock(self.now))?;
         Ok(reservation
             .filter(|_| decision.is_allowed())
             .map(|reservation| (state.holding(), decision, reservation)))
     }
 
-    fn answered(&self, answer: Option<Grant>) -> Option<Grant> {
+    fn answered(&self, answer: Self::Answer) -> Self::Answer {
         answer
     }
 
-    fn without_state(&self, _limit: &ModelLimit, _since_nanos: u64) -> Option<Option<Grant>> {
+    fn without_state(&self, _limit: &ModelLimit, _since_nanos: u64) -> Option<Self::Answer> {
         None
     }
 }

@@ -414,9 +414,16 @@ fn decide_in_process(matched: &[Matched<'_>], look_first: bool) -> (Vec<Result_>
             grants.push((at, grant));
         }
     }
+    // A descriptor not taken (after a refusal) reports its look, as a refusal at the look does.
     let results = results
         .into_iter()
-        .map(|result| result.unwrap_or(Result_::Skipped))
+        .enumerate()
+        .map(|(at, result)| {
+            result.unwrap_or_else(|| match looks.get_mut(at) {
+                Some(look) => std::mem::replace(look, Result_::Skipped),
+                None => Result_::Skipped,
+            })
+        })
         .collect();
     (results, refused)
 }

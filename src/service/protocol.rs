@@ -37,6 +37,8 @@ use crate::verdict::Verdict;
 /// (which builds no figures: `allow` pays for nothing it does not return), or, for the tower
 /// layer, a `Verdict` (`Checked`).
 pub(super) trait Answer: Sized {
+    /// Whether the answer keeps its grant to give it back (see `WordRequest::KEEPS_GRANTS`).
+    const KEEPS_GRANTS: bool = false;
     /// `Retired` when the state is retired (the caller moves to a fresh one).
     fn acquire<A: AtomicWord>(
         params: &AnyParams,
@@ -205,6 +207,8 @@ pub(super) enum Taken {
 
 #[cfg(feature = "envoy")]
 impl Answer for Reserving {
+    const KEEPS_GRANTS: bool = true;
+
     #[inline]
     fn acquire<A: AtomicWord>(
         params: &AnyParams,
@@ -675,6 +679,7 @@ where
     C: Clock,
     R: Fn(bool),
 {
+    const KEEPS_GRANTS: bool = T::KEEPS_GRANTS;
     type Answer = T;
 
     #[inline(always)]

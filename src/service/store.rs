@@ -276,6 +276,9 @@ pub trait StorePlan {
 /// One request's decision on a state word.
 #[doc(hidden)]
 pub trait WordRequest<W, L> {
+    /// Whether the request keeps its grant to give it back ([`give_back`]): its decision then
+    /// reads the store's eviction count first, into the slot's [`Holding`].
+    const KEEPS_GRANTS: bool = false;
     /// What the request answers.
     type Answer;
     /// Decides on `state` under `limit`; `Retired` when the state is retired, or the slot
@@ -439,6 +442,7 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
                 state: self.salted(state, seen),
                 tag,
                 seen,
+                evictions_before: 0,
             };
             // Relaxed: a snapshot of one word; the check after it fences.
             let word = slot.load(Ordering::Relaxed);
@@ -854,6 +858,13 @@ where
             state: store.salted(state, seen),
             tag,
             seen,
+            // Before the decision: an eviction of the state this decision grants on retires it
+            // after the grant (before, the grant fails), and counts it after that.
+            evictions_before: if R::KEEPS_GRANTS {
+                store.evictions()
+            } else {
+                0
+            },
         };
         let decided = request.acquire(&head.limit, &slot);
         // Checked whatever the answer: after a decision that met a retired state, the check's
@@ -1011,6 +1022,9 @@ pub struct SlotWord<'s, W> {
     state: SaltedWord<'s, W>,
     tag: &'s W,
     seen: u64,
+    /// The store's eviction count, read before the decision, for a request that keeps its
+    /// grant (`WordRequest::KEEPS_GRANTS`); 0 otherwise.
+    evictions_before: u64,
 }
 
 /// Where a decision on a [`SlotWord`] landed: the slot (by the address of its tag word, which
@@ -1021,6 +1035,8 @@ pub struct SlotWord<'s, W> {
 pub struct Holding {
     tag_address: usize,
     seen: u64,
+    /// The store's eviction count before the decision (see [`give_back`]).
+    evictions_before: u64,
 }
 
 impl<W> SlotWord<'_, W> {
@@ -1030,16 +1046,29 @@ impl<W> SlotWord<'_, W> {
         Holding {
             tag_address: std::ptr::from_ref::<W>(self.tag) as usize,
             seen: self.seen,
+            evictions_before: self.evictions_before,
         }
     }
 }
 
-/// Gives back a grant made on `holding` of one of `store`'s slots: `undo` runs on that
-/// holding's state (the view a decision uses, which checks before each exchange that the slot
-/// still has the holding), under the plan's current limits, only if they are the ones the
-/// holding's state was made under. Nothing where the slot has changed hands (its state was
-/// retired, and the grant's permits went with it: the next holding starts afresh, and no undo
-/// may touch it) or the plan's limits have changed since. Whether `undo` ran.
+/// Gives back a grant made on `holding` of one of `store`'s slots (by a request that keeps its
+/// grants, whose decision read the store's eviction count into the holding first): `undo` runs on that holding's state (the view a decision uses, which checks before
+/// each exchange that the slot still has the holding), under the plan's current limits, only
+/// if they are the ones the holding's state was made under. Nothing where the slot has changed
+/// hands (its state was retired, and the grant's permits went with it: the next holding starts
+/// afresh, and no undo may touch it) or the plan's limits have changed since. Whether `undo`
+/// ran.
+///
+/// A slot's tag tells its holdings apart by a generation of 6 bits: after a multiple of 64
+/// changes of hands back to the same key, the tag (and the salt) is the one the grant found,
+/// and an undo there would give the key's later state permits it never took. While the grant
+/// still counts in its state (its window is current, its tokens not refilled), that state is
+/// never idle, so it leaves the slot only by an eviction (a rule change changes the version):
+/// an eviction count unchanged since before the decision (read once the slot was found,
+/// before its state was decided on), read again after the tag (whose Acquire
+/// sees every insert's count that published the tags since), rules that out. A grant that no
+/// longer counts has nothing an undo could wrongly give (the windows' undo finds another
+/// window; the bucket's restore turns one full bucket into another).
 ///
 /// Should the slot change hands between the check and an exchange of `undo`, the exchange
 /// expects a word in the earlier holding's frame, which the salts keep from landing on the
@@ -1059,11 +1088,14 @@ where
     let Some((tag, state)) = store.slot_at(holding.tag_address) else {
         return false;
     };
-    // Acquire: pairs with the Release that published the holding's tag after its state.
+    // Acquire: pairs with the Release that published the holding's tag after its state (and
+    // after the count of the eviction that made room for it).
     let now_held = tag.load(Ordering::Acquire);
     let seen = if store.has_fault(StoreFault::GiveBackToTheSlot) {
         now_held
-    } else if (now_held ^ holding.seen) & !RETIRING == 0 {
+    } else if (now_held ^ holding.seen) & !RETIRING == 0
+        && store.evictions() == holding.evictions_before
+    {
         holding.seen
     } else {
         return false;
@@ -1076,6 +1108,7 @@ where
         state: store.salted(state, seen),
         tag,
         seen,
+        evictions_before: 0,
     };
     undo(&head.limit, &slot);
     true
@@ -1109,6 +1142,7 @@ where
             state: store.salted(state, seen),
             tag,
             seen,
+            evictions_before: 0,
         };
         change(&head.limit, &slot);
         return true;
