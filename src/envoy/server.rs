@@ -145,7 +145,9 @@ impl RateLimitServer {
     /// between that look and the taking, the request is refused there:
     ///
     /// - in process, every grant it made before is given back to the very state it was made on
-    ///   (a client evicted or a rule changed meanwhile took it away already), exactly while no
+    ///   (a client evicted or a rule changed meanwhile took it away already; in a descriptor's
+    ///   fixed table, any eviction there since the taking keeps the grant, since the slot's
+    ///   next holdings could not all be told apart from the client's own), exactly while no
     ///   other decision has landed on that state since, and otherwise as far as the method can
     ///   without leaving the limit more generous than had the grant not been made: the fixed
     ///   window and the sliding window counter take the permits off the window they were

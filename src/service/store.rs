@@ -52,6 +52,11 @@
 //!   state is stored before its tag is published (Release), so a reader that finds the tag sees
 //!   the state. The insert returns the slot, and the decision decides on it as on one it found
 //!   (the plan read after, the holding checked).
+//! - **Give-back** ([`give_back`]): a grant kept by a request that may have to undo it (the
+//!   Envoy service's request of several descriptors, refused at a later taking) carries its
+//!   slot, the tag it found and the eviction count read before its decision; the method's undo
+//!   runs through the same checked, salted view as a decision, only while the slot has that
+//!   tag and no eviction has happened since.
 //! - **Sweep** ([`ClientStore::sweep`]): retires idle states and ones made under earlier
 //!   versions, and frees their slots. The store never needs it to take new clients (inserts
 //!   reuse idle slots themselves); it keeps [`ClientStore::clients`] to the clients that are active.
