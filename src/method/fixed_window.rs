@@ -458,7 +458,8 @@ impl Method for WindowParams {
     }
 
     /// Takes `n` permits off the count of the stored window while it is the reading's; a window
-    /// that has ended has nothing left to refund.
+    /// that has ended has nothing left to refund, and one later than the reading (stored by a
+    /// decision whose reading came after this refund's) was not the one refunded.
     fn refund<A: AtomicWord>(&self, word: &A, n: u64, clock: &impl Clock) -> Result<(), Retired> {
         let now = self.elapsed(clock.now_nanos());
         // Relaxed: see `word::update`.
@@ -467,7 +468,7 @@ impl Method for WindowParams {
                 return Step::Answer(Err(Retired));
             }
             let (stored, count) = self.unpack(current);
-            if count == 0 || self.newer_index(stored, now).is_some() {
+            if count == 0 || self.index_at(now) != stored {
                 return Step::Answer(Ok(()));
             }
             Step::Store(self.pack(stored, count.saturating_sub(n)), Ok(()))
@@ -542,6 +543,30 @@ mod tests {
         let word = window.pack(123_456, 5);
         assert_eq!(window.unpack(word), (123_456, 5));
         assert_eq!(window.unpack(word | RETIRED), (123_456, 5));
+    }
+
+    #[test]
+    #[cfg(feature = "envoy")]
+    fn a_refund_reaches_only_the_window_of_its_reading() {
+        use crate::clock::FakeClock;
+        let window = params(2, Duration::from_secs(1));
+        let clock = FakeClock::new();
+        clock.advance(Duration::from_millis(5_500));
+        let word = crate::sync::Word::new(window.pack(5, 2));
+        // A reading of window 4 (behind the stored window 5: a refund whose reading came
+        // before a later decision's) gives nothing back to window 5.
+        let stale = FakeClock::new();
+        stale.advance(Duration::from_millis(4_500));
+        window.refund(&word, 2, &stale).unwrap();
+        assert_eq!(window.unpack(word.load(Ordering::Relaxed)), (5, 2));
+        // Nor does one of window 6, whose count starts at 0.
+        let later = FakeClock::new();
+        later.advance(Duration::from_millis(6_500));
+        window.refund(&word, 2, &later).unwrap();
+        assert_eq!(window.unpack(word.load(Ordering::Relaxed)), (5, 2));
+        // A reading of window 5 takes the permits off, down to 0 at most.
+        window.refund(&word, 5, &clock).unwrap();
+        assert_eq!(window.unpack(word.load(Ordering::Relaxed)), (5, 0));
     }
 
     #[test]

@@ -1073,7 +1073,11 @@ impl<W> SlotWord<'_, W> {
 /// before its state was decided on), read again after the tag (whose Acquire
 /// sees every insert's count that published the tags since), rules that out. A grant that no
 /// longer counts has nothing an undo could wrongly give (the windows' undo finds another
-/// window; the bucket's restore turns one full bucket into another).
+/// window; the bucket's restore turns one full bucket into another). One case is left open: a
+/// refund (`RateLimiterService::refund`) can make a state whose grant still counts idle, and an
+/// idle state leaves its slot uncounted; should the slot then change hands a multiple of 64
+/// times and come back to the same key while the grant is in flight, its give-back reaches the
+/// key's later state (at most the grant's permits, once).
 ///
 /// Should the slot change hands between the check and an exchange of `undo`, the exchange
 /// expects a word in the earlier holding's frame, which the salts keep from landing on the

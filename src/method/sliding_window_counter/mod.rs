@@ -436,7 +436,8 @@ impl Method for CounterParams {
 
     /// Takes `n` permits off the current window's count while the stored window is the
     /// reading's; once it has rolled, its permits weigh only as the previous window's, and are
-    /// left (stricter, never more generous).
+    /// left (stricter, never more generous); a stored window later than the reading (stored by
+    /// a decision whose reading came after this refund's) was not the one refunded.
     fn refund<A: AtomicWord>(&self, word: &A, n: u64, clock: &impl Clock) -> Result<(), Retired> {
         let now = self.elapsed(clock.now_nanos());
         // Relaxed: see `word::update`.
@@ -445,7 +446,8 @@ impl Method for CounterParams {
                 return Step::Answer(Err(Retired));
             }
             let (index, count, previous) = self.unpack(current);
-            if count == 0 || self.roll(current, now).index != index {
+            let start = index.saturating_mul(self.rule.window_nanos());
+            if count == 0 || now < start || now - start >= self.rule.window_nanos() {
                 return Step::Answer(Ok(()));
             }
             Step::Store(self.pack(index, count.saturating_sub(n), previous), Ok(()))
