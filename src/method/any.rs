@@ -243,9 +243,9 @@ impl AnyParams {
         state: impl Into<StateRef<'s, A>>,
         n: u64,
         clock: &impl Clock,
-    ) -> Result<(), Retired> {
+    ) {
         on_state!(self, state, params, state => Method::refund(params, state, n, clock),
-            else Err(Retired))
+            else ())
     }
 
     /// The clock reading by which the permits `granted` (an allowed decision, made at

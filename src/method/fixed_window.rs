@@ -151,6 +151,19 @@ impl WindowParams {
         (now_index > stored).then_some(now_index)
     }
 
+    /// Takes `n` permits (at most its count) off window `index`, if that is the stored window
+    /// of a live word: an undo's, or a refund's (see `Method::undo`, `Method::refund`).
+    fn take_off<A: AtomicWord>(&self, word: &A, index: u64, n: u64) {
+        // Relaxed: see `word::update`.
+        word::update(word, word.load(Ordering::Relaxed), |current| {
+            let (stored, count) = self.unpack(current);
+            if current & RETIRED != 0 || stored != index || count == 0 {
+                return Step::Answer(());
+            }
+            Step::Store(self.pack(stored, count.saturating_sub(n)), ())
+        });
+    }
+
     /// Nanoseconds from `now_nanos` to the end of window `index`.
     #[inline]
     fn until_end_of(&self, index: u64, now_nanos: u64) -> u64 {
@@ -447,32 +460,14 @@ impl Method for WindowParams {
         let Some(index) = (end / self.rule.window_nanos()).checked_sub(1) else {
             return;
         };
-        // Relaxed: see `word::update`.
-        word::update(word, word.load(Ordering::Relaxed), |current| {
-            let (stored, count) = self.unpack(current);
-            if current & RETIRED != 0 || stored != index.min(self.max_index) {
-                return Step::Answer(());
-            }
-            Step::Store(self.pack(stored, count.saturating_sub(n)), ())
-        });
+        self.take_off(word, index.min(self.max_index), n);
     }
 
     /// Takes `n` permits off the count of the stored window while it is the reading's; a window
     /// that has ended has nothing left to refund, and one later than the reading (stored by a
     /// decision whose reading came after this refund's) was not the one refunded.
-    fn refund<A: AtomicWord>(&self, word: &A, n: u64, clock: &impl Clock) -> Result<(), Retired> {
-        let now = self.elapsed(clock.now_nanos());
-        // Relaxed: see `word::update`.
-        word::update(word, word.load(Ordering::Relaxed), |current| {
-            if current & RETIRED != 0 {
-                return Step::Answer(Err(Retired));
-            }
-            let (stored, count) = self.unpack(current);
-            if count == 0 || self.index_at(now) != stored {
-                return Step::Answer(Ok(()));
-            }
-            Step::Store(self.pack(stored, count.saturating_sub(n)), Ok(()))
-        })
+    fn refund<A: AtomicWord>(&self, word: &A, n: u64, clock: &impl Clock) {
+        self.take_off(word, self.index_at(self.elapsed(clock.now_nanos())), n);
     }
 
     /// Whether the reading lies past the stored window.
@@ -557,15 +552,15 @@ mod tests {
         // before a later decision's) gives nothing back to window 5.
         let stale = FakeClock::new();
         stale.advance(Duration::from_millis(4_500));
-        window.refund(&word, 2, &stale).unwrap();
+        window.refund(&word, 2, &stale);
         assert_eq!(window.unpack(word.load(Ordering::Relaxed)), (5, 2));
         // Nor does one of window 6, whose count starts at 0.
         let later = FakeClock::new();
         later.advance(Duration::from_millis(6_500));
-        window.refund(&word, 2, &later).unwrap();
+        window.refund(&word, 2, &later);
         assert_eq!(window.unpack(word.load(Ordering::Relaxed)), (5, 2));
         // A reading of window 5 takes the permits off, down to 0 at most.
-        window.refund(&word, 5, &clock).unwrap();
+        window.refund(&word, 5, &clock);
         assert_eq!(window.unpack(word.load(Ordering::Relaxed)), (5, 0));
     }
 

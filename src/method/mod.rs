@@ -158,17 +158,12 @@ pub trait Method: Copy + Sized {
 
     /// Gives `n` permits back to `state` at the clock's reading: a refund of permits taken
     /// earlier (Envoy's `is_negative_hits`), never past what the method still counts, so that
-    /// the state never becomes more generous than a fresh one. `Retired` for a retired state;
-    /// nothing for a method that cannot (the sliding log, whose slots record admissions).
+    /// the state never becomes more generous than a fresh one. Nothing on a retired state
+    /// (whatever it counted left with it), nor for a method that cannot (the sliding log,
+    /// whose slots record admissions).
     #[cfg_attr(not(feature = "envoy"), allow(dead_code))]
-    fn refund<A: AtomicWord>(
-        &self,
-        state: &Self::State<A>,
-        n: u64,
-        clock: &impl Clock,
-    ) -> Result<(), Retired> {
+    fn refund<A: AtomicWord>(&self, state: &Self::State<A>, n: u64, clock: &impl Clock) {
         let _ = (state, n, clock);
-        Ok(())
     }
 
     /// Retires `state` whatever it holds, so that no acquire succeeds on it any more. Returns

@@ -269,17 +269,11 @@ impl SeveralLimits {
 
     /// Refunds `n` permits to every limit (see `Method::refund`).
     #[cfg(feature = "envoy")]
-    pub(crate) fn refund(
-        &self,
-        limits: &[AnyParams],
-        n: u64,
-        clock: &impl Clock,
-    ) -> Result<(), Retired> {
+    pub(crate) fn refund(&self, limits: &[AnyParams], n: u64, clock: &impl Clock) {
         let reading = Reading(clock.now_nanos());
         for (limit, state) in limits.iter().zip(self.states.iter()) {
-            limit.refund(state, n, &reading)?;
+            limit.refund(state, n, &reading);
         }
-        Ok(())
     }
 
     /// Whether taking from every limit now would move any limit's window forward.

@@ -423,19 +423,16 @@ impl Method for GcraParams {
 
     /// Moves the TAT back by `n` tokens, never behind the reading (a full bucket): a refund
     /// can make the bucket full, never fuller.
-    fn refund<A: AtomicWord>(&self, tat: &A, n: u64, clock: &impl Clock) -> Result<(), Retired> {
+    fn refund<A: AtomicWord>(&self, tat: &A, n: u64, clock: &impl Clock) {
         let now = self.now_ticks(clock.now_nanos());
         let back = n.saturating_mul(self.token_ticks);
         // Relaxed: see `word::update`.
         word::update(tat, tat.load(Ordering::Relaxed), |current| {
-            if current == RETIRED {
-                return Step::Answer(Err(Retired));
+            if current == RETIRED || current <= now {
+                return Step::Answer(());
             }
-            if current <= now {
-                return Step::Answer(Ok(()));
-            }
-            Step::Store(current.saturating_sub(back).max(now), Ok(()))
-        })
+            Step::Store(current.saturating_sub(back).max(now), ())
+        });
     }
 
     #[inline]

@@ -503,8 +503,7 @@ where
         if let Some(stored) = self.plans.stored(index) {
             let place = stored.store.place(self.hasher.hash_one(client));
             let found = store::with_state(stored.store, place, &stored, |limit, slot| {
-                // A state retired meanwhile (evicted, swept) has nothing left to refund.
-                let _ = limit.refund(StateRef::Word(slot), n, &self.clock);
+                limit.refund(StateRef::Word(slot), n, &self.clock);
             });
             if found {
                 return Ok(true);
@@ -518,11 +517,10 @@ where
         if entry.state.version() != limits.version() {
             return Ok(false);
         }
-        // Retired meanwhile: as above.
-        let _ = match &entry.state {
+        match &entry.state {
             ClientState::Several(_, several) => several.refund(limits.as_slice(), n, &self.clock),
             state => limits.first().refund(StateRef::from(state), n, &self.clock),
-        };
+        }
         Ok(true)
     }
 

@@ -125,6 +125,20 @@ impl CounterParams {
         (index << (2 * self.count_bits)) | (current << self.count_bits) | previous
     }
 
+    /// Takes `n` permits (at most its count) off the current window's count, if window `index`
+    /// is the stored window of a live word: an undo's, or a refund's (see `Method::undo`,
+    /// `Method::refund`).
+    fn take_off<A: AtomicWord>(&self, word: &A, index: u64, n: u64) {
+        // Relaxed: see `word::update`.
+        word::update(word, word.load(Ordering::Relaxed), |current| {
+            let (stored, count, previous) = self.unpack(current);
+            if current & RETIRED != 0 || stored != index || count == 0 {
+                return Step::Answer(());
+            }
+            Step::Store(self.pack(stored, count.saturating_sub(n), previous), ())
+        });
+    }
+
     /// A clock reading as nanoseconds since window 0 starts, clamped to the horizon; readings
     /// before window 0 count as its start.
     #[inline]
@@ -424,34 +438,16 @@ impl Method for CounterParams {
         let Some(granted_in) = (reset_at / self.rule.window_nanos()).checked_sub(2) else {
             return;
         };
-        // Relaxed: see `word::update`.
-        word::update(word, word.load(Ordering::Relaxed), |current| {
-            let (index, count, previous) = self.unpack(current);
-            if current & RETIRED != 0 || index != granted_in {
-                return Step::Answer(());
-            }
-            Step::Store(self.pack(index, count.saturating_sub(n), previous), ())
-        });
+        self.take_off(word, granted_in, n);
     }
 
     /// Takes `n` permits off the current window's count while the stored window is the
     /// reading's; once it has rolled, its permits weigh only as the previous window's, and are
     /// left (stricter, never more generous); a stored window later than the reading (stored by
     /// a decision whose reading came after this refund's) was not the one refunded.
-    fn refund<A: AtomicWord>(&self, word: &A, n: u64, clock: &impl Clock) -> Result<(), Retired> {
+    fn refund<A: AtomicWord>(&self, word: &A, n: u64, clock: &impl Clock) {
         let now = self.elapsed(clock.now_nanos());
-        // Relaxed: see `word::update`.
-        word::update(word, word.load(Ordering::Relaxed), |current| {
-            if current & RETIRED != 0 {
-                return Step::Answer(Err(Retired));
-            }
-            let (index, count, previous) = self.unpack(current);
-            let start = index.saturating_mul(self.rule.window_nanos());
-            if count == 0 || now < start || now - start >= self.rule.window_nanos() {
-                return Step::Answer(Ok(()));
-            }
-            Step::Store(self.pack(index, count.saturating_sub(n), previous), Ok(()))
-        })
+        self.take_off(word, now / self.rule.window_nanos(), n);
     }
 
     /// Whether the reading lies past the stored window.
