@@ -389,44 +389,36 @@ fn decide_in_process(matched: &[Matched<'_>], look_first: bool) -> (Vec<Result_>
             .collect();
     }
     order.sort_unstable();
-    let mut results: Vec<Option<Result_>> = matched.iter().map(|_| None).collect();
+    // Each descriptor reports its look until it is taken (one not taken after a refusal reports
+    // its look, as a refusal at the look does); one not looked at (a request of one taking)
+    // reports nothing until then.
+    let mut results = looks;
+    if results.is_empty() {
+        results = matched.iter().map(|_| Result_::Skipped).collect();
+    }
+    // The grants made, each with the look its taking replaced.
     let mut grants = Vec::with_capacity(matched.len());
     let mut refused = false;
     for (_, at) in order {
         let m = &matched[at];
         let (result, grant) = reserve_now(m);
         let refusing = !m.shadow_mode && is_over(&result);
-        results[at] = Some(result);
+        let look = std::mem::replace(&mut results[at], result);
         if refusing {
             refused = true;
             // Every grant of the request given back, the latest first (two grants on one state,
             // from a descriptor sent twice, are then each restored exactly): each such
-            // descriptor reports its look.
-            for (given, grant) in grants.drain(..).rev() {
+            // descriptor reports its look again.
+            for (given, grant, look) in grants.drain(..).rev() {
                 give_back_now(&matched[given], &grant);
-                let reported = match looks.get_mut(given) {
-                    Some(look) => std::mem::replace(look, Result_::Skipped),
-                    None => Result_::Skipped,
-                };
-                results[given] = Some(reported);
+                results[given] = look;
             }
             break;
         }
         if let Some(grant) = grant {
-            grants.push((at, grant));
+            grants.push((at, grant, look));
         }
     }
-    // A descriptor not taken (after a refusal) reports its look, as a refusal at the look does.
-    let results = results
-        .into_iter()
-        .enumerate()
-        .map(|(at, result)| {
-            result.unwrap_or_else(|| match looks.get_mut(at) {
-                Some(look) => std::mem::replace(look, Result_::Skipped),
-                None => Result_::Skipped,
-            })
-        })
-        .collect();
     (results, refused)
 }
 
