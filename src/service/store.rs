@@ -437,22 +437,48 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
     /// with the version it was made under, if any (live, or being retired: a look at it answers
     /// `Retired` then). A snapshot, kept only if the slot had the same holding after the load.
     pub fn find(&self, place: Place) -> Option<(Version, u64)> {
-        self.slots(place).find_map(|(tag, state)| {
-            // Acquire: as in `decide`.
-            let seen = tag.load(Ordering::Acquire);
-            if seen & FINGERPRINT != place.fingerprint {
-                return None;
-            }
-            let slot = SlotWord {
-                state: self.salted(state, seen),
-                tag,
-                seen,
-                evictions_before: 0,
-            };
+        self.key_slots(place).find_map(|(tag, state, seen)| {
+            let slot = self.view(tag, state, seen);
             // Relaxed: a snapshot of one word; the check after it fences.
             let word = slot.load(Ordering::Relaxed);
             slot.same_holding().then(|| (version_of(seen), word))
         })
+    }
+
+    /// The slots of `place`'s buckets whose tag has the key's fingerprint, home bucket first:
+    /// each slot's tag and state, and the tag as read (for the rarer lookups; the decision's
+    /// probe loops over [`ClientStore::buckets`] itself).
+    fn key_slots(&self, place: Place) -> impl Iterator<Item = (&W, &W, u64)> {
+        self.slots(place).filter_map(move |(tag, state)| {
+            // Acquire: pairs with the Release that published the tag after its state.
+            let seen = tag.load(Ordering::Acquire);
+            (seen & FINGERPRINT == place.fingerprint).then_some((tag, state, seen))
+        })
+    }
+
+    /// The view of the holding whose tag read `seen`, for a caller that keeps no grant.
+    fn view<'s>(&self, tag: &'s W, state: &'s W, seen: u64) -> SlotWord<'s, W> {
+        SlotWord {
+            state: self.salted(state, seen),
+            tag,
+            seen,
+            evictions_before: 0,
+        }
+    }
+
+    /// The view of the holding whose tag read `seen`, with the plan's current first limit, if
+    /// the store keeps the plan's clients under the limits that holding's state was made under.
+    #[cfg(any(feature = "envoy", feature = "loom"))]
+    fn current_view<'s, P: StorePlan>(
+        &self,
+        plan: &P,
+        tag: &'s W,
+        state: &'s W,
+        seen: u64,
+    ) -> Option<(P::Limit, SlotWord<'s, W>)> {
+        let head = plan.head();
+        (head.kept && head.version == version_of(seen))
+            .then(|| (head.limit, self.view(tag, state, seen)))
     }
 
     /// The slot whose tag word lies at `address` (see [`Holding`]), if it is one of this store's.
@@ -1109,17 +1135,10 @@ where
     } else {
         return false;
     };
-    let head = plan.head();
-    if !head.kept || head.version != version_of(seen) {
+    let Some((limit, slot)) = store.current_view(plan, tag, state, seen) else {
         return false;
-    }
-    let slot = SlotWord {
-        state: store.salted(state, seen),
-        tag,
-        seen,
-        evictions_before: 0,
     };
-    undo(&head.limit, &slot);
+    undo(&limit, &slot);
     true
 }
 
@@ -1137,26 +1156,10 @@ where
     W: AtomicWord,
     P: StorePlan,
 {
-    for (tag, state) in store.slots(place) {
-        // Acquire: pairs with the Release that published the tag after its state.
-        let seen = tag.load(Ordering::Acquire);
-        if seen & FINGERPRINT != place.fingerprint {
-            continue;
-        }
-        let head = plan.head();
-        if !head.kept || head.version != version_of(seen) {
-            continue;
-        }
-        let slot = SlotWord {
-            state: store.salted(state, seen),
-            tag,
-            seen,
-            evictions_before: 0,
-        };
-        change(&head.limit, &slot);
-        return true;
-    }
-    false
+    let current = store
+        .key_slots(place)
+        .find_map(|(tag, state, seen)| store.current_view(plan, tag, state, seen));
+    current.map(|(limit, slot)| change(&limit, &slot)).is_some()
 }
 
 /// A word that every one-word method reads as retired: the token bucket's retired TAT, and the
