@@ -158,14 +158,10 @@ impl<const GRANT_FIGURES: bool> Answer for Checked<GRANT_FIGURES> {
         clock: &impl Clock,
     ) -> Result<Self, Retired> {
         let decision = several.acquire(limits, n, clock)?;
-        // Read right after the decision, from the same entry. (Should a sweep retire the entry
-        // in between, the decision's own figures stand in for the list.)
-        let each = (GRANT_FIGURES || decision.is_denied())
-            .then(|| several.peek_each(limits, clock).ok())
-            .flatten();
-        Ok(Checked(match each {
-            Some(each) => Verdict::with_each_limit(decision, each),
-            None => Verdict::from(decision),
+        Ok(Checked(if GRANT_FIGURES || decision.is_denied() {
+            with_each_limit(decision, several, limits, clock)
+        } else {
+            Verdict::from(decision)
         }))
     }
     #[inline]
@@ -175,6 +171,22 @@ impl<const GRANT_FIGURES: bool> Answer for Checked<GRANT_FIGURES> {
     #[inline]
     fn is_allowed(&self) -> bool {
         self.0.decision().is_allowed()
+    }
+}
+
+/// `decision`'s verdict with each limit's figures, read right after it from the same entry.
+/// (Should a sweep retire the entry in between, the decision's own figures stand in for the
+/// list.)
+#[cfg(feature = "tower")]
+fn with_each_limit(
+    decision: Decision,
+    several: &SeveralLimits,
+    limits: &[AnyParams],
+    clock: &impl Clock,
+) -> Verdict {
+    match several.peek_each(limits, clock) {
+        Ok(each) => Verdict::with_each_limit(decision, each),
+        Err(Retired) => Verdict::from(decision),
     }
 }
 
@@ -244,11 +256,7 @@ impl Answer for Reserving {
             taken: Taken::Several(Box::new(reservations)),
             held: HeldAt::Unknown,
         });
-        // As `Checked<true>`: each limit's figures, read right after from the same entry.
-        let verdict = match several.peek_each(limits, clock) {
-            Ok(each) => Verdict::with_each_limit(decision, each),
-            Err(Retired) => Verdict::from(decision),
-        };
+        let verdict = with_each_limit(decision, several, limits, clock);
         Ok(Reserving(verdict, grant))
     }
     #[inline]

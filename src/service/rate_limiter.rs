@@ -510,18 +510,30 @@ where
             }
         }
         let pinned = self.plans.pin(index);
-        let Some(entry) = pinned.clients().get(client, pinned.guard()) else {
+        let Some((entry, limits)) = Self::entry_under_current_limits(&pinned, client) else {
             return Ok(false);
         };
-        let limits = pinned.limits();
-        if entry.state.version() != limits.version() {
-            return Ok(false);
-        }
         match &entry.state {
             ClientState::Several(_, several) => several.refund(limits.as_slice(), n, &self.clock),
             state => limits.first().refund(StateRef::from(state), n, &self.clock),
         }
         Ok(true)
+    }
+
+    /// `client`'s entry in the map of the plan `pinned`, with the plan's current limits, if the
+    /// entry was made under them (a later write to it must be under those limits).
+    #[cfg(feature = "envoy")]
+    fn entry_under_current_limits<'p, Q>(
+        pinned: &'p PinnedPlan<'_, K, S>,
+        client: &Q,
+    ) -> Option<(&'p protocol::ClientEntry, PlanVersion)>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let entry = pinned.clients().get(client, pinned.guard())?;
+        let limits = pinned.limits();
+        (entry.state.version() == limits.version()).then_some((entry, limits))
     }
 
     /// Undoes `grant` (made by [`RateLimiterService::reserve_verdict`] for `client` under
@@ -564,14 +576,11 @@ where
                 // entry reuses, is told apart by what removed it: a rule change changes the
                 // version; a sweep removes only an idle entry, which the grant's permits had
                 // left already, so an undo finds nothing of theirs to take back.)
-                let Some(entry) = pinned.clients().get(client, pinned.guard()) else {
+                let Some((entry, limits)) = Self::entry_under_current_limits(&pinned, client)
+                else {
                     return false;
                 };
-                let limits = pinned.limits();
-                if std::ptr::from_ref(entry) as usize != address
-                    || entry.state.version() != version
-                    || limits.version() != version
-                {
+                if std::ptr::from_ref(entry) as usize != address || limits.version() != version {
                     return false;
                 }
                 match (&entry.state, taken) {
