@@ -11,10 +11,10 @@ mod rls_support;
 use std::sync::{Arc, Barrier};
 use std::thread;
 
-use rls_support::descriptor;
+use rls_support::{in_process, request, runtime};
+use tollgate::envoy::RateLimitServer;
 use tollgate::envoy::proto::RateLimitRequest;
 use tollgate::envoy::proto::rate_limit_response::Code;
-use tollgate::envoy::{RateLimitServer, RlsConfig, StateStore};
 
 /// Threads racing in each round.
 const THREADS: usize = 4;
@@ -45,14 +45,6 @@ descriptors:
     )
 }
 
-fn request(entries: &[&[(&str, &str)]]) -> RateLimitRequest {
-    RateLimitRequest {
-        domain: "race".to_owned(),
-        descriptors: entries.iter().map(|entries| descriptor(entries)).collect(),
-        hits_addend: 0,
-    }
-}
-
 fn decide(
     runtime: &tokio::runtime::Runtime,
     server: &RateLimitServer,
@@ -69,24 +61,14 @@ fn decide(
 /// (Envoy sends a descriptor twice when two of a route's rate limits make it), and checks each
 /// client's charge against its OK answers.
 fn race(method: &str, copies: usize) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("a runtime");
-    let config = RlsConfig::from_yaml_str("race.yaml", &config(method)).expect("valid");
-    let server = runtime
-        .block_on(RateLimitServer::new(
-            &config,
-            StateStore::InProcess { clients: 4096 },
-        ))
-        .expect("the service builds");
+    let runtime = runtime();
+    let server = in_process(&runtime, &config(method), 4096);
     let barrier = Arc::new(Barrier::new(THREADS));
     let workers: Vec<_> = (0..THREADS)
         .map(|thread| {
             let (server, barrier) = (server.clone(), Arc::clone(&barrier));
             thread::spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .build()
-                    .expect("a runtime");
+                let runtime = rls_support::runtime();
                 let user = format!("u{thread}");
                 let mut oks = vec![0_u64; ROUNDS];
                 for (round, oks) in oks.iter_mut().enumerate() {
@@ -95,7 +77,7 @@ fn race(method: &str, copies: usize) {
                     let shared = [("round", round.as_str())];
                     let mut entries: Vec<&[(&str, &str)]> = vec![&own; copies];
                     entries.push(&shared);
-                    let both = request(&entries);
+                    let both = request("race", &entries);
                     barrier.wait();
                     for _ in 0..TRIES {
                         *oks += u64::from(decide(&runtime, &server, &both).0);
@@ -122,7 +104,7 @@ fn race(method: &str, copies: usize) {
         let (allowed, remaining) = decide(
             &runtime,
             &server,
-            &request(&[&[("user", &format!("u{thread}"))]]),
+            &request("race", &[&[("user", &format!("u{thread}"))]]),
         );
         assert!(
             allowed,

@@ -8,26 +8,10 @@ use std::thread;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::google::protobuf::UInt64Value;
-use rls_support::descriptor;
+use rls_support::{descriptor, in_process as server, runtime};
 use tollgate::envoy::proto::rate_limit_response::Code;
 use tollgate::envoy::proto::{RateLimitRequest, RateLimitResponse};
-use tollgate::envoy::{RateLimitServer, RlsConfig, StateStore};
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("a runtime")
-}
-
-fn server(runtime: &tokio::runtime::Runtime, yaml: &str, clients: usize) -> RateLimitServer {
-    let config = RlsConfig::from_yaml_str("review.yaml", yaml).expect("valid configuration");
-    runtime
-        .block_on(RateLimitServer::new(
-            &config,
-            StateStore::InProcess { clients },
-        ))
-        .expect("the service builds")
-}
+use tollgate::envoy::{RateLimitServer, RlsConfig};
 
 fn request(descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
     RateLimitRequest {

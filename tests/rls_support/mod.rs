@@ -176,3 +176,27 @@ pub(crate) async fn eventually(within: Duration, mut check: impl AsyncFnMut() ->
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A runtime of one thread, for tests that decide from threads of their own.
+pub(crate) fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a runtime")
+}
+
+/// The service of the configuration `yaml`, its state in process for `clients` per limited
+/// descriptor, built on `runtime`.
+pub(crate) fn in_process(
+    runtime: &tokio::runtime::Runtime,
+    yaml: &str,
+    clients: usize,
+) -> tollgate::envoy::RateLimitServer {
+    let config =
+        tollgate::envoy::RlsConfig::from_yaml_str("test.yaml", yaml).expect("valid configuration");
+    runtime
+        .block_on(tollgate::envoy::RateLimitServer::new(
+            &config,
+            tollgate::envoy::StateStore::InProcess { clients },
+        ))
+        .expect("the service builds")
+}
