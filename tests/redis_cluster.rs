@@ -1,7 +1,8 @@
 //! The Redis backend on a real 3-master Redis Cluster on loopback, reached through a URL naming
 //! one node: clients spread over every master each get exactly their limit, keys expire, a
 //! denial writes nothing, scripts flushed from the masters are loaded again, and a killed master
-//! gets the failure policy's answers while the live masters keep deciding.
+//! gets the failure policy's answers while the live masters keep deciding; a grant given back
+//! restores its keys on the master holding them.
 
 mod redis_support;
 
@@ -9,7 +10,9 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use redis_support::{RedisCluster, RedisServer};
-use tollgate::redis::{CircuitBreaker, FailurePolicy, RedisError, RedisRateLimiter, Source};
+use tollgate::redis::{
+    CircuitBreaker, FailurePolicy, GivenBack, RedisError, RedisRateLimiter, Source,
+};
 use tollgate::{Algorithm, Rule};
 
 const CLIENTS: usize = 12;
@@ -65,6 +68,45 @@ async fn dump(connection: &mut ::redis::aio::MultiplexedConnection, key: &str) -
         .query_async(connection)
         .await
         .unwrap()
+}
+
+/// For clients on every master and every method: a grant of a plan of two limits, given back
+/// with nothing landed between, leaves each key's value (`DUMP`) as it was before the grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_given_back_on_every_master_restore_each_key() {
+    let cluster = RedisCluster::start();
+    let mut connections = node_connections(&cluster).await;
+    for algorithm in Algorithm::ALL {
+        let prefix = format!("give-back-{algorithm}");
+        let redis = limiter(&cluster, algorithm, &prefix).await;
+        let mut nodes = BTreeSet::new();
+        for index in 0..CLIENTS {
+            let client = client(index);
+            // A permit taken first, so that the keys hold a value before the grant.
+            let first = redis.decide(&client, &"free", 1).await.unwrap();
+            assert!(first.decision().is_allowed(), "{algorithm}: {first:?}");
+            let keys = redis.keys(&client, &"free").unwrap();
+            let node = node_of(&mut connections, &keys[0]).await;
+            nodes.insert(node);
+            let mut before = Vec::new();
+            for key in &keys {
+                before.push(dump(&mut connections[node], key).await);
+            }
+            let (answer, grant) = redis.reserve(&client, &"free", 2).await.unwrap();
+            assert!(answer.decision().is_allowed(), "{algorithm}: {answer:?}");
+            let grant = grant.expect("Redis granted: the grant is kept");
+            let given = redis.give_back(&client, &"free", &grant).await.unwrap();
+            assert_eq!(given, [GivenBack::Restored; 2], "{algorithm}, {client}");
+            for (key, before) in keys.iter().zip(&before) {
+                assert_eq!(
+                    &dump(&mut connections[node], key).await,
+                    before,
+                    "{algorithm}: {key} is not as it was before the grant"
+                );
+            }
+        }
+        assert_eq!(nodes.len(), 3, "{algorithm}: clients on every master");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

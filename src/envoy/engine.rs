@@ -12,7 +12,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use super::config::{DescriptorNode, Limits, RlsConfig, Unit, UnitLimit, ValueMatch};
 use super::metrics::DescriptorMetrics;
 use crate::headers::LimitFigures;
-use crate::redis::{FailurePolicy, RedisError, RedisRateLimiter, Source};
+use crate::redis::{FailurePolicy, RedisError, RedisGrant, RedisRateLimiter, Source};
 use crate::service::Grant;
 use crate::verdict::{Figures, Verdict};
 use crate::{Algorithm, Decision, MonotonicClock, RateLimiterService, Rule, ServiceBuilder};
@@ -408,6 +408,12 @@ pub(crate) fn hits_of(descriptor: &RateLimitDescriptor, request_hits: u32) -> u6
     }
 }
 
+/// A grant a refused request gives back, where it was made.
+pub(crate) enum Taken {
+    InProcess(Grant),
+    Redis(RedisGrant),
+}
+
 /// One limited descriptor's answer: the decision and each limit's figures.
 pub(crate) struct Outcome {
     pub(crate) decision: Decision,
@@ -482,16 +488,48 @@ impl Limiter {
             Limiter::InProcess(_) => Ok(self
                 .acquire_now(client, hits)
                 .expect("an in-process limiter decides now")),
-            Limiter::Redis { limiter, plan } => {
-                let answer = limiter.decide(client, plan, hits).await?;
-                let decision = answer.decision();
-                let figures = if answer.each_limit().is_empty() {
-                    vec![LimitFigures::of(&decision)]
-                } else {
-                    answer.each_limit().iter().map(LimitFigures::of).collect()
-                };
-                Ok(Outcome { decision, figures })
+            Limiter::Redis { limiter, plan } => Ok(outcome_of_answer(
+                &limiter.decide(client, plan, hits).await?,
+            )),
+        }
+    }
+
+    /// Takes `hits` for `client`, as [`Limiter::acquire`], with the grant to give back should
+    /// another descriptor of the request refuse (none where nothing was taken, and none for the
+    /// in-process sliding log, which cannot undo one).
+    pub(crate) async fn reserve(
+        &self,
+        client: &str,
+        hits: u64,
+    ) -> Result<(Outcome, Option<Taken>), RedisError> {
+        match self {
+            Limiter::InProcess(_) => {
+                let (outcome, grant) = self
+                    .reserve_now(client, hits)
+                    .expect("an in-process limiter decides now");
+                Ok((outcome, grant.map(Taken::InProcess)))
             }
+            Limiter::Redis { limiter, plan } => {
+                let (answer, grant) = limiter.reserve(client, plan, hits).await?;
+                Ok((outcome_of_answer(&answer), grant.map(Taken::Redis)))
+            }
+        }
+    }
+
+    /// Gives back `taken`, made by [`Limiter::reserve`] for `client` (see
+    /// `RateLimiterService::give_back` and `RedisRateLimiter::give_back` for what each
+    /// restores). A failed round trip keeps the grant.
+    pub(crate) async fn give_back(&self, client: &str, taken: &Taken) -> Result<(), RedisError> {
+        match (self, taken) {
+            (Limiter::InProcess(_), Taken::InProcess(grant)) => {
+                self.give_back_now(client, grant);
+                Ok(())
+            }
+            (Limiter::Redis { limiter, plan }, Taken::Redis(grant)) => {
+                limiter.give_back(client, plan, grant).await.map(drop)
+            }
+            // A grant is given back by the limiter that made it.
+            _ => Ok(()),
         }
     }
 
@@ -517,6 +555,16 @@ impl Limiter {
             }
         }
     }
+}
+
+fn outcome_of_answer(answer: &crate::redis::Answer) -> Outcome {
+    let decision = answer.decision();
+    let figures = if answer.each_limit().is_empty() {
+        vec![LimitFigures::of(&decision)]
+    } else {
+        answer.each_limit().iter().map(LimitFigures::of).collect()
+    };
+    Outcome { decision, figures }
 }
 
 fn outcome_of(verdict: &Verdict) -> Outcome {

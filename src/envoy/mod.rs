@@ -24,9 +24,11 @@
 //! - **All or nothing across descriptors**: a request refused by any of its descriptors is
 //!   charged to none: refused at a look that takes nothing, or, when a racing request takes the
 //!   last permits between the look and the taking, with every grant it made given back to the
-//!   state it was made on (see [`RateLimitServer::decide`] for how exactly each method gives
-//!   back, and the two cases that keep a charge: a second sliding-log descriptor, and Redis).
-//!   envoyproxy/ratelimit charges every descriptor of a refused request.
+//!   state it was made on, in process and on Redis (see [`RateLimitServer::decide`] for how
+//!   exactly each method gives back, and when a grant is kept: in process, a second
+//!   sliding-log descriptor's; on Redis, one another decision landed on before the give-back,
+//!   under the token bucket or the sliding log). envoyproxy/ratelimit charges every descriptor
+//!   of a refused request.
 //! - **The answer Envoy uses**: the overall code, each descriptor's code, `current_limit`,
 //!   `limit_remaining` and `duration_until_reset`, and the IETF `RateLimit-Policy` and
 //!   `RateLimit` fields (one item per limited descriptor, shadowed ones left out) plus

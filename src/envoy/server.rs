@@ -18,7 +18,7 @@ use tonic::{Request, Response, Status};
 
 use super::BuildError;
 use super::config::{RlsConfig, Unit, UnitLimit};
-use super::engine::{self, Enforced, NodeLimit, Outcome, Snapshot, StateStore};
+use super::engine::{self, Enforced, NodeLimit, Outcome, Snapshot, StateStore, Taken};
 use super::metrics::{self, Counted};
 use crate::headers::{LimitFigures, RateLimitFields};
 use crate::service::Grant;
@@ -154,8 +154,12 @@ impl RateLimitServer {
     ///   counted in, the token bucket keeps them (they refill at its rate). The sliding log
     ///   cannot give back: its descriptors are taken last, so only a request with two of them
     ///   can keep a grant of the first.
-    /// - on Redis, the takings are made together (their round trips overlap), and those that
-    ///   granted stay taken.
+    /// - on Redis, the takings are made together (their round trips overlap), each reading
+    ///   its keys' values before and after its grant, and every grant is given back: exactly
+    ///   while no other decision has landed on its keys since (their values from before are
+    ///   restored, with their expiry), and otherwise as in process (the windows take the
+    ///   permits off the window they were counted in; the token bucket and the sliding log
+    ///   keep them). A give-back whose round trip fails keeps its grant.
     ///
     /// No limit ever grants more than it allows.
     ///
@@ -455,20 +459,82 @@ fn give_back_now(m: &Matched<'_>, grant: &Grant) {
 }
 
 /// Decides `matched` when some limiter is on Redis: the looks, then the takings, each set
-/// together, so that their round trips overlap.
+/// together, so that their round trips overlap. A taking refused after all (another request
+/// took the last permits between the look and the taking) refuses the request, and every grant
+/// the other takings made is given back (see `RedisRateLimiter::give_back`: exactly while no
+/// other decision has landed on the grant's keys), each descriptor then reporting its look.
 async fn decide_remotely(
     matched: &[Matched<'_>],
     look_first: bool,
 ) -> Result<(Vec<Result_>, bool), crate::redis::RedisError> {
-    if look_first {
-        let looks = try_join_all(matched.iter().map(look)).await?;
-        if refuses(matched, &looks) {
-            return Ok((looks, true));
+    if !look_first {
+        // At most one descriptor takes: nothing to give back.
+        let takings = try_join_all(matched.iter().map(take)).await?;
+        let refused = refuses(matched, &takings);
+        return Ok((takings, refused));
+    }
+    let mut results = try_join_all(matched.iter().map(look)).await?;
+    if refuses(matched, &results) {
+        return Ok((results, true));
+    }
+    let takings = try_join_all(matched.iter().map(reserve)).await?;
+    let refused = matched
+        .iter()
+        .zip(&takings)
+        .any(|(m, (result, _))| !m.shadow_mode && is_over(result));
+    let mut grants = Vec::new();
+    for (at, (result, grant)) in takings.into_iter().enumerate() {
+        match grant {
+            Some(grant) if refused => grants.push((at, grant)),
+            // Taken and kept, or refused: the taking's figures.
+            _ => results[at] = result,
         }
     }
-    let takings = try_join_all(matched.iter().map(take)).await?;
-    let refused = refuses(matched, &takings);
-    Ok((takings, refused))
+    if refused {
+        give_back_latest_first(matched, grants).await;
+    }
+    Ok((results, refused))
+}
+
+/// Gives back every grant of `grants`, each made for `matched[at]`, one after the other, each
+/// one before any it was made after (two takings of one descriptor sent twice are each restored
+/// exactly; takings run together, so their order is read from the grants). A failed give-back
+/// keeps its grant: the request is refused either way.
+async fn give_back_latest_first(matched: &[Matched<'_>], mut grants: Vec<(usize, Taken)>) {
+    let same_state = |a: usize, b: usize| {
+        std::ptr::eq(matched[a].limit, matched[b].limit) && matched[a].client == matched[b].client
+    };
+    // In process, takings were made in the order of `matched`: the latest is the last.
+    grants.reverse();
+    while !grants.is_empty() {
+        let next = (0..grants.len())
+            .find(|&i| {
+                let (at, Taken::Redis(grant)) = &grants[i] else {
+                    return true;
+                };
+                !grants.iter().any(|(other_at, other)| {
+                    matches!(other, Taken::Redis(later) if same_state(*at, *other_at) && later.follows(grant))
+                })
+            })
+            // Unreachable (a grant cannot follow itself or close a cycle); in order then.
+            .unwrap_or(0);
+        let (at, grant) = grants.remove(next);
+        let m = &matched[at];
+        if let Enforced::Limited { limiter, .. } = &m.limit.enforced {
+            let _kept_on_failure = limiter.give_back(&m.client, &grant).await;
+        }
+    }
+}
+
+/// Takes `m`'s permits, with the grant to give back (see `Limiter::reserve`).
+async fn reserve(m: &Matched<'_>) -> Result<(Result_, Option<Taken>), crate::redis::RedisError> {
+    Ok(match &m.limit.enforced {
+        Enforced::Limited { limiter, .. } => {
+            let (outcome, grant) = limiter.reserve(&m.client, m.hits).await?;
+            (taken(outcome), grant)
+        }
+        _ => (without_limiter(m), None),
+    })
 }
 
 /// The answer of a descriptor that has no limiter: unlimited, or blocked (over whenever the

@@ -195,6 +195,7 @@ impl<P: Eq + fmt::Debug> RedisRateLimiterBuilder<P> {
                     .load_async(&mut connection)
                     .await?;
             }
+            script::GIVE_BACK.load_async(&mut connection).await?;
             Ok::<bool, ::redis::RedisError>(true)
         };
         match tokio::time::timeout(bound, connect).await {

@@ -91,7 +91,7 @@ impl LocalFallback {
         let mut decisions = Vec::with_capacity(self.services.len());
         for service in &self.services {
             let result = match mode {
-                Mode::Acquire => service.acquire(client, &index, n),
+                Mode::Acquire | Mode::Reserve => service.acquire(client, &index, n),
                 Mode::Peek => service.peek(client, &index),
             };
             match result {

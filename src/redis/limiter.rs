@@ -132,10 +132,12 @@ impl<P: fmt::Debug> fmt::Debug for RedisRateLimiter<P> {
     }
 }
 
-/// Whether a script may commit (`acquire`) or only report (`peek`).
+/// Whether a script may commit (`acquire`), commit and report what a give-back needs
+/// (`reserve`), or only report (`peek`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Mode {
     Acquire,
+    Reserve,
     Peek,
 }
 
@@ -143,9 +145,70 @@ impl Mode {
     fn arg(self) -> &'static str {
         match self {
             Mode::Acquire => "acquire",
+            Mode::Reserve => "reserve",
             Mode::Peek => "peek",
         }
     }
+}
+
+/// A grant that Redis made by [`RedisRateLimiter::reserve`], which
+/// [`RedisRateLimiter::give_back`] can undo: each key's value before and after it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisGrant {
+    n: u64,
+    /// The plan's index among the limiter's plans.
+    plan: usize,
+    keys: Vec<SavedKey>,
+}
+
+impl fmt::Debug for RedisGrant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisGrant")
+            .field("n", &self.n)
+            .field("keys", &self.keys.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisGrant {
+    /// Whether this grant was made on the state `earlier` left (both on one client's keys
+    /// under one plan, with no decision between them): given back first, it restores exactly
+    /// the state `earlier`'s give-back then restores in turn.
+    pub(crate) fn follows(&self, earlier: &RedisGrant) -> bool {
+        self.plan == earlier.plan
+            && self
+                .keys
+                .iter()
+                .zip(&earlier.keys)
+                .any(|(this, earlier)| this.before == earlier.after)
+    }
+}
+
+/// One key's part of a [`RedisGrant`], as `scripts/plan.lua` reports it.
+#[derive(Clone, PartialEq, Eq)]
+struct SavedKey {
+    /// `DUMP` before the grant; empty for a missing key.
+    before: Vec<u8>,
+    /// When the key was to expire, in Unix milliseconds; 0 for never.
+    expires_at_ms: i64,
+    /// `DUMP` after the grant.
+    after: Vec<u8>,
+    /// The window index the grant counted in; -1 for a key without windows.
+    window: i64,
+}
+
+/// What [`RedisRateLimiter::give_back`] did for each of the plan's limits, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GivenBack {
+    /// No other decision had landed on the limit's key: its value from before the grant is
+    /// back, with its expiry.
+    Restored,
+    /// Other decisions had landed: the permits came off the window they were counted in (the
+    /// windows only).
+    TakenOff,
+    /// Kept: the token bucket and the sliding log after another decision landed, or a window
+    /// no longer counted.
+    Kept,
 }
 
 impl<P> RedisRateLimiter<P> {
@@ -235,6 +298,133 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
             .await
     }
 
+    /// [`RedisRateLimiter::decide`], keeping what it takes to give the grant back: for a
+    /// request that must hold under several limiters at once (all or nothing across plans or
+    /// limiters), take from each by `reserve` and, when one refuses, give back what the others
+    /// granted by [`RedisRateLimiter::give_back`].
+    ///
+    /// The grant is `None` when nothing was taken from Redis: a refusal, `n = 0`, or an answer
+    /// of the deny cache or the failure policy (a failure policy's grant is not given back).
+    /// The round trip also reads each key's value before and after the grant (`DUMP`): the
+    /// server must allow `DUMP` and `RESTORE` to this client's scripts.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisRateLimiter::decide`].
+    pub async fn reserve(
+        &self,
+        client: &str,
+        plan: &P,
+        n: u64,
+    ) -> Result<(Answer, Option<RedisGrant>), RedisError> {
+        let mut grant = None;
+        let answer = self
+            .decide_inner_saving(client, plan, n, Mode::Reserve, None, &mut grant)
+            .await?;
+        Ok((answer, grant))
+    }
+
+    /// [`RedisRateLimiter::reserve`] at `now_us` microseconds (see
+    /// [`RedisRateLimiter::decide_at`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisRateLimiter::decide`].
+    #[cfg(feature = "test-util")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+    pub async fn reserve_at(
+        &self,
+        client: &str,
+        plan: &P,
+        n: u64,
+        now_us: u64,
+    ) -> Result<(Answer, Option<RedisGrant>), RedisError> {
+        let mut grant = None;
+        let answer = self
+            .decide_inner_saving(client, plan, n, Mode::Reserve, Some(now_us), &mut grant)
+            .await?;
+        Ok((answer, grant))
+    }
+
+    /// Gives back `grant`, made by [`RedisRateLimiter::reserve`] for `client` under `plan`, in
+    /// one round trip, and says what it did for each limit.
+    ///
+    /// Exact while no other decision has landed on a limit's key since the grant: the key's
+    /// value from before is back, with its expiry, as if the grant had not been made (two
+    /// grants on one key are each restored exactly when given back latest first). Once another
+    /// decision has landed, the grant is given back only as far as that leaves the limit no
+    /// more generous than had the grant not been made: the fixed window and the sliding window
+    /// counter take the permits off the window they were counted in (decisions made since saw
+    /// more permits taken, so what they granted stands either way); the token bucket and the
+    /// sliding log keep the grant, which then leaves as any other (refilled at the bucket's
+    /// rate, out of the log's window). It is never given back twice: a second call finds the
+    /// key changed and takes off at most what a window still counts of it.
+    ///
+    /// # Errors
+    ///
+    /// [`RedisError::UnknownPlan`] for a plan the limiter does not have, or one other than the
+    /// grant's; a failed round trip as it failed ([`RedisError::Timeout`],
+    /// [`RedisError::Command`]), whatever the failure policy: the grant is then kept.
+    pub async fn give_back(
+        &self,
+        client: &str,
+        plan: &P,
+        grant: &RedisGrant,
+    ) -> Result<Vec<GivenBack>, RedisError> {
+        let (index, entry) = self.plan_entry(plan)?;
+        if index != grant.plan || entry.limits.len() != grant.keys.len() {
+            return Err(RedisError::UnknownPlan {
+                plan: format!("{plan:?} (not the plan the grant was made under)"),
+            });
+        }
+        let keys = self.keys_of(entry, client);
+        let mut invocation = script::GIVE_BACK.prepare_invoke();
+        for key in &keys {
+            invocation.key(key);
+        }
+        let method = entry
+            .limits
+            .first()
+            .map_or("", |(spec, _)| spec.give_back_name());
+        invocation.arg(grant.n).arg(method);
+        for saved in &grant.keys {
+            invocation
+                .arg(saved.before.as_slice())
+                .arg(saved.expires_at_ms)
+                .arg(saved.after.as_slice())
+                .arg(saved.window);
+        }
+        Counters::bump(&self.counters.round_trips);
+        let mut connection = self.connection();
+        let call = invocation.invoke_async::<Vec<i64>>(&mut connection);
+        let reply = match tokio::time::timeout(self.timeout, call).await {
+            Ok(Ok(reply)) => reply,
+            Ok(Err(source)) => {
+                Counters::bump(&self.counters.errors);
+                return Err(RedisError::Command { source });
+            }
+            Err(_) => {
+                Counters::bump(&self.counters.errors);
+                return Err(RedisError::Timeout {
+                    after: self.timeout,
+                });
+            }
+        };
+        if reply.len() != keys.len() {
+            return Err(RedisError::BadReply {
+                reply: format!("{reply:?}"),
+            });
+        }
+        Ok(reply
+            .into_iter()
+            .map(|outcome| match outcome {
+                1 => GivenBack::Restored,
+                2 => GivenBack::TakenOff,
+                _ => GivenBack::Kept,
+            })
+            .collect())
+    }
+
     /// Reports, taking nothing, what one permit for `client` under `plan` would get now.
     ///
     /// # Errors
@@ -322,11 +512,25 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
         mode: Mode,
         now_us: Option<u64>,
     ) -> Result<Answer, RedisError> {
+        self.decide_inner_saving(client, plan, n, mode, now_us, &mut None)
+            .await
+    }
+
+    /// The decision; under [`Mode::Reserve`], with the grant in `grant` when Redis made one.
+    async fn decide_inner_saving(
+        &self,
+        client: &str,
+        plan: &P,
+        n: u64,
+        mode: Mode,
+        now_us: Option<u64>,
+        grant: &mut Option<RedisGrant>,
+    ) -> Result<Answer, RedisError> {
         // Answers from the deny cache or the fallback complete without waiting; spending the
         // task's budget lets tokio preempt a task that loops on them, as it would on I/O.
         tokio::task::coop::consume_budget().await;
         let (index, entry) = self.plan_entry(plan)?;
-        if mode == Mode::Acquire
+        if mode != Mode::Peek
             && let Some(rejected) = entry.limits.iter().find_map(|(spec, _)| spec.reject(n))
         {
             Counters::bump(&self.counters.rejections);
@@ -347,7 +551,7 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
         let cache = self
             .deny_cache
             .as_ref()
-            .filter(|_| mode == Mode::Acquire && n > 0 && now_us.is_none());
+            .filter(|_| mode != Mode::Peek && n > 0 && now_us.is_none());
         let cache_key = cache.map(|_| format!("{index}:{client}"));
         if let (Some(cache), Some(key)) = (cache, &cache_key)
             && let Some(decision) = cache.get(key, n)
@@ -372,7 +576,22 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
         let keys = self.keys_of(entry, client);
         let sent_at = cache.map(DenyCache::now);
         let breaker_sent_at = self.breaker.now();
-        let reply = self.round_trip(entry, &keys, n, mode, now_us).await;
+        let reply = if mode == Mode::Reserve {
+            self.round_trip::<::redis::Value>(entry, &keys, n, mode, now_us)
+                .await
+                .and_then(|value| {
+                    let (reply, saved) = Self::split_reserved(entry, value)?;
+                    *grant = saved.map(|keys| RedisGrant {
+                        n,
+                        plan: index,
+                        keys,
+                    });
+                    Ok(reply)
+                })
+        } else {
+            self.round_trip::<Vec<i64>>(entry, &keys, n, mode, now_us)
+                .await
+        };
         let is_probe = probe.is_probe();
         probe.disarm();
         let reply = match reply {
@@ -409,15 +628,73 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
         Ok(answer)
     }
 
+    /// A reserving call's reply: the decision's integers, and each key's saved values when
+    /// the grant was committed (after the integers: see `scripts/plan.lua`).
+    fn split_reserved(
+        entry: &PlanEntry<P>,
+        value: ::redis::Value,
+    ) -> Result<(Vec<i64>, Option<Vec<SavedKey>>), RedisError> {
+        use ::redis::Value;
+        let bad_reply = |value: &dyn fmt::Debug| RedisError::BadReply {
+            reply: format!("{value:?}"),
+        };
+        let Value::Array(items) = value else {
+            return Err(bad_reply(&value));
+        };
+        let saved_len = 4 * entry.limits.len();
+        let figures: usize = entry
+            .limits
+            .iter()
+            .map(|(spec, _)| spec.figure_count())
+            .sum();
+        let committed = items.len() == 3 + figures + saved_len;
+        let split = if committed {
+            items.len() - saved_len
+        } else {
+            items.len()
+        };
+        let mut ints = Vec::with_capacity(split);
+        for item in &items[..split] {
+            match item {
+                Value::Int(x) => ints.push(*x),
+                other => return Err(bad_reply(other)),
+            }
+        }
+        if !committed {
+            return Ok((ints, None));
+        }
+        let bytes = |item: &Value| match item {
+            Value::BulkString(bytes) => Ok(bytes.clone()),
+            Value::Nil => Ok(Vec::new()),
+            other => Err(bad_reply(other)),
+        };
+        let int = |item: &Value| match item {
+            Value::Int(x) => Ok(*x),
+            other => Err(bad_reply(other)),
+        };
+        let saved = items[split..]
+            .chunks_exact(4)
+            .map(|parts| {
+                Ok(SavedKey {
+                    before: bytes(&parts[0])?,
+                    expires_at_ms: int(&parts[1])?,
+                    after: bytes(&parts[2])?,
+                    window: int(&parts[3])?,
+                })
+            })
+            .collect::<Result<Vec<_>, RedisError>>()?;
+        Ok((ints, Some(saved)))
+    }
+
     /// One script call, bounded by the timeout.
-    async fn round_trip(
+    async fn round_trip<T: ::redis::FromRedisValue>(
         &self,
         entry: &PlanEntry<P>,
         keys: &[String],
         n: u64,
         mode: Mode,
         now_us: Option<u64>,
-    ) -> Result<Vec<i64>, RedisError> {
+    ) -> Result<T, RedisError> {
         let script = script::script_for(self.algorithm);
         let mut invocation = script.prepare_invoke();
         for key in keys {
@@ -432,7 +709,7 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
         let mut connection = self.connection();
         // EVALSHA; on NOSCRIPT (a restarted or flushed server) the client loads the script and
         // retries, once.
-        let call = invocation.invoke_async::<Vec<i64>>(&mut connection);
+        let call = invocation.invoke_async::<T>(&mut connection);
         match tokio::time::timeout(self.timeout, call).await {
             Ok(Ok(reply)) => Ok(reply),
             Ok(Err(source)) if source.is_timeout() => Err(RedisError::Timeout {

@@ -69,6 +69,22 @@
 //! A round trip that times out may still have been applied by Redis: the request is then counted
 //! there but decided by the policy, which can only make the fleet admit less.
 //!
+//! # All or nothing across plans or limiters
+//!
+//! A request that must pass several limiters at once (each on its own keys, which on a cluster
+//! may live on different nodes, so no one script can take them all) takes from each by
+//! [`RedisRateLimiter::reserve`] and, when one refuses, gives back what the others granted by
+//! [`RedisRateLimiter::give_back`]. A reserving call is one round trip, as a decision is, that
+//! also reports each key's value before and after the grant (`DUMP`, with its expiry); the
+//! give-back, one more, restores the value from before, with its expiry, while the key still
+//! holds the grant's own value (exact: as if the grant had not been made), and otherwise gives
+//! back only what leaves the limit counting every admission that stands: the windows take the
+//! permits off the window they were counted in, the token bucket and the sliding log keep the
+//! grant. (A reading older than one the key has seen, from a server's clock stepped back, is
+//! counted in the stored state by each method's rule, with the grant or without it.) Checked by
+//! `tests/redis_give_back.rs` against the same history without the grant, and by
+//! `tests/envoy_race.rs` under a race. The server must let scripts call `DUMP` and `RESTORE`.
+//!
 //! # Key layout
 //!
 //! `<prefix>:{<plan>:<client>}:<method>:<limit>/<window>us`, for example
@@ -103,6 +119,6 @@ mod url;
 
 pub use builder::RedisRateLimiterBuilder;
 pub use error::RedisError;
-pub use limiter::{Answer, RedisRateLimiter};
+pub use limiter::{Answer, GivenBack, RedisGrant, RedisRateLimiter};
 pub use policy::{CircuitBreaker, FailurePolicy, Source};
 pub use stats::RedisStats;

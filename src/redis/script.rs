@@ -59,6 +59,10 @@ pub(super) static SLIDING_WINDOW_COUNTER: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 
+/// The script giving back a reserving call's grant (for every method: it names its own).
+pub(super) static GIVE_BACK: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/give_back.lua")));
+
 /// The script deciding for `algorithm`.
 pub(super) fn script_for(algorithm: Algorithm) -> &'static Script {
     match algorithm {
@@ -213,6 +217,16 @@ impl LimitSpec {
             LimitSpec::FixedWindow { .. } => "fw",
             LimitSpec::SlidingWindowLog { .. } => "swlb",
             LimitSpec::SlidingWindowCounter { .. } => "swc",
+        }
+    }
+
+    /// The method as `scripts/give_back.lua` names it.
+    pub(super) fn give_back_name(&self) -> &'static str {
+        match self {
+            LimitSpec::TokenBucket { .. } => "token_bucket",
+            LimitSpec::FixedWindow { .. } => "fixed_window",
+            LimitSpec::SlidingWindowLog { .. } => "sliding_window_log",
+            LimitSpec::SlidingWindowCounter { .. } => "sliding_window_counter",
         }
     }
 

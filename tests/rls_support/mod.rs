@@ -180,6 +180,7 @@ pub(crate) async fn eventually(within: Duration, mut check: impl AsyncFnMut() ->
 /// A runtime of one thread, for tests that decide from threads of their own.
 pub(crate) fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
+        .enable_all()
         .build()
         .expect("a runtime")
 }

@@ -11,6 +11,12 @@
 -- {1, 0, now} and every limit's figures in order, with code 0 if any limit refused. Only if none
 -- refused and permits are taken (neither a peek nor n = 0) is every limit committed; a refused
 -- plan's limits that would have granted report their figures for 0 permits.
+--
+-- A reserving call (ARGV[2] "reserve") that commits appends, per key in order, what
+-- `give_back.lua` needs to undo the grant: the key's value before the commit (`DUMP`, nil for a
+-- missing key), the absolute time in Unix milliseconds it was to expire (0 for none), its value
+-- after the commit (`DUMP`), and the window index the grant counted in (the hash field `w`; -1
+-- for a key without one).
 
 local limits = #KEYS
 local reply, states
@@ -23,7 +29,7 @@ for i = 1, limits do
     end
     error(state)
   end
-  if limits == 1 then
+  if limits == 1 and not reserve then
     -- The usual plan, of one limit: no list of states, and the reply made at its full size.
     if f1 == 1 and not peek and n ~= 0 then
       commit_limit(1, state)
@@ -62,7 +68,36 @@ end
 if reply[1] == 0 or peek or n == 0 then
   return reply
 end
+if not reserve then
+  for i = 1, limits do
+    commit_limit(i, states[i])
+  end
+  return reply
+end
+-- Expiries are kept as absolute times on the server's clock (an injected `now` is not it), so
+-- that the give-back, a later call, restores the time left then.
+local clock = redis.call('TIME')
+local clock_ms = clock[1] * 1000 + math.floor(clock[2] / 1000)
 for i = 1, limits do
+  local key = KEYS[i]
+  local before = redis.call('DUMP', key)
+  local expires = 0
+  if before then
+    local ttl = redis.call('PTTL', key)
+    if ttl >= 0 then
+      expires = clock_ms + ttl
+    end
+  end
   commit_limit(i, states[i])
+  -- The token bucket's key is a string: the read's error says it has no window.
+  local window = redis.pcall('HGET', key, 'w')
+  if type(window) == 'string' then
+    window = window + 0
+  else
+    window = -1
+  end
+  local at = #reply
+  reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] =
+    before, expires, redis.call('DUMP', key), window
 end
 return reply

@@ -4,7 +4,8 @@
 -- and garbage), so the shared parts are values and top-level code, not functions.
 --
 -- ARGV[1]   n, the permits asked for
--- ARGV[2]   "acquire" or "peek"
+-- ARGV[2]   "acquire", "peek", or "reserve" (acquire, and report what a give-back needs: see
+--           plan.lua)
 -- ARGV[3]   the time in microseconds, or "" for the server's TIME (the normal case)
 
 -- A number handed to `redis.call` as a number is written by Redis itself, exactly for an integer
@@ -16,6 +17,7 @@
 -- parses a string twice.
 local n = ARGV[1] + 0
 local peek = ARGV[2] == 'peek'
+local reserve = ARGV[2] == 'reserve'
 local injected = ARGV[3] ~= ''
 local now
 if injected then
