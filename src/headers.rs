@@ -51,7 +51,7 @@ fn sf_integer(value: u64) -> u64 {
 
 /// One limit's figures, as the `RateLimit-Policy` and `RateLimit` fields report them: its quota
 /// and window, and what is left of it after a decision.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct LimitFigures {
     limit: u64,
     window_nanos: u64,
@@ -130,15 +130,22 @@ impl<'a> RateLimitFields<'a> {
         Ok(())
     }
 
-    /// Writes the list separator before any item but the first, and the item's name as a
-    /// Structured Field String: quoted, with `"` and `\` escaped.
+    /// Writes the list separator before any item but the first, and the item's name.
     fn write_item_name(&self, out: &mut impl fmt::Write, position: usize) -> fmt::Result {
         if position > 0 {
             out.write_str(", ")?;
         }
+        self.write_quoted_name(out, position)
+    }
+
+    /// Writes the name of the item at `position` as a Structured Field String: quoted, with
+    /// `"` and `\` escaped.
+    fn write_quoted_name(&self, out: &mut impl fmt::Write, position: usize) -> fmt::Result {
         out.write_char('"')?;
         let mut rest = self.plan;
-        while let Some(at) = rest.find(['"', '\\']) {
+        // A byte search: both are ASCII, so a match is a whole character (and much cheaper to
+        // find than by decoding each character).
+        while let Some(at) = rest.bytes().position(|byte| byte == b'"' || byte == b'\\') {
             out.write_str(&rest[..at])?;
             out.write_char('\\')?;
             out.write_str(&rest[at..=at])?;
@@ -164,6 +171,87 @@ impl<'a> RateLimitFields<'a> {
     }
 }
 
+/// One plan's fields made ready for a writer that answers many requests for it (the Envoy
+/// service): the `RateLimit-Policy` value, which only the limits' quotas and windows make, and
+/// each `RateLimit` item's name with its `;r=`, written once; a request then writes only its
+/// figures.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PreparedFields {
+    /// Each limit's quota and window, in order, as the prepared text says them.
+    limits: Vec<(u64, u64)>,
+    policy: String,
+    /// Each item's quoted name followed by `;r=`.
+    state_items: Vec<String>,
+}
+
+impl PreparedFields {
+    /// The fields of the plan named `plan` with `limits` (at least one).
+    ///
+    /// # Errors
+    ///
+    /// As [`RateLimitFields::new`].
+    pub(crate) fn new(plan: &str, limits: &[LimitFigures]) -> Result<Self, InvalidPolicyName> {
+        let fields = RateLimitFields::new(plan, limits)?;
+        let mut policy = String::new();
+        let _ = fields.write_policy(&mut policy);
+        let state_items = (0..limits.len())
+            .map(|position| {
+                let mut item = String::new();
+                let _ = fields.write_quoted_name(&mut item, position);
+                item.push_str(";r=");
+                item
+            })
+            .collect();
+        Ok(PreparedFields {
+            limits: limits
+                .iter()
+                .map(|limit| (limit.limit, limit.window_nanos))
+                .collect(),
+            policy,
+            state_items,
+        })
+    }
+
+    /// Appends the fields of a decision whose limits stand as `figures` say to the lists
+    /// `policy` and `state`; `false`, writing nothing, when `figures` are not of the prepared
+    /// quotas and windows.
+    pub(crate) fn append(
+        &self,
+        policy: &mut String,
+        state: &mut String,
+        figures: &[LimitFigures],
+    ) -> bool {
+        let prepared = figures.len() == self.limits.len()
+            && figures
+                .iter()
+                .zip(&self.limits)
+                .all(|(figures, &(limit, window))| {
+                    figures.limit == limit && figures.window_nanos == window
+                });
+        if !prepared {
+            return false;
+        }
+        if !policy.is_empty() {
+            policy.push_str(", ");
+            state.push_str(", ");
+        }
+        policy.push_str(&self.policy);
+        for (position, (figures, item)) in figures.iter().zip(&self.state_items).enumerate() {
+            if position > 0 {
+                state.push_str(", ");
+            }
+            state.push_str(item);
+            let _ = write_integer(state, sf_integer(figures.remaining));
+            state.push_str(";t=");
+            let _ = write_integer(
+                state,
+                sf_integer(seconds_rounded_up(figures.reset_after_nanos)),
+            );
+        }
+        true
+    }
+}
+
 /// Writes `value` in decimal (without the formatting machinery, which the layer would pay for
 /// on every response that carries the fields).
 pub(crate) fn write_integer(out: &mut impl fmt::Write, mut value: u64) -> fmt::Result {
@@ -177,8 +265,12 @@ pub(crate) fn write_integer(out: &mut impl fmt::Write, mut value: u64) -> fmt::R
             break;
         }
     }
-    // ASCII digits only, so always UTF-8.
-    out.write_str(std::str::from_utf8(&digits[start..]).map_err(|_| fmt::Error)?)
+    // Digit by digit: an ASCII character is one byte to push, where checking the digits as
+    // UTF-8 to write them as one string costs more than writing them.
+    for &digit in &digits[start..] {
+        out.write_char(char::from(digit))?;
+    }
+    Ok(())
 }
 
 /// Writes a window as the shortest whole number of one unit: `1s`, `10s`, `1h`, `1500ms`.
@@ -312,4 +404,84 @@ pub(crate) fn policy_list(
         written(|out| fields.write_policy(out)),
         written(|out| fields.write_state(out)),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Rule;
+    use std::time::Duration;
+
+    fn figures(limit: u64, window: Duration, remaining: u64, reset: Duration) -> LimitFigures {
+        let rule = Rule::new(limit, window).unwrap();
+        LimitFigures::of(&Decision::allowed(
+            rule,
+            remaining,
+            crate::clock::duration_to_nanos(reset),
+        ))
+    }
+
+    /// What `RateLimitFields` writes for `name` and `each`.
+    fn written(name: &str, each: &[LimitFigures]) -> (String, String) {
+        let fields = RateLimitFields::new(name, each).unwrap();
+        let (mut policy, mut state) = (String::new(), String::new());
+        fields.write_policy(&mut policy).unwrap();
+        fields.write_state(&mut state).unwrap();
+        (policy, state)
+    }
+
+    #[test]
+    fn prepared_fields_write_what_the_fields_write() {
+        let second = Duration::from_secs(1);
+        let cases: [(&str, Vec<LimitFigures>); 3] = [
+            ("edge.remote_address", vec![figures(5, second, 3, second)]),
+            (
+                r#"a "quoted" \ name"#,
+                vec![figures(1_000_000_000, second, 999_999_999, second)],
+            ),
+            (
+                "pro",
+                vec![
+                    figures(10, second, 9, second),
+                    figures(
+                        1_000,
+                        Duration::from_secs(3_600),
+                        0,
+                        Duration::from_secs(61),
+                    ),
+                    figures(7, second, 7, Duration::ZERO),
+                ],
+            ),
+        ];
+        for (name, each) in &cases {
+            let configured: Vec<LimitFigures> = each
+                .iter()
+                .map(|f| figures(f.limit, Duration::from_nanos(f.window_nanos), 0, second))
+                .collect();
+            let prepared = PreparedFields::new(name, &configured).unwrap();
+            let (policy, state) = written(name, each);
+            // Alone, then after another descriptor's items.
+            let (mut got_policy, mut got_state) = (String::new(), String::new());
+            assert!(prepared.append(&mut got_policy, &mut got_state, each));
+            assert_eq!((&got_policy, &got_state), (&policy, &state), "{name}");
+            assert!(prepared.append(&mut got_policy, &mut got_state, each));
+            assert_eq!(got_policy, format!("{policy}, {policy}"), "{name}");
+            assert_eq!(got_state, format!("{state}, {state}"), "{name}");
+        }
+    }
+
+    #[test]
+    fn prepared_fields_write_nothing_for_other_limits() {
+        let second = Duration::from_secs(1);
+        let prepared = PreparedFields::new("p", &[figures(5, second, 0, second)]).unwrap();
+        let (mut policy, mut state) = (String::new(), String::new());
+        for other in [
+            vec![figures(6, second, 1, second)],
+            vec![figures(5, Duration::from_secs(2), 1, second)],
+            vec![figures(5, second, 1, second), figures(5, second, 1, second)],
+        ] {
+            assert!(!prepared.append(&mut policy, &mut state, &other));
+        }
+        assert!(policy.is_empty() && state.is_empty());
+    }
 }

@@ -11,7 +11,8 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 
 use super::config::{DescriptorNode, Limits, RlsConfig, Unit, UnitLimit, ValueMatch};
 use super::metrics::DescriptorMetrics;
-use crate::headers::LimitFigures;
+use crate::headers::{LimitFigures, PreparedFields};
+use crate::method::several_limits::SeveralLimits;
 use crate::redis::{FailurePolicy, RedisError, RedisGrant, RedisRateLimiter, Source};
 use crate::service::Grant;
 use crate::verdict::{Figures, Verdict};
@@ -101,6 +102,8 @@ pub(crate) struct NodeLimit {
     /// The name the `RateLimit` fields give this limit: its own, else its descriptor's path,
     /// made printable.
     pub(crate) policy: String,
+    /// The fields of its configured limits, written once (none without limits).
+    pub(crate) fields: Option<PreparedFields>,
     pub(crate) metrics: DescriptorMetrics,
 }
 
@@ -284,11 +287,23 @@ impl Ready<'_> {
                         limiter: self.limiter(node, *method, limits)?,
                     },
                 };
+                let policy = policy_name(limit.name.as_deref().unwrap_or(&node.path));
+                let fields = match &limit.limits {
+                    Limits::Limited { limits, .. } => {
+                        let figures: Vec<LimitFigures> = rules_of(limits)
+                            .iter()
+                            .map(|rule| LimitFigures::of(&Decision::allowed(*rule, 0, 0)))
+                            .collect();
+                        PreparedFields::new(&policy, &figures).ok()
+                    }
+                    _ => None,
+                };
                 Some(NodeLimit {
                     enforced,
                     name: limit.name.clone(),
                     replaces: limit.replaces.clone(),
-                    policy: policy_name(limit.name.as_deref().unwrap_or(&node.path)),
+                    policy,
+                    fields,
                     metrics: DescriptorMetrics::new(self.domain, &node.path, node.detailed_metric),
                 })
             }
@@ -417,7 +432,35 @@ pub(crate) enum Taken {
 /// One limited descriptor's answer: the decision and each limit's figures.
 pub(crate) struct Outcome {
     pub(crate) decision: Decision,
-    pub(crate) figures: Vec<LimitFigures>,
+    pub(crate) figures: EachLimit,
+}
+
+/// Each limit's figures of one descriptor, in order, kept inline: a descriptor has at most
+/// `SeveralLimits::MAX_LIMITS` limits, and a decision then answers without allocating.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct EachLimit {
+    items: [LimitFigures; SeveralLimits::MAX_LIMITS],
+    len: usize,
+}
+
+impl std::ops::Deref for EachLimit {
+    type Target = [LimitFigures];
+
+    fn deref(&self) -> &[LimitFigures] {
+        &self.items[..self.len]
+    }
+}
+
+impl FromIterator<LimitFigures> for EachLimit {
+    /// The first `SeveralLimits::MAX_LIMITS` items (a plan has no more limits).
+    fn from_iter<I: IntoIterator<Item = LimitFigures>>(iter: I) -> Self {
+        let mut each = EachLimit::default();
+        for (slot, figures) in each.items.iter_mut().zip(iter) {
+            *slot = figures;
+            each.len += 1;
+        }
+        each
+    }
 }
 
 impl Limiter {
@@ -560,7 +603,7 @@ impl Limiter {
 fn outcome_of_answer(answer: &crate::redis::Answer) -> Outcome {
     let decision = answer.decision();
     let figures = if answer.each_limit().is_empty() {
-        vec![LimitFigures::of(&decision)]
+        std::iter::once(LimitFigures::of(&decision)).collect()
     } else {
         answer.each_limit().iter().map(LimitFigures::of).collect()
     };
@@ -570,6 +613,6 @@ fn outcome_of_answer(answer: &crate::redis::Answer) -> Outcome {
 fn outcome_of(verdict: &Verdict) -> Outcome {
     Outcome {
         decision: *verdict.decision(),
-        figures: verdict.with_limits(<[LimitFigures]>::to_vec),
+        figures: verdict.with_limits(|each| each.iter().copied().collect()),
     }
 }
