@@ -347,3 +347,37 @@ fn the_checker_catches_a_give_back_that_gives_nothing() {
         );
     }
 }
+
+/// A give-back makes the client's state more generous: the node forgets its cached denial of
+/// the client, so that the permits given back are granted at once (and not refused from the
+/// cache until the denial would have ended).
+#[test]
+fn a_give_back_forgets_the_nodes_cached_denial_of_the_client() {
+    let server = RedisServer::start();
+    runtime().block_on(async {
+        for algorithm in Algorithm::ALL {
+            let limiter = RedisRateLimiter::builder(server.url(), algorithm)
+                .plan("p", Rule::per_hour(5).unwrap())
+                .key_prefix(format!("cache-{algorithm}"))
+                .build()
+                .await
+                .unwrap();
+            let (answer, grant) = limiter.reserve("ann", &"p", 5).await.unwrap();
+            assert!(answer.decision().is_allowed(), "{algorithm}");
+            let refused = limiter.decide("ann", &"p", 1).await.unwrap();
+            assert!(refused.decision().is_denied(), "{algorithm}: spent");
+            let given = limiter
+                .give_back("ann", &"p", &grant.expect("granted"))
+                .await
+                .unwrap();
+            assert_eq!(given, [GivenBack::Restored], "{algorithm}");
+            let after = limiter.decide("ann", &"p", 1).await.unwrap();
+            assert!(
+                after.decision().is_allowed(),
+                "{algorithm}: refused after the give-back ({:?}, from {:?})",
+                after.decision(),
+                after.source()
+            );
+        }
+    });
+}

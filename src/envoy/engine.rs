@@ -501,12 +501,24 @@ impl Limiter {
     }
 
     /// In process: gives `hits` permits back to `client` (a refund: see
-    /// `RateLimiterService::refund`). Nothing on Redis.
+    /// `RateLimiterService::refund`). Nothing on Redis (see [`Limiter::refund`]).
     pub(crate) fn refund_now(&self, client: &str, hits: u64) {
         if let Limiter::InProcess(service) = self {
             let _found = service
                 .refund(client, &DescriptorPlan, hits)
                 .expect("the service has its one plan");
+        }
+    }
+
+    /// Gives `hits` permits back to `client` (a refund: see `RateLimiterService::refund` and
+    /// `RedisRateLimiter::refund`). A failed round trip gives nothing back.
+    pub(crate) async fn refund(&self, client: &str, hits: u64) -> Result<(), RedisError> {
+        match self {
+            Limiter::InProcess(_) => {
+                self.refund_now(client, hits);
+                Ok(())
+            }
+            Limiter::Redis { limiter, plan } => limiter.refund(client, plan, hits).await.map(drop),
         }
     }
 

@@ -13,7 +13,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
-use futures_util::future::try_join_all;
+use futures_util::future::{join_all, try_join_all};
 use tonic::{Request, Response, Status};
 
 use super::BuildError;
@@ -138,7 +138,8 @@ impl RateLimitServer {
     /// are given back to its client's state by each method's own rule, never past what the
     /// limit still counts (the token bucket moves back to full at most, the windows take them
     /// off the current window's count; the sliding log, whose slots record admissions, and a
-    /// client the service does not hold get nothing); on Redis it takes nothing.
+    /// client the service does not hold get nothing); on Redis, by the same rules, in one round
+    /// trip made before the request's decision (see `RedisRateLimiter::refund`).
     ///
     /// A request is decided **all or nothing**: when any of its descriptors is over its limit,
     /// none is charged (envoyproxy/ratelimit charges every descriptor, so refused traffic spends
@@ -207,6 +208,8 @@ impl RateLimitServer {
         };
 
         let mut matched = Vec::with_capacity(request.descriptors.len());
+        // Refunds on Redis, made together before the decision (in process, at once).
+        let mut remote_refunds = Vec::new();
         for (index, descriptor) in request.descriptors.iter().enumerate() {
             let Some(node) = engine::find(nodes, &descriptor.entries) else {
                 continue;
@@ -218,7 +221,16 @@ impl RateLimitServer {
                 // A refund: answered OK, whatever the request's other descriptors get.
                 if let Enforced::Limited { limiter, .. } = &limit.enforced {
                     let client = engine::client_key(&descriptor.entries);
-                    limiter.refund_now(&client, engine::hits_of(descriptor, request.hits_addend));
+                    let hits = engine::hits_of(descriptor, request.hits_addend);
+                    if limit.is_remote() {
+                        remote_refunds.push(async move {
+                            // A refund whose round trip fails gives nothing back; the request
+                            // is answered as ever.
+                            let _given = limiter.refund(&client, hits).await;
+                        });
+                    } else {
+                        limiter.refund_now(&client, hits);
+                    }
                 }
                 continue;
             }
@@ -230,6 +242,9 @@ impl RateLimitServer {
                 hits: engine::hits_of(descriptor, request.hits_addend),
                 asked: 0,
             });
+        }
+        if !remote_refunds.is_empty() {
+            join_all(remote_refunds).await;
         }
         // A matched limit that another matched limit replaces is not applied.
         let replaced: Vec<&str> = matched

@@ -196,6 +196,7 @@ impl<P: Eq + fmt::Debug> RedisRateLimiterBuilder<P> {
                     .await?;
             }
             script::GIVE_BACK.load_async(&mut connection).await?;
+            script::REFUND.load_async(&mut connection).await?;
             Ok::<bool, ::redis::RedisError>(true)
         };
         match tokio::time::timeout(bound, connect).await {

@@ -2,8 +2,10 @@
 //! without a round trip.
 //!
 //! Sound for every method: a denial's `retry_after` is the earliest instant the same request can
-//! be granted, and no other node can make a client's state more generous sooner (other nodes only
-//! take permits). A denial of `n` permits also answers any request for `n` or more. The instant
+//! be granted, and nothing but a refund or a give-back can make a client's state more generous
+//! sooner (decisions only take permits). A node that refunds or gives back forgets its own cached
+//! denial of the client ([`DenyCache::remove`]); another node's stands until it ends, refusing
+//! what Redis would grant meanwhile: the cache can then admit less, never more. A denial of `n` permits also answers any request for `n` or more. The instant
 //! is measured from when the request was *sent*, which is no later than when Redis decided, so a
 //! cached denial never outlasts the real one: the cache can only save round trips, never change a
 //! decision beyond the round trip's own latency.
@@ -143,6 +145,20 @@ impl<S: BuildHasher> DenyCache<S> {
         self.insert_at(key, n, sent_at, decision, self.now());
     }
 
+    /// Forgets the denial held for `key`, if any: its client's state became more generous (a
+    /// refund, a give-back). A request sent before and answered after may put a denial back,
+    /// which can only refuse what Redis would grant, never grant what it would refuse.
+    pub(super) fn remove(&self, key: &str) {
+        let hash = self.hasher.hash_one(key);
+        let mut bucket = self.bucket(hash);
+        if let Some(way) = self.find(&bucket, hash, key)
+            && bucket.slots[way].take().is_some()
+        {
+            // Relaxed: a count for reports; nothing is published through it.
+            self.held.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
     /// The denials held, live or expired but not yet met.
     pub(super) fn len(&self) -> usize {
         // Relaxed: a count for reports; nothing is published through it.
@@ -264,6 +280,19 @@ mod tests {
         assert!(hit.retry_after() <= Duration::from_secs(60));
         assert!(cache.get("c", 3).is_some());
         assert!(cache.get("other", 3).is_none());
+    }
+
+    #[test]
+    fn a_removed_denial_answers_nothing_and_frees_its_slot() {
+        let cache = DenyCache::new(10);
+        let sent_at = cache.now();
+        cache.insert("c".into(), 1, sent_at, &denial(Duration::from_secs(60)));
+        cache.insert("d".into(), 1, sent_at, &denial(Duration::from_secs(60)));
+        cache.remove("c");
+        cache.remove("e");
+        assert!(cache.get("c", 1).is_none());
+        assert!(cache.get("d", 1).is_some(), "another client's denial stays");
+        assert_eq!(cache.len(), 1);
     }
 
     #[test]

@@ -378,6 +378,7 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
             });
         }
         let keys = self.keys_of(entry, client);
+        self.forget_denial(index, client);
         let mut invocation = script::GIVE_BACK.prepare_invoke();
         for key in &keys {
             invocation.key(key);
@@ -394,22 +395,7 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
                 .arg(saved.after.as_slice())
                 .arg(saved.window);
         }
-        Counters::bump(&self.counters.round_trips);
-        let mut connection = self.connection();
-        let call = invocation.invoke_async::<Vec<i64>>(&mut connection);
-        let reply = match tokio::time::timeout(self.timeout, call).await {
-            Ok(Ok(reply)) => reply,
-            Ok(Err(source)) => {
-                Counters::bump(&self.counters.errors);
-                return Err(RedisError::Command { source });
-            }
-            Err(_) => {
-                Counters::bump(&self.counters.errors);
-                return Err(RedisError::Timeout {
-                    after: self.timeout,
-                });
-            }
-        };
+        let reply = self.call_unchecked(&invocation).await?;
         if reply.len() != keys.len() {
             return Err(RedisError::BadReply {
                 reply: format!("{reply:?}"),
@@ -423,6 +409,105 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
                 _ => GivenBack::Kept,
             })
             .collect())
+    }
+
+    /// Gives `n` permits back to `client` under `plan` (a refund of permits taken earlier, as
+    /// Envoy's `is_negative_hits` asks), by each method's own rule and never past what a limit
+    /// still counts, so that no limit becomes more generous than a fresh one: the token bucket
+    /// refills by `n` tokens (to full at most), the fixed window and the sliding window counter
+    /// take `n` (at most their count) off the current window's count (a refund read in an older
+    /// window than the stored one gives nothing), the sliding log gives nothing back (its
+    /// batches record admissions). One round trip; says, per limit, whether it gave anything.
+    ///
+    /// # Errors
+    ///
+    /// [`RedisError::UnknownPlan`] for a plan the limiter does not have; a failed round trip as
+    /// it failed ([`RedisError::Timeout`], [`RedisError::Command`]), whatever the failure
+    /// policy: nothing is then given back.
+    pub async fn refund(&self, client: &str, plan: &P, n: u64) -> Result<Vec<bool>, RedisError> {
+        self.refund_inner(client, plan, n, None).await
+    }
+
+    /// [`RedisRateLimiter::refund`] at `now_us` microseconds (see
+    /// [`RedisRateLimiter::decide_at`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisRateLimiter::refund`].
+    #[cfg(feature = "test-util")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+    pub async fn refund_at(
+        &self,
+        client: &str,
+        plan: &P,
+        n: u64,
+        now_us: u64,
+    ) -> Result<Vec<bool>, RedisError> {
+        self.refund_inner(client, plan, n, Some(now_us)).await
+    }
+
+    async fn refund_inner(
+        &self,
+        client: &str,
+        plan: &P,
+        n: u64,
+        now_us: Option<u64>,
+    ) -> Result<Vec<bool>, RedisError> {
+        let (index, entry) = self.plan_entry(plan)?;
+        let keys = self.keys_of(entry, client);
+        self.forget_denial(index, client);
+        let mut invocation = script::REFUND.prepare_invoke();
+        for key in &keys {
+            invocation.key(key);
+        }
+        let method = entry
+            .limits
+            .first()
+            .map_or("", |(spec, _)| spec.give_back_name());
+        let now_arg = now_us.map(|now| now.to_string()).unwrap_or_default();
+        invocation.arg(n).arg(method).arg(now_arg);
+        for (spec, _) in &entry.limits {
+            spec.push_args(&mut invocation);
+        }
+        let reply: Vec<i64> = self.call_unchecked(&invocation).await?;
+        if reply.len() != keys.len() {
+            return Err(RedisError::BadReply {
+                reply: format!("{reply:?}"),
+            });
+        }
+        Ok(reply.into_iter().map(|given| given == 1).collect())
+    }
+
+    /// Forgets this node's cached denial of `client` under the plan at `index`, whose state a
+    /// refund or a give-back is about to make more generous (see the deny cache's docs).
+    fn forget_denial(&self, index: usize, client: &str) {
+        if let Some(cache) = &self.deny_cache {
+            cache.remove(&deny_cache_key(index, client));
+        }
+    }
+
+    /// One script call outside the decision path (a give-back, a refund): bounded by the
+    /// timeout, counted, and answered by no failure policy.
+    async fn call_unchecked(
+        &self,
+        invocation: &::redis::ScriptInvocation<'_>,
+    ) -> Result<Vec<i64>, RedisError> {
+        Counters::bump(&self.counters.round_trips);
+        let mut connection = self.connection();
+        let call = invocation.invoke_async::<Vec<i64>>(&mut connection);
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(source)) => {
+                Counters::bump(&self.counters.errors);
+                Err(RedisError::Command { source })
+            }
+            Err(_) => {
+                Counters::bump(&self.counters.errors);
+                Err(RedisError::Timeout {
+                    after: self.timeout,
+                })
+            }
+        }
     }
 
     /// Reports, taking nothing, what one permit for `client` under `plan` would get now.
@@ -552,7 +637,7 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
             .deny_cache
             .as_ref()
             .filter(|_| mode != Mode::Peek && n > 0 && now_us.is_none());
-        let cache_key = cache.map(|_| format!("{index}:{client}"));
+        let cache_key = cache.map(|_| deny_cache_key(index, client));
         if let (Some(cache), Some(key)) = (cache, &cache_key)
             && let Some(decision) = cache.get(key, n)
         {
@@ -824,4 +909,9 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
         Counters::bump(&self.counters.fallbacks);
         Ok(Answer::new(decision, source))
     }
+}
+
+/// The deny cache's key of `client` under the plan at `index`.
+fn deny_cache_key(index: usize, client: &str) -> String {
+    format!("{index}:{client}")
 }

@@ -63,8 +63,11 @@
 //!   in process with a share of each limit. [`Answer::source`] and [`RedisStats`] say which
 //!   path decided. No panic, no unbounded queue.
 //! - **Local deny cache.** A client Redis denied until an instant is denied locally until then,
-//!   without a round trip: no other node can make its state more generous sooner. A fixed table
-//!   (100 000 denials by default), O(1) per request however full.
+//!   without a round trip: decisions only make its state less generous. A refund or a give-back
+//!   makes it more generous: the node that makes one forgets its own cached denial of the client,
+//!   while another node's stands until it ends (refusing, meanwhile, what Redis would grant:
+//!   never the reverse). A refusal answered from the cache reports the figures of the refusal it
+//!   remembers. A fixed table (100 000 denials by default), O(1) per request however full.
 //!
 //! A round trip that times out may still have been applied by Redis: the request is then counted
 //! there but decided by the policy, which can only make the fleet admit less.
@@ -84,6 +87,10 @@
 //! counted in the stored state by each method's rule, with the grant or without it.) Checked by
 //! `tests/redis_give_back.rs` against the same history without the grant, and by
 //! `tests/envoy_race.rs` under a race. The server must let scripts call `DUMP` and `RESTORE`.
+//!
+//! [`RedisRateLimiter::refund`] gives permits taken earlier back (Envoy's `is_negative_hits`),
+//! by the in-process refund's rules (`tests/redis_refund.rs` compares them). A refund or a
+//! give-back makes the node forget its cached denial of the client (see the deny cache below).
 //!
 //! # Key layout
 //!

@@ -63,6 +63,16 @@ pub(super) static SLIDING_WINDOW_COUNTER: LazyLock<Script> = LazyLock::new(|| {
 pub(super) static GIVE_BACK: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/give_back.lua")));
 
+/// The script giving permits back to a plan's limits (a refund; for every method: it names its
+/// own).
+pub(super) static REFUND: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("scripts/prelude.lua"),
+        include_str!("scripts/div.lua"),
+        include_str!("scripts/refund.lua")
+    ))
+});
+
 /// The script deciding for `algorithm`.
 pub(super) fn script_for(algorithm: Algorithm) -> &'static Script {
     match algorithm {
@@ -220,7 +230,7 @@ impl LimitSpec {
         }
     }
 
-    /// The method as `scripts/give_back.lua` names it.
+    /// The method as `scripts/give_back.lua` and `scripts/refund.lua` name it.
     pub(super) fn give_back_name(&self) -> &'static str {
         match self {
             LimitSpec::TokenBucket { .. } => "token_bucket",
