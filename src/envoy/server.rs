@@ -163,7 +163,9 @@ impl RateLimitServer {
     ///   while no other decision has landed on its keys since (their values from before are
     ///   restored, with their expiry), and otherwise as in process (the windows take the
     ///   permits off the window they were counted in; the token bucket and the sliding log
-    ///   keep them). A give-back whose round trip fails keeps its grant.
+    ///   keep them). A give-back whose round trip fails may keep its grant. A taking whose
+    ///   round trip fails (under `FailurePolicy::Error`) fails the request, and the others'
+    ///   grants are given back.
     ///
     /// No limit ever grants more than it allows.
     ///
@@ -509,7 +511,27 @@ async fn decide_remotely(
     if refuses(matched, &results) {
         return Ok((results, true));
     }
-    let takings = try_join_all(matched.iter().map(reserve)).await?;
+    let mut takings = Vec::with_capacity(matched.len());
+    let mut failed = None;
+    for taking in join_all(matched.iter().map(reserve)).await {
+        match taking {
+            Ok(taking) => takings.push(taking),
+            Err(error) => {
+                failed.get_or_insert(error);
+                takings.push((Result_::Skipped, None));
+            }
+        }
+    }
+    if let Some(error) = failed {
+        // The request fails (`UNAVAILABLE`): what its other takings granted is given back.
+        let grants = takings
+            .into_iter()
+            .enumerate()
+            .filter_map(|(at, (_, grant))| grant.map(|grant| (at, grant)))
+            .collect();
+        give_back_latest_first(matched, grants).await;
+        return Err(error);
+    }
     let refused = matched
         .iter()
         .zip(&takings)

@@ -11,6 +11,7 @@ use super::RedisError;
 use super::connection::{Connection, ConnectionSettings, first_node_error, is_cluster_url};
 use super::deny_cache::DenyCache;
 use super::fallback::LocalFallback;
+use super::limiter::GrantNames;
 use super::limiter::{PlanEntry, RedisRateLimiter};
 use super::policy::{Breaker, CircuitBreaker, FailurePolicy};
 use super::script::{self, LimitSpec};
@@ -353,6 +354,7 @@ impl<P: Eq + fmt::Debug> RedisRateLimiterBuilder<P> {
             deny_cache: self.deny_cache.map(DenyCache::new),
             local,
             counters: Counters::default(),
+            grant_names: GrantNames::new(),
         })
     }
 }

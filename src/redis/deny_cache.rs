@@ -4,8 +4,9 @@
 //! Sound for every method: a denial's `retry_after` is the earliest instant the same request can
 //! be granted, and nothing but a refund or a give-back can make a client's state more generous
 //! sooner (decisions only take permits). A node that refunds or gives back forgets its own cached
-//! denial of the client ([`DenyCache::remove`]); another node's stands until it ends, refusing
-//! what Redis would grant meanwhile: the cache can then admit less, never more. A denial of `n` permits also answers any request for `n` or more. The instant
+//! denial of the client ([`DenyCache::remove`]); another node's is held for at most
+//! [`MAX_HOLD_NANOS`] (1 s), so that a client whose permits came back elsewhere is asked of Redis
+//! again within a second: meanwhile the cache can admit less, never more. A denial of `n` permits also answers any request for `n` or more. The instant
 //! is measured from when the request was *sent*, which is no later than when Redis decided, so a
 //! cached denial never outlasts the real one: the cache can only save round trips, never change a
 //! decision beyond the round trip's own latency.
@@ -30,12 +31,12 @@
 //!
 //! An insert for a key its bucket holds overwrites that entry (the newer denial, sound on its
 //! own). Otherwise it takes an empty slot, else one whose denial has expired, else the slot of
-//! the denial that expires first, unless the new one expires no later: then the new one is not
-//! kept. A bucket full of live denials thus keeps the ones that save the most round trips. A
+//! the denial that expires first (a denial expires here at the end of its hold), unless the new
+//! one expires no later: then the new one is not kept. A bucket full of live denials thus keeps the ones that save the most round trips. A
 //! lookup that meets its entry expired frees the slot.
 //!
-//! Memory: 80 bytes a slot (a bucket of 4 and its lock on 5 cache lines), allocated up front
-//! (8 MB for the default 100 000), plus the bytes of each key held.
+//! Memory: 96 bytes a slot (a bucket of 4 and its lock on 6 cache lines), allocated up front
+//! (9.6 MB for the default 100 000), plus the bytes of each key held.
 
 use std::collections::hash_map::RandomState;
 use std::fmt;
@@ -50,6 +51,11 @@ use crate::{Decision, Rule};
 /// Slots per bucket: the most a lookup or an insert compares.
 pub(super) const WAYS: usize = 4;
 
+/// The longest a denial is held, in nanoseconds, however long it lasts: the most a refund or a
+/// give-back made by another node waits to be seen here. A client denied for longer costs one
+/// round trip a second on this node.
+pub(super) const MAX_HOLD_NANOS: u64 = 1_000_000_000;
+
 /// One cached denial.
 #[derive(Debug, Clone, Copy)]
 struct Entry {
@@ -61,6 +67,9 @@ struct Entry {
     /// whole again.
     until: u64,
     reset_at: u64,
+    /// Until when the cache answers it: `until`, or [`MAX_HOLD_NANOS`] after the request was
+    /// sent if sooner.
+    held_until: u64,
 }
 
 /// A held denial and the key it is for.
@@ -171,7 +180,7 @@ impl<S: BuildHasher> DenyCache<S> {
         let mut bucket = self.bucket(hash);
         let way = self.find(&bucket, hash, key)?;
         let entry = bucket.slots[way].as_ref()?.entry;
-        if now >= entry.until {
+        if now >= entry.held_until {
             bucket.slots[way] = None;
             self.held.fetch_sub(1, Ordering::Relaxed);
             return None;
@@ -200,8 +209,13 @@ impl<S: BuildHasher> DenyCache<S> {
             remaining: decision.remaining(),
             until: sent_at.saturating_add(duration_to_nanos(decision.retry_after())),
             reset_at: sent_at.saturating_add(duration_to_nanos(decision.reset_after())),
+            held_until: 0,
         };
-        if entry.until <= now {
+        let entry = Entry {
+            held_until: entry.until.min(sent_at.saturating_add(MAX_HOLD_NANOS)),
+            ..entry
+        };
+        if entry.held_until <= now {
             return;
         }
         let hash = self.hasher.hash_one(key.as_str());
@@ -213,11 +227,14 @@ impl<S: BuildHasher> DenyCache<S> {
                 // expires first.
                 let (victim, until) = bucket.slots[..self.ways]
                     .iter()
-                    .map(|slot| slot.as_ref().map_or(now, |held| held.entry.until.max(now)))
+                    .map(|slot| {
+                        slot.as_ref()
+                            .map_or(now, |held| held.entry.held_until.max(now))
+                    })
                     .enumerate()
                     .min_by_key(|&(_, until)| until)
                     .unwrap_or((0, now));
-                if until >= entry.until {
+                if until >= entry.held_until {
                     return;
                 }
                 victim
@@ -293,6 +310,23 @@ mod tests {
         assert!(cache.get("c", 1).is_none());
         assert!(cache.get("d", 1).is_some(), "another client's denial stays");
         assert_eq!(cache.len(), 1);
+    }
+
+    #[test]
+    fn a_long_denial_is_held_for_a_second_at_most() {
+        let cache = DenyCache::new(10);
+        cache.insert_at("c".into(), 1, 0, &denial(Duration::from_secs(3_600)), 0);
+        let hit = cache.get_at("c", 1, MAX_HOLD_NANOS - 1).expect("held");
+        assert_eq!(
+            hit.retry_after(),
+            Duration::from_nanos(3_600_000_000_000 - (MAX_HOLD_NANOS - 1)),
+            "the denial's own wait is reported"
+        );
+        assert!(
+            cache.get_at("c", 1, MAX_HOLD_NANOS).is_none(),
+            "asked of Redis again"
+        );
+        assert_eq!(cache.len(), 0);
     }
 
     #[test]

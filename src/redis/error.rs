@@ -92,6 +92,13 @@ pub enum RedisError {
         /// The plan, as `Debug` shows it.
         plan: String,
     },
+    /// A grant given back by a limiter, plan or client other than the ones that made it.
+    ForeignGrant {
+        /// The client it was given back for.
+        client: String,
+        /// The plan, as `Debug` shows it.
+        plan: String,
+    },
     /// A mistake in the plans or their limits: the same one for every backend and the settings.
     Plan(PlanError),
     /// A plan's rule cannot be kept exact in the scripts' integers: Lua numbers are doubles,
@@ -185,6 +192,11 @@ impl fmt::Display for RedisError {
             RedisError::BadReply { reply } => {
                 write!(f, "Redis script replied {reply}, not a limiter's answer")
             }
+            RedisError::ForeignGrant { client, plan } => write!(
+                f,
+                "a grant given back for client {client:?} under plan {plan} was not made for \
+                 them: a grant is given back by the limiter that made it, for its plan and client"
+            ),
             RedisError::UnknownPlan { plan } => {
                 write!(
                     f,

@@ -1,7 +1,7 @@
 //! [`RedisRateLimiter`]: the per-client service, with its state in Redis.
 
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use super::RedisError;
@@ -113,6 +113,33 @@ pub struct RedisRateLimiter<P> {
     /// Under [`FailurePolicy::Local`] only.
     pub(super) local: Option<LocalFallback>,
     pub(super) counters: Counters,
+    pub(super) grant_names: GrantNames,
+}
+
+/// Names the records of the grants a limiter reserves: unique to the limiter (a random seed)
+/// and to the grant (a count), so that no two grants, of this node or another, share one.
+pub(crate) struct GrantNames {
+    seed: u64,
+    made: AtomicU64,
+}
+
+impl GrantNames {
+    pub(super) fn new() -> GrantNames {
+        use std::hash::BuildHasher;
+        GrantNames {
+            // std's keyed hasher is seeded at random per instance.
+            seed: std::collections::hash_map::RandomState::new().hash_one(0_u8),
+            made: AtomicU64::new(0),
+        }
+    }
+
+    /// The record's key of a new grant on the keys `keys` (it shares their hash tag).
+    fn next(&self, keys: &[String]) -> String {
+        // Relaxed: a count that only has to differ from grant to grant.
+        let count = self.made.fetch_add(1, Ordering::Relaxed);
+        let first = keys.first().map_or("", String::as_str);
+        format!("{first}:grant:{:016x}{count:016x}", self.seed)
+    }
 }
 
 impl<P: fmt::Debug> fmt::Debug for RedisRateLimiter<P> {
@@ -158,14 +185,18 @@ pub struct RedisGrant {
     n: u64,
     /// The plan's index among the limiter's plans.
     plan: usize,
-    keys: Vec<SavedKey>,
+    /// The limits' keys it was made on.
+    keys: Vec<String>,
+    /// The key of its record, which a give-back consumes.
+    record: String,
+    saved: Vec<SavedKey>,
 }
 
 impl fmt::Debug for RedisGrant {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisGrant")
             .field("n", &self.n)
-            .field("keys", &self.keys.len())
+            .field("keys", &self.keys)
             .finish_non_exhaustive()
     }
 }
@@ -175,11 +206,11 @@ impl RedisGrant {
     /// under one plan, with no decision between them): given back first, it restores exactly
     /// the state `earlier`'s give-back then restores in turn.
     pub(crate) fn follows(&self, earlier: &RedisGrant) -> bool {
-        self.plan == earlier.plan
+        self.keys == earlier.keys
             && self
-                .keys
+                .saved
                 .iter()
-                .zip(&earlier.keys)
+                .zip(&earlier.saved)
                 .any(|(this, earlier)| this.before == earlier.after)
     }
 }
@@ -225,6 +256,10 @@ impl<P> RedisRateLimiter<P> {
     /// The largest fixed-window limit: 2^53, the count a double holds exactly. A larger one is
     /// refused with [`RedisError::NotExact`].
     pub const MAX_FIXED_WINDOW_LIMIT: u64 = script::MAX_FIXED_WINDOW_LIMIT;
+
+    /// How long after its making a grant of [`RedisRateLimiter::reserve`] can be given back
+    /// (`scripts/plan.lua` keeps its record so long): 10 seconds.
+    pub const GRANT_LIFETIME: Duration = Duration::from_secs(10);
 }
 
 impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
@@ -305,8 +340,11 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
     ///
     /// The grant is `None` when nothing was taken from Redis: a refusal, `n = 0`, or an answer
     /// of the deny cache or the failure policy (a failure policy's grant is not given back).
-    /// The round trip also reads each key's value before and after the grant (`DUMP`): the
-    /// server must allow `DUMP` and `RESTORE` to this client's scripts.
+    /// The round trip also reads each key's value before and after the grant (`DUMP`, and its
+    /// expiry by `PEXPIRETIME`: Redis 7), and writes a record of the grant beside the client's
+    /// keys (a few dozen bytes, in their hash slot) that expires after
+    /// [`GRANT_LIFETIME`](Self::GRANT_LIFETIME) unless given back before: the server must allow
+    /// `DUMP` and `RESTORE` to this client's scripts.
     ///
     /// # Errors
     ///
@@ -357,14 +395,23 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
     /// counter take the permits off the window they were counted in (decisions made since saw
     /// more permits taken, so what they granted stands either way); the token bucket and the
     /// sliding log keep the grant, which then leaves as any other (refilled at the bucket's
-    /// rate, out of the log's window). It is never given back twice: a second call finds the
-    /// key changed and takes off at most what a window still counts of it.
+    /// rate, out of the log's window).
+    ///
+    /// A grant is given back at most once, and only within
+    /// [`GRANT_LIFETIME`](Self::GRANT_LIFETIME) of its making: the reserving call writes a
+    /// record of it, which the give-back consumes first; without the record (given back
+    /// already, too old, or lost with the server's data) every limit answers
+    /// [`GivenBack::Kept`]. So a give-back may be retried after a failure, whether or not the
+    /// failed call reached Redis, and never gives back what a decision made on a rebuilt key
+    /// took.
     ///
     /// # Errors
     ///
-    /// [`RedisError::UnknownPlan`] for a plan the limiter does not have, or one other than the
-    /// grant's; a failed round trip as it failed ([`RedisError::Timeout`],
-    /// [`RedisError::Command`]), whatever the failure policy: the grant is then kept.
+    /// [`RedisError::UnknownPlan`] for a plan the limiter does not have;
+    /// [`RedisError::ForeignGrant`] for a grant made for another client, plan or limiter; a
+    /// failed round trip as it failed ([`RedisError::Timeout`], [`RedisError::Command`]),
+    /// whatever the failure policy: the grant may or may not have been given back (a retry
+    /// gives it back if it was not).
     pub async fn give_back(
         &self,
         client: &str,
@@ -372,23 +419,25 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
         grant: &RedisGrant,
     ) -> Result<Vec<GivenBack>, RedisError> {
         let (index, entry) = self.plan_entry(plan)?;
-        if index != grant.plan || entry.limits.len() != grant.keys.len() {
-            return Err(RedisError::UnknownPlan {
-                plan: format!("{plan:?} (not the plan the grant was made under)"),
+        let keys = self.keys_of(entry, client);
+        if index != grant.plan || keys != grant.keys || grant.saved.len() != keys.len() {
+            return Err(RedisError::ForeignGrant {
+                client: client.to_owned(),
+                plan: format!("{plan:?}"),
             });
         }
-        let keys = self.keys_of(entry, client);
         self.forget_denial(index, client);
         let mut invocation = script::GIVE_BACK.prepare_invoke();
         for key in &keys {
             invocation.key(key);
         }
+        invocation.key(&grant.record);
         let method = entry
             .limits
             .first()
             .map_or("", |(spec, _)| spec.give_back_name());
         invocation.arg(grant.n).arg(method);
-        for saved in &grant.keys {
+        for saved in &grant.saved {
             invocation
                 .arg(saved.before.as_slice())
                 .arg(saved.expires_at_ms)
@@ -497,6 +546,12 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
         let call = invocation.invoke_async::<Vec<i64>>(&mut connection);
         match tokio::time::timeout(self.timeout, call).await {
             Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(source)) if source.is_timeout() => {
+                Counters::bump(&self.counters.errors);
+                Err(RedisError::Timeout {
+                    after: self.timeout,
+                })
+            }
             Ok(Err(source)) => {
                 Counters::bump(&self.counters.errors);
                 Err(RedisError::Command { source })
@@ -662,14 +717,19 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
         let sent_at = cache.map(DenyCache::now);
         let breaker_sent_at = self.breaker.now();
         let reply = if mode == Mode::Reserve {
-            self.round_trip::<::redis::Value>(entry, &keys, n, mode, now_us)
+            let record = self.grant_names.next(&keys);
+            let mut named = keys.clone();
+            named.push(record.clone());
+            self.round_trip::<::redis::Value>(entry, &named, n, mode, now_us)
                 .await
                 .and_then(|value| {
                     let (reply, saved) = Self::split_reserved(entry, value)?;
-                    *grant = saved.map(|keys| RedisGrant {
+                    *grant = saved.map(|saved| RedisGrant {
                         n,
                         plan: index,
-                        keys,
+                        keys: keys.clone(),
+                        record,
+                        saved,
                     });
                     Ok(reply)
                 })

@@ -65,8 +65,8 @@
 //! - **Local deny cache.** A client Redis denied until an instant is denied locally until then,
 //!   without a round trip: decisions only make its state less generous. A refund or a give-back
 //!   makes it more generous: the node that makes one forgets its own cached denial of the client,
-//!   while another node's stands until it ends (refusing, meanwhile, what Redis would grant:
-//!   never the reverse). A refusal answered from the cache reports the figures of the refusal it
+//!   and no node holds a denial for more than a second, so another node's refusals of what Redis
+//!   would grant last a second at most (never the reverse: the cache never grants). A refusal answered from the cache reports the figures of the refusal it
 //!   remembers. A fixed table (100 000 denials by default), O(1) per request however full.
 //!
 //! A round trip that times out may still have been applied by Redis: the request is then counted

@@ -1,7 +1,7 @@
 -- Gives back a grant made by a reserving call (see plan.lua), for every limit of its plan, so
 -- that a request refused by another of its limits is charged nothing. Run alone (no prelude).
 --
--- KEYS[i]   limit i's key, as the reserving call named it
+-- KEYS[i]   limit i's key, as the reserving call named it; the last, the grant's record
 -- ARGV[1]   n, the permits granted
 -- ARGV[2]   the method: "fixed_window", "sliding_window_counter", or another (the token bucket,
 --           the sliding log)
@@ -19,12 +19,24 @@
 -- what other decisions wrote since cannot be told apart from it, and it leaves as they do
 -- (refilled at the bucket's rate, or out of the log's window).
 --
+-- The grant's record, written by the reserving call, is consumed first: without it (given back
+-- already, older than its lifetime, or lost with the server's data) nothing is given back, so
+-- that no grant is given back twice, nor onto a state rebuilt since (a decision made on a
+-- rebuilt or restored key can write the very value the grant wrote).
+--
 -- Reply: per key, 1 restored, 2 taken off its window, 0 kept.
 
 local n = ARGV[1] + 0
 local method = ARGV[2]
+local limits = #KEYS - 1
 local reply = {}
-for i = 1, #KEYS do
+if redis.call('DEL', KEYS[limits + 1]) == 0 then
+  for i = 1, limits do
+    reply[i] = 0
+  end
+  return reply
+end
+for i = 1, limits do
   local key = KEYS[i]
   local base = 2 + 4 * (i - 1)
   local before, after, window = ARGV[base + 1], ARGV[base + 3], ARGV[base + 4] + 0

@@ -12,13 +12,19 @@
 -- refused and permits are taken (neither a peek nor n = 0) is every limit committed; a refused
 -- plan's limits that would have granted report their figures for 0 permits.
 --
--- A reserving call (ARGV[2] "reserve") that commits appends, per key in order, what
--- `give_back.lua` needs to undo the grant: the key's value before the commit (`DUMP`, nil for a
--- missing key), the absolute time in Unix milliseconds it was to expire (0 for none), its value
--- after the commit (`DUMP`), and the window index the grant counted in (the hash field `w`; -1
--- for a key without one).
+-- A reserving call (ARGV[2] "reserve") names one more key, last: the grant's record, a key of
+-- its own (the caller's unique name, in the plan's hash slot). When it commits, it writes the
+-- record (which `give_back.lua` consumes, so that a grant is given back at most once, and not
+-- after GRANT_LIFETIME_MS) and appends, per limit's key in order, what `give_back.lua` needs to
+-- undo the grant: the key's value before the commit (`DUMP`, nil for a missing key), the Unix
+-- time in milliseconds it was to expire (`PEXPIRETIME`; 0 for none), its value after the commit
+-- (`DUMP`), and the window index the grant counted in (the hash field `w`; -1 for a key without
+-- one).
 
 local limits = #KEYS
+if reserve then
+  limits = limits - 1
+end
 local reply, states
 for i = 1, limits do
   -- Figures as values, not a list: no table per limit for the collector to sweep.
@@ -74,19 +80,18 @@ if not reserve then
   end
   return reply
 end
--- Expiries are kept as absolute times on the server's clock (an injected `now` is not it), so
--- that the give-back, a later call, restores the time left then.
-local clock = redis.call('TIME')
-local clock_ms = clock[1] * 1000 + math.floor(clock[2] / 1000)
+-- The grant's record lives as long as the grant may be given back (the Rust side says
+-- `RedisRateLimiter::GRANT_LIFETIME`).
+local GRANT_LIFETIME_MS = 10000
+redis.call('SET', KEYS[limits + 1], 1, 'PX', GRANT_LIFETIME_MS)
 for i = 1, limits do
   local key = KEYS[i]
   local before = redis.call('DUMP', key)
+  -- Expiries are kept as absolute times on the server's clock (an injected `now` is not it), so
+  -- that the give-back, a later call, restores the time left then.
   local expires = 0
   if before then
-    local ttl = redis.call('PTTL', key)
-    if ttl >= 0 then
-      expires = clock_ms + ttl
-    end
+    expires = math.max(redis.call('PEXPIRETIME', key), 0)
   end
   commit_limit(i, states[i])
   -- The token bucket's key is a string: the read's error says it has no window.
