@@ -381,3 +381,61 @@ fn a_give_back_forgets_the_nodes_cached_denial_of_the_client() {
         }
     });
 }
+
+/// A sliding log of the largest limit, full of batches of one permit: a grant on it is given
+/// back exactly (the log's value as before, to the byte), though the reserving call reads only
+/// the log's newest and oldest batches, not its whole value (tens of thousands of batches).
+#[test]
+fn a_grant_on_a_log_of_the_largest_limit_is_given_back_exactly() {
+    const BATCHES: u64 = 65_000;
+    let server = RedisServer::start();
+    runtime().block_on(async {
+        let limit = 65_536;
+        let limiter = RedisRateLimiter::builder(server.url(), Algorithm::SlidingWindowLog)
+            .plan("p", Rule::new(limit, Duration::from_secs(3_600)).unwrap())
+            .timeout(Duration::from_secs(5))
+            .build()
+            .await
+            .unwrap();
+        let key = limiter.keys("big", &"p").unwrap().remove(0);
+        let mut connection = server.connection().await;
+        // The log as 65,000 grants of one permit, a microsecond apart, would write it: batch i
+        // expires at start + i us, its running total i + 1.
+        let start = BASE_US + 3_600 * 1_000_000;
+        let mut pipe = redis::pipe();
+        for chunk in (0..BATCHES).collect::<Vec<_>>().chunks(5_000) {
+            let mut zadd = redis::cmd("ZADD");
+            zadd.arg(&key);
+            for &i in chunk {
+                zadd.arg(start + i).arg(format!("{}:1", i + 1));
+            }
+            pipe.add_command(zadd).ignore();
+        }
+        pipe.cmd("PEXPIRE").arg(&key).arg(7_200_000).ignore();
+        let () = pipe.query_async(&mut connection).await.unwrap();
+        let before: Vec<u8> = redis::cmd("DUMP")
+            .arg(&key)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        let at = BASE_US + BATCHES + 10;
+        let started = std::time::Instant::now();
+        let (answer, grant) = limiter.reserve_at("big", &"p", 2, at).await.unwrap();
+        let reserved_in = started.elapsed();
+        assert!(answer.decision().is_allowed(), "{answer:?}");
+        let started = std::time::Instant::now();
+        let given = limiter
+            .give_back("big", &"p", &grant.expect("granted"))
+            .await
+            .unwrap();
+        let given_in = started.elapsed();
+        assert_eq!(given, [GivenBack::Restored]);
+        let after: Vec<u8> = redis::cmd("DUMP")
+            .arg(&key)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        assert!(before == after, "the log is not as it was before the grant");
+        println!("reserve {reserved_in:?}, give_back {given_in:?} on {BATCHES} batches");
+    });
+}

@@ -211,7 +211,12 @@ impl RedisGrant {
                 .saved
                 .iter()
                 .zip(&earlier.saved)
-                .any(|(this, earlier)| this.before == earlier.after)
+                .any(|(this, earlier)| {
+                    // A sliding log's value before lists its newest batch first.
+                    this.before == earlier.after
+                        || (this.before.starts_with(&earlier.after)
+                            && this.before.get(earlier.after.len()) == Some(&b' '))
+                })
     }
 }
 
@@ -341,7 +346,8 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
     /// The grant is `None` when nothing was taken from Redis: a refusal, `n = 0`, or an answer
     /// of the deny cache or the failure policy (a failure policy's grant is not given back).
     /// The round trip also reads each key's value before and after the grant (`DUMP`, and its
-    /// expiry by `PEXPIRETIME`: Redis 7), and writes a record of the grant beside the client's
+    /// expiry by `PEXPIRETIME`: Redis 7; of a sliding log, which may hold tens of thousands of
+    /// batches, only the newest batch and the oldest ones a commit may drop), and writes a record of the grant beside the client's
     /// keys (a few dozen bytes, in their hash slot) that expires after
     /// [`GRANT_LIFETIME`](Self::GRANT_LIFETIME) unless given back before: the server must allow
     /// `DUMP` and `RESTORE` to this client's scripts.
@@ -846,7 +852,13 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
             invocation.key(key);
         }
         let now_arg = now_us.map(|now| now.to_string()).unwrap_or_default();
-        invocation.arg(n).arg(mode.arg()).arg(now_arg);
+        // The sliding log's reserve reads its newest and oldest batches, not its whole value.
+        let mode_arg = if mode == Mode::Reserve && self.algorithm == Algorithm::SlidingWindowLog {
+            "reserve-log"
+        } else {
+            mode.arg()
+        };
+        invocation.arg(n).arg(mode_arg).arg(now_arg);
         for (spec, _) in &entry.limits {
             spec.push_args(&mut invocation);
         }

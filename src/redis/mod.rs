@@ -78,7 +78,10 @@
 //! may live on different nodes, so no one script can take them all) takes from each by
 //! [`RedisRateLimiter::reserve`] and, when one refuses, gives back what the others granted by
 //! [`RedisRateLimiter::give_back`]. A reserving call is one round trip, as a decision is, that
-//! also reports each key's value before and after the grant (`DUMP`, with its expiry); the
+//! also reports each key's value before and after the grant (`DUMP`, with its expiry; of a
+//! sliding log, its newest batch and the oldest ones the commit may drop: bounded work, 0.4 ms
+//! on a log of 65,000 batches where a `DUMP` of it took 15-38 ms), and writes a record of the
+//! grant that the give-back consumes (a grant is given back at most once); the
 //! give-back, one more, restores the value from before, with its expiry, while the key still
 //! holds the grant's own value (exact: as if the grant had not been made), and otherwise gives
 //! back only what leaves the limit counting every admission that stands: the windows take the

@@ -8,7 +8,8 @@
 -- ARGV[2 + 4(i-1) + 1 .. 4]  what the reserving call reported for key i: its value before the
 --           grant (a `DUMP`, or "" for a missing key), the Unix time in milliseconds it was to
 --           expire (0: never), its value after the grant (a `DUMP`), the window index the grant
---           counted in (-1: none)
+--           counted in (-1: none). A sliding log's values are members and scores instead (see
+--           plan.lua): its grant is undone while its batch is still the newest, as written.
 --
 -- A key whose value is still the grant's own (no other decision has landed on it) gets its
 -- value from before back, with the expiry it had: exactly as if the grant had not been made.
@@ -41,7 +42,22 @@ for i = 1, limits do
   local base = 2 + 4 * (i - 1)
   local before, after, window = ARGV[base + 1], ARGV[base + 3], ARGV[base + 4] + 0
   local outcome = 0
-  if redis.call('DUMP', key) == after then
+  if method == 'sliding_window_log' then
+    local newest = redis.pcall('ZRANGE', key, -1, -1, 'WITHSCORES')
+    if newest.err == nil and newest[1] ~= nil and newest[1] .. ' ' .. newest[2] == after then
+      -- Its batch out, and every batch the commit joined or dropped back (those still there
+      -- are written again as they are).
+      redis.call('ZREM', key, newest[1])
+      for member, score in string.gmatch(before, '(%S+) (%S+)') do
+        redis.call('ZADD', key, score, member)
+      end
+      local expires = ARGV[base + 2] + 0
+      if before ~= '' and expires > 0 then
+        redis.call('PEXPIREAT', key, expires)
+      end
+      outcome = 1
+    end
+  elseif redis.call('DUMP', key) == after then
     if before == '' then
       redis.call('DEL', key)
     else

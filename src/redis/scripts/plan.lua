@@ -19,7 +19,10 @@
 -- undo the grant: the key's value before the commit (`DUMP`, nil for a missing key), the Unix
 -- time in milliseconds it was to expire (`PEXPIRETIME`; 0 for none), its value after the commit
 -- (`DUMP`), and the window index the grant counted in (the hash field `w`; -1 for a key without
--- one).
+-- one). A sliding log ("reserve-log") may hold tens of thousands of batches, too many to copy:
+-- its values are its members, each followed by its score, space-separated: before the commit,
+-- its newest batch and the DROP_PER_COMMIT oldest (all that a commit may remove), after, its
+-- newest.
 
 local limits = #KEYS
 if reserve then
@@ -86,7 +89,22 @@ local GRANT_LIFETIME_MS = 10000
 redis.call('SET', KEYS[limits + 1], 1, 'PX', GRANT_LIFETIME_MS)
 for i = 1, limits do
   local key = KEYS[i]
-  local before = redis.call('DUMP', key)
+  local before
+  if reserve_log then
+    local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    if newest[1] ~= nil then
+      local parts = {newest[1], newest[2]}
+      local oldest = redis.call('ZRANGE', key, 0, DROP_PER_COMMIT - 1, 'WITHSCORES')
+      for j = 1, #oldest do
+        parts[#parts + 1] = oldest[j]
+      end
+      before = table.concat(parts, ' ')
+    else
+      before = false
+    end
+  else
+    before = redis.call('DUMP', key)
+  end
   -- Expiries are kept as absolute times on the server's clock (an injected `now` is not it), so
   -- that the give-back, a later call, restores the time left then.
   local expires = 0
@@ -101,8 +119,14 @@ for i = 1, limits do
   else
     window = -1
   end
+  local after
+  if reserve_log then
+    local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    after = newest[1] .. ' ' .. newest[2]
+  else
+    after = redis.call('DUMP', key)
+  end
   local at = #reply
-  reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] =
-    before, expires, redis.call('DUMP', key), window
+  reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] = before, expires, after, window
 end
 return reply

@@ -4,8 +4,8 @@
 -- and garbage), so the shared parts are values and top-level code, not functions.
 --
 -- ARGV[1]   n, the permits asked for
--- ARGV[2]   "acquire", "peek", or "reserve" (acquire, and report what a give-back needs: see
---           plan.lua)
+-- ARGV[2]   "acquire", "peek", or "reserve" ("reserve-log" for the sliding log: acquire, and
+--           report what a give-back needs; see plan.lua)
 -- ARGV[3]   the time in microseconds, or "" for the server's TIME (the normal case)
 
 -- A number handed to `redis.call` as a number is written by Redis itself, exactly for an integer
@@ -17,7 +17,9 @@
 -- parses a string twice.
 local n = ARGV[1] + 0
 local peek = ARGV[2] == 'peek'
-local reserve = ARGV[2] == 'reserve'
+-- "reserve-log" is the sliding log's reserve (see plan.lua).
+local reserve_log = ARGV[2] == 'reserve-log'
+local reserve = ARGV[2] == 'reserve' or reserve_log
 local injected = ARGV[3] ~= ''
 local now
 if injected then
