@@ -220,6 +220,9 @@ impl RedisGrant {
     }
 }
 
+/// How many items of a reserving call's reply each key's [`SavedKey`] takes.
+const SAVED_PER_KEY: usize = 5;
+
 /// One key's part of a [`RedisGrant`], as `scripts/plan.lua` reports it.
 #[derive(Clone, PartialEq, Eq)]
 struct SavedKey {
@@ -231,6 +234,8 @@ struct SavedKey {
     after: Vec<u8>,
     /// The window index the grant counted in; -1 for a key without windows.
     window: i64,
+    /// The key's incarnation (the windows' field `i`); empty for none.
+    incarnation: Vec<u8>,
 }
 
 /// What [`RedisRateLimiter::give_back`] did for each of the plan's limits, in order.
@@ -369,7 +374,9 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
     }
 
     /// [`RedisRateLimiter::reserve`] at `now_us` microseconds (see
-    /// [`RedisRateLimiter::decide_at`]).
+    /// [`RedisRateLimiter::decide_at`]). The token bucket's and the sliding log's values are
+    /// times: a key deleted and made again at the same injected instant can repeat the grant's
+    /// value, which a give-back then restores (on the server's clock a key made again cannot).
     ///
     /// # Errors
     ///
@@ -448,7 +455,8 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
                 .arg(saved.before.as_slice())
                 .arg(saved.expires_at_ms)
                 .arg(saved.after.as_slice())
-                .arg(saved.window);
+                .arg(saved.window)
+                .arg(saved.incarnation.as_slice());
         }
         let reply = self.call_unchecked(&invocation).await?;
         if reply.len() != keys.len() {
@@ -792,7 +800,7 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
         let Value::Array(items) = value else {
             return Err(bad_reply(&value));
         };
-        let saved_len = 4 * entry.limits.len();
+        let saved_len = SAVED_PER_KEY * entry.limits.len();
         let figures: usize = entry
             .limits
             .iter()
@@ -824,13 +832,14 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
             other => Err(bad_reply(other)),
         };
         let saved = items[split..]
-            .chunks_exact(4)
+            .chunks_exact(SAVED_PER_KEY)
             .map(|parts| {
                 Ok(SavedKey {
                     before: bytes(&parts[0])?,
                     expires_at_ms: int(&parts[1])?,
                     after: bytes(&parts[2])?,
                     window: int(&parts[3])?,
+                    incarnation: bytes(&parts[4])?,
                 })
             })
             .collect::<Result<Vec<_>, RedisError>>()?;

@@ -106,10 +106,13 @@
 //! written with its expiry in one `SET ... PX`; a string of another form under its name is
 //! another program's key, as a key of another type is (the bucket was a hash `{t, f}` under
 //! `tb`: the new name keeps the two layouts from reading each other's keys during a rolling
-//! upgrade); the window a hash `{w: window index, c: count}`; the log a sorted set of batches
+//! upgrade); the window a hash `{w: window index, c: count, i: incarnation}` (the server's time
+//! when a decision made the key, so that a grant is never given back to a key deleted and made
+//! again since); the log a sorted set of batches
 //! (the permits one request took at one instant, joined with the newest batch when they share
 //! its instant) scored by their expiry in µs, each member `<running total>:<permits>`; the
-//! counter a hash `{w: window index, c: count in that window, p: count in the window before}`.
+//! counter a hash `{w: window index, c: count in that window, p: count in the window before,
+//! i: incarnation}`.
 //! Window indexes count windows since the Unix epoch. A log's work per request does not grow
 //! with `n` (a request of 65,536 permits is one member), and a log holds at most `limit`
 //! batches: 20-30 bytes each up to 128 batches (a listpack), about 100 bytes each beyond

@@ -1,7 +1,8 @@
 -- Fixed window for every limit of one plan: checks all, then commits all or none.
 --
--- KEYS[i]   the counter of limit i: a hash {w = window index, c = permits granted in it}. A
---           missing key is an empty window. Windows are aligned to the Unix epoch.
+-- KEYS[i]   the counter of limit i: a hash {w = window index, c = permits granted in it, i = its
+--           incarnation}. A missing key is an empty window. Windows are aligned to the Unix
+--           epoch.
 -- ARGV[1]   n, the permits asked for (0 reports what is available and writes nothing)
 -- ARGV[2]   "acquire" or "peek" (peek: what one permit would get, writing nothing)
 -- ARGV[3]   the time in microseconds, or "" for the server's TIME (the normal case)
@@ -24,6 +25,8 @@ local function decide_limit(i)
     return stored
   end
   local w, c = tonumber(stored[1]), tonumber(stored[2])
+  -- A commit to a missing key creates it: it then names its incarnation (see commit_limit).
+  local created = not stored[1] and not stored[2]
   local index = div(now, window)
   -- A reading in an older window than the stored one (the server's clock stepped back) counts
   -- in the stored window: the count never resets early.
@@ -45,12 +48,20 @@ local function decide_limit(i)
   elseif peek then
     remaining = limit - c
   end
-  return {index, window, c}, allowed, remaining, retry, until_end
+  return {index, window, c, created}, allowed, remaining, retry, until_end
 end
 
 local function commit_limit(i, counted)
   local index, window, c = counted[1], counted[2], counted[3]
-  redis.call('HSET', KEYS[i], 'w', index, 'c', c + n)
+  if counted[4] then
+    -- A new key names its incarnation (`i`, the server's time when it was made), so that a grant
+    -- made on an earlier one is never given back to it (see give_back.lua): its count alone can
+    -- repeat the earlier one's.
+    local time = redis.call('TIME')
+    redis.call('HSET', KEYS[i], 'w', index, 'c', c + n, 'i', time[1] .. '.' .. time[2])
+  else
+    redis.call('HSET', KEYS[i], 'w', index, 'c', c + n)
+  end
   -- Once the window is over the counter is indistinguishable from a missing key: expire it then.
   local until_end = (index + 1) * window - now
   redis.call('PEXPIRE', KEYS[i], math.floor(until_end / 1000) + expiry_slack_ms)

@@ -5,10 +5,12 @@
 -- ARGV[1]   n, the permits granted
 -- ARGV[2]   the method: "fixed_window", "sliding_window_counter", or another (the token bucket,
 --           the sliding log)
--- ARGV[2 + 4(i-1) + 1 .. 4]  what the reserving call reported for key i: its value before the
+-- ARGV[2 + 5(i-1) + 1 .. 5]  what the reserving call reported for key i: its value before the
 --           grant (a `DUMP`, or "" for a missing key), the Unix time in milliseconds it was to
 --           expire (0: never), its value after the grant (a `DUMP`), the window index the grant
---           counted in (-1: none). A sliding log's values are members and scores instead (see
+--           counted in (-1: none), the key's incarnation ("" for none: the windows' field `i`,
+--           which a key gets when a decision makes it, so that a key deleted and made again
+--           since the grant, whose count may repeat the earlier key's, is never given to). A sliding log's values are members and scores instead (see
 --           plan.lua): its grant is undone while its batch is still the newest, as written.
 --
 -- A key whose value is still the grant's own (no other decision has landed on it) gets its
@@ -39,8 +41,9 @@ if redis.call('DEL', KEYS[limits + 1]) == 0 then
 end
 for i = 1, limits do
   local key = KEYS[i]
-  local base = 2 + 4 * (i - 1)
+  local base = 2 + 5 * (i - 1)
   local before, after, window = ARGV[base + 1], ARGV[base + 3], ARGV[base + 4] + 0
+  local incarnation = ARGV[base + 5]
   local outcome = 0
   if method == 'sliding_window_log' then
     local newest = redis.pcall('ZRANGE', key, -1, -1, 'WITHSCORES')
@@ -66,16 +69,17 @@ for i = 1, limits do
     end
     outcome = 1
   elseif window >= 0 and method == 'fixed_window' then
-    local stored = redis.pcall('HMGET', key, 'w', 'c')
-    if stored.err == nil and tonumber(stored[1]) == window and tonumber(stored[2]) ~= nil then
+    local stored = redis.pcall('HMGET', key, 'w', 'c', 'i')
+    if stored.err == nil and tonumber(stored[1]) == window and tonumber(stored[2]) ~= nil
+      and (stored[3] or '') == incarnation then
       redis.call('HSET', key, 'c', math.max(stored[2] - n, 0))
       outcome = 2
     end
   elseif window >= 0 and method == 'sliding_window_counter' then
     -- The window counted in is the current one (`c`), or the one before it (`p`) once a later
     -- decision moved the counter to the next window.
-    local stored = redis.pcall('HMGET', key, 'w', 'c', 'p')
-    if stored.err == nil then
+    local stored = redis.pcall('HMGET', key, 'w', 'c', 'p', 'i')
+    if stored.err == nil and (stored[4] or '') == incarnation then
       local w, c, p = tonumber(stored[1]), tonumber(stored[2]), tonumber(stored[3])
       if w == window and c ~= nil then
         redis.call('HSET', key, 'c', math.max(c - n, 0))

@@ -18,8 +18,8 @@
 -- after GRANT_LIFETIME_MS) and appends, per limit's key in order, what `give_back.lua` needs to
 -- undo the grant: the key's value before the commit (`DUMP`, nil for a missing key), the Unix
 -- time in milliseconds it was to expire (`PEXPIRETIME`; 0 for none), its value after the commit
--- (`DUMP`), and the window index the grant counted in (the hash field `w`; -1 for a key without
--- one). A sliding log ("reserve-log") may hold tens of thousands of batches, too many to copy:
+-- (`DUMP`), the window index the grant counted in (the hash field `w`; -1 for a key without
+-- one), and the key's incarnation (the windows' field `i`; nil for a key without one). A sliding log ("reserve-log") may hold tens of thousands of batches, too many to copy:
 -- its values are its members, each followed by its score, space-separated: before the commit,
 -- its newest batch and the DROP_PER_COMMIT oldest (all that a commit may remove), after, its
 -- newest.
@@ -126,7 +126,12 @@ for i = 1, limits do
   else
     after = redis.call('DUMP', key)
   end
+  local incarnation = redis.pcall('HGET', key, 'i')
+  if type(incarnation) ~= 'string' then
+    incarnation = false
+  end
   local at = #reply
-  reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] = before, expires, after, window
+  reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4], reply[at + 5] =
+    before, expires, after, window, incarnation
 end
 return reply

@@ -1,7 +1,7 @@
 -- Sliding window counter for every limit of one plan: checks all, then commits all or none.
 --
 -- KEYS[i]   the counter of limit i: a hash {w = window index, c = permits granted in it, p =
---           permits granted in the window before}. A missing key is an empty counter. Windows
+--           permits granted in the window before, i = its incarnation}. A missing key is an empty counter. Windows
 --           are aligned to the Unix epoch: window k is [k * window_us, (k + 1) * window_us).
 -- ARGV[1]   n, from 0 to the smallest limit (0 reports what is available and writes nothing)
 -- ARGV[2]   "acquire" or "peek" (peek: what one permit would get, writing nothing)
@@ -121,6 +121,8 @@ local function decide_limit(i)
   end
   local w, c, p = tonumber(stored[1]), tonumber(stored[2]), tonumber(stored[3])
   local s = {limit = limit, window = window, index = div(now, window), cur = 0, prev = 0}
+  -- A commit to a missing key creates it: it then names its incarnation (see commit_limit).
+  s.created = not stored[1] and not stored[2] and not stored[3]
   if w ~= nil and c ~= nil and p ~= nil then
     c, p = math.min(c, limit), math.min(p, limit)
     if now < w * window then
@@ -148,7 +150,15 @@ local function decide_limit(i)
 end
 
 local function commit_limit(i, s)
-  redis.call('HSET', KEYS[i], 'w', s.index, 'c', s.cur + n, 'p', s.prev)
+  if s.created then
+    -- A new key names its incarnation (`i`, the server's time when it was made), so that a grant
+    -- made on an earlier one is never given back to it (see give_back.lua).
+    local time = redis.call('TIME')
+    redis.call('HSET', KEYS[i], 'w', s.index, 'c', s.cur + n, 'p', s.prev, 'i',
+      time[1] .. '.' .. time[2])
+  else
+    redis.call('HSET', KEYS[i], 'w', s.index, 'c', s.cur + n, 'p', s.prev)
+  end
   -- The estimate is 0 once the window after this one ends; the counter is then
   -- indistinguishable from a missing key: expire it then.
   local until_zero = (s.index + 2) * s.window - now
