@@ -175,6 +175,7 @@ impl<'a> RateLimitFields<'a> {
 /// service): the `RateLimit-Policy` value, which only the limits' quotas and windows make, and
 /// each `RateLimit` item's name with its `;r=`, written once; a request then writes only its
 /// figures.
+#[cfg(feature = "envoy")]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct PreparedFields {
     /// Each limit's quota and window, in order, as the prepared text says them.
@@ -184,6 +185,7 @@ pub(crate) struct PreparedFields {
     state_items: Vec<String>,
 }
 
+#[cfg(feature = "envoy")]
 impl PreparedFields {
     /// The fields of the plan named `plan` with `limits` (at least one).
     ///
@@ -406,7 +408,7 @@ pub(crate) fn policy_list(
     ))
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "envoy"))]
 mod tests {
     use super::*;
     use crate::Rule;

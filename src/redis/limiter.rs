@@ -202,6 +202,7 @@ impl fmt::Debug for RedisGrant {
 }
 
 impl RedisGrant {
+    #[cfg(feature = "envoy")]
     /// Whether this grant was made on the state `earlier` left (both on one client's keys
     /// under one plan, with no decision between them): given back first, it restores exactly
     /// the state `earlier`'s give-back then restores in turn.
