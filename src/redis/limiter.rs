@@ -67,6 +67,16 @@ pub(super) struct PlanEntry<P> {
     pub(super) limits: Vec<(LimitSpec, String)>,
 }
 
+impl<P> PlanEntry<P> {
+    /// The plan's method as `scripts/give_back.lua` and `scripts/refund.lua` name it (every
+    /// limit of a plan has the limiter's one method).
+    fn method_name(&self) -> &'static str {
+        self.limits
+            .first()
+            .map_or("", |(spec, _)| spec.give_back_name())
+    }
+}
+
 /// Rate limits many clients across a fleet, each by the rules of its plan, with the state in
 /// Redis: every node sharing one Redis enforces one limit together.
 ///
@@ -367,11 +377,7 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
         plan: &P,
         n: u64,
     ) -> Result<(Answer, Option<RedisGrant>), RedisError> {
-        let mut grant = None;
-        let answer = self
-            .decide_inner_saving(client, plan, n, Mode::Reserve, None, &mut grant)
-            .await?;
-        Ok((answer, grant))
+        self.reserve_inner(client, plan, n, None).await
     }
 
     /// [`RedisRateLimiter::reserve`] at `now_us` microseconds (see
@@ -391,11 +397,7 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
         n: u64,
         now_us: u64,
     ) -> Result<(Answer, Option<RedisGrant>), RedisError> {
-        let mut grant = None;
-        let answer = self
-            .decide_inner_saving(client, plan, n, Mode::Reserve, Some(now_us), &mut grant)
-            .await?;
-        Ok((answer, grant))
+        self.reserve_inner(client, plan, n, Some(now_us)).await
     }
 
     /// Gives back `grant`, made by [`RedisRateLimiter::reserve`] for `client` under `plan`, in
@@ -446,10 +448,7 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
             invocation.key(key);
         }
         invocation.key(&grant.record);
-        let method = entry
-            .limits
-            .first()
-            .map_or("", |(spec, _)| spec.give_back_name());
+        let method = entry.method_name();
         invocation.arg(grant.n).arg(method);
         for saved in &grant.saved {
             invocation
@@ -510,6 +509,20 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
         self.refund_inner(client, plan, n, Some(now_us)).await
     }
 
+    async fn reserve_inner(
+        &self,
+        client: &str,
+        plan: &P,
+        n: u64,
+        now_us: Option<u64>,
+    ) -> Result<(Answer, Option<RedisGrant>), RedisError> {
+        let mut grant = None;
+        let answer = self
+            .decide_inner_saving(client, plan, n, Mode::Reserve, now_us, &mut grant)
+            .await?;
+        Ok((answer, grant))
+    }
+
     async fn refund_inner(
         &self,
         client: &str,
@@ -524,10 +537,7 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
         for key in &keys {
             invocation.key(key);
         }
-        let method = entry
-            .limits
-            .first()
-            .map_or("", |(spec, _)| spec.give_back_name());
+        let method = entry.method_name();
         let now_arg = now_us.map(|now| now.to_string()).unwrap_or_default();
         invocation.arg(n).arg(method).arg(now_arg);
         for (spec, _) in &entry.limits {
@@ -556,28 +566,11 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
         &self,
         invocation: &::redis::ScriptInvocation<'_>,
     ) -> Result<Vec<i64>, RedisError> {
-        Counters::bump(&self.counters.round_trips);
-        let mut connection = self.connection();
-        let call = invocation.invoke_async::<Vec<i64>>(&mut connection);
-        match tokio::time::timeout(self.timeout, call).await {
-            Ok(Ok(reply)) => Ok(reply),
-            Ok(Err(source)) if source.is_timeout() => {
-                Counters::bump(&self.counters.errors);
-                Err(RedisError::Timeout {
-                    after: self.timeout,
-                })
-            }
-            Ok(Err(source)) => {
-                Counters::bump(&self.counters.errors);
-                Err(RedisError::Command { source })
-            }
-            Err(_) => {
-                Counters::bump(&self.counters.errors);
-                Err(RedisError::Timeout {
-                    after: self.timeout,
-                })
-            }
+        let reply = self.invoke(invocation).await;
+        if reply.is_err() {
+            Counters::bump(&self.counters.errors);
         }
+        reply
     }
 
     /// Reports, taking nothing, what one permit for `client` under `plan` would get now.
@@ -872,10 +865,17 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
         for (spec, _) in &entry.limits {
             spec.push_args(&mut invocation);
         }
+        self.invoke(&invocation).await
+    }
+
+    /// One script call, counted and bounded by the timeout. EVALSHA; on NOSCRIPT (a restarted
+    /// or flushed server) the client loads the script and retries, once.
+    async fn invoke<T: ::redis::FromRedisValue>(
+        &self,
+        invocation: &::redis::ScriptInvocation<'_>,
+    ) -> Result<T, RedisError> {
         Counters::bump(&self.counters.round_trips);
         let mut connection = self.connection();
-        // EVALSHA; on NOSCRIPT (a restarted or flushed server) the client loads the script and
-        // retries, once.
         let call = invocation.invoke_async::<T>(&mut connection);
         match tokio::time::timeout(self.timeout, call).await {
             Ok(Ok(reply)) => Ok(reply),
