@@ -122,10 +122,7 @@ impl<'a> RateLimitFields<'a> {
     pub(crate) fn write_state(&self, out: &mut impl fmt::Write) -> fmt::Result {
         for (position, limit) in self.limits.iter().enumerate() {
             self.write_item_name(out, position)?;
-            out.write_str(";r=")?;
-            write_integer(out, sf_integer(limit.remaining))?;
-            out.write_str(";t=")?;
-            write_integer(out, sf_integer(seconds_rounded_up(limit.reset_after_nanos)))?;
+            write_state_parameters(out, limit)?;
         }
         Ok(())
     }
@@ -181,7 +178,7 @@ pub(crate) struct PreparedFields {
     /// Each limit's quota and window, in order, as the prepared text says them.
     limits: Vec<(u64, u64)>,
     policy: String,
-    /// Each item's quoted name followed by `;r=`.
+    /// Each item's quoted name.
     state_items: Vec<String>,
 }
 
@@ -200,7 +197,6 @@ impl PreparedFields {
             .map(|position| {
                 let mut item = String::new();
                 let _ = fields.write_quoted_name(&mut item, position);
-                item.push_str(";r=");
                 item
             })
             .collect();
@@ -243,15 +239,18 @@ impl PreparedFields {
                 state.push_str(", ");
             }
             state.push_str(item);
-            let _ = write_integer(state, sf_integer(figures.remaining));
-            state.push_str(";t=");
-            let _ = write_integer(
-                state,
-                sf_integer(seconds_rounded_up(figures.reset_after_nanos)),
-            );
+            let _ = write_state_parameters(state, figures);
         }
         true
     }
+}
+
+/// Writes one `RateLimit` item's parameters: `;r=REMAINING;t=RESET_SECONDS`.
+fn write_state_parameters(out: &mut impl fmt::Write, limit: &LimitFigures) -> fmt::Result {
+    out.write_str(";r=")?;
+    write_integer(out, sf_integer(limit.remaining))?;
+    out.write_str(";t=")?;
+    write_integer(out, sf_integer(seconds_rounded_up(limit.reset_after_nanos)))
 }
 
 /// Writes `value` in decimal (without the formatting machinery, which the layer would pay for
