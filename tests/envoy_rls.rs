@@ -11,6 +11,7 @@ use tollgate::envoy::proto::{RateLimitRequest, RateLimitResponse};
 use tollgate::envoy::{RateLimitServer, RlsConfig, StateStore};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::google::protobuf::UInt64Value;
 
 const CONFIG: &str = r#"
@@ -461,14 +462,23 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 0}
 ";
 
-    /// A descriptor of the generated requests: its entries and its hits.
-    pub(super) type Descriptor = (Vec<(&'static str, String)>, u64);
+    /// A descriptor of the generated requests: its entries, its hits, and the limit it brings
+    /// (requests per hour), if any.
+    pub(super) type Descriptor = (Vec<(&'static str, String)>, u64, Option<u32>);
 
-    /// The limit a descriptor reaches: (name, limit, shadowed), with its client.
-    fn limit_of(entries: &[(&'static str, String)]) -> Option<((&'static str, u64, bool), String)> {
+    /// The limit a descriptor reaches: (name, limit, shadowed), with its client. A brought
+    /// limit applies in place of any configured one, never shadowed, per limit and entries.
+    fn limit_of(
+        entries: &[(&'static str, String)],
+        brought: Option<u32>,
+    ) -> Option<((&'static str, u64, bool), String)> {
         let values: Vec<&str> = entries.iter().map(|(_, value)| value.as_str()).collect();
-        let client = values.join("\u{0}");
         let keys: Vec<&str> = entries.iter().map(|(key, _)| *key).collect();
+        if let Some(limit) = brought {
+            let name = ["brought 0", "brought 1", "brought 2"][limit as usize];
+            return Some(((name, u64::from(limit), false), format!("{entries:?}")));
+        }
+        let client = values.join("\u{0}");
         let limit = match (keys.as_slice(), values.as_slice()) {
             (["a"], _) => ("a", 3, false),
             (["b"], ["x"]) => ("b", 2, false),
@@ -490,7 +500,9 @@ descriptors:
         pub(super) fn decide(&mut self, request: &[Descriptor]) -> bool {
             let matched: Vec<_> = request
                 .iter()
-                .filter_map(|(entries, hits)| limit_of(entries).map(|found| (found, *hits)))
+                .filter_map(|(entries, hits, brought)| {
+                    limit_of(entries, *brought).map(|found| (found, *hits))
+                })
                 .collect();
             let mut asked: HashMap<(&'static str, String), u64> = HashMap::new();
             for (((name, _, _), client), hits) in &matched {
@@ -529,7 +541,9 @@ fn generated_descriptor() -> impl proptest::strategy::Strategy<Value = reference
         value().prop_map(|v| vec![("s", v)]),
         value().prop_map(|v| vec![("z", v)]),
     ];
-    (entries, 0u64..=3)
+    // Now and then a descriptor brings its own limit: 0, 1 or 2 per hour.
+    let brought = prop_oneof![3 => Just(None), 1 => (0u32..=2).prop_map(Some)];
+    (entries, 0u64..=3, brought)
 }
 
 proptest::proptest! {
@@ -537,7 +551,7 @@ proptest::proptest! {
 
     /// The service answers as the reference for every request of a random sequence: requests of
     /// one to four descriptors, the same descriptor repeated, shadowed and refusing ones mixed
-    /// in, hits of 0 to 3.
+    /// in, hits of 0 to 3, some bringing their own limits.
     #[test]
     fn the_service_decides_as_the_all_or_nothing_reference(
         requests in proptest::collection::vec(proptest::collection::vec(generated_descriptor(), 1..=4), 1..40)
@@ -549,11 +563,16 @@ proptest::proptest! {
             for (step, request) in requests.iter().enumerate() {
                 let descriptors = request
                     .iter()
-                    .map(|(entries, hits)| {
+                    .map(|(entries, hits, brought)| {
                         let pairs: Vec<(&str, &str)> =
                             entries.iter().map(|(k, v)| (*k, v.as_str())).collect();
                         let mut made = descriptor(&pairs);
                         made.hits_addend = Some(UInt64Value { value: *hits });
+                        made.limit = brought.map(|requests_per_unit| RateLimitOverride {
+                            requests_per_unit,
+                            // HOUR
+                            unit: 3,
+                        });
                         made
                     })
                     .collect();

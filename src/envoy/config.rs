@@ -225,6 +225,9 @@ pub struct DescriptorNode {
 pub struct DomainConfig {
     /// The domain, as Envoy's filter names it.
     pub domain: String,
+    /// The domain's method (`method:`, else the fixed window): that of its descriptors that name
+    /// none, and of the limits that requests' descriptors bring (`RateLimitDescriptor.limit`).
+    pub method: Algorithm,
     /// The top-level descriptors.
     pub descriptors: Vec<DescriptorNode>,
 }
@@ -404,6 +407,7 @@ fn domain_config(source: &str, file: DomainFile) -> Result<DomainConfig, ConfigE
     check_replaces(&place, &descriptors, &names)?;
     Ok(DomainConfig {
         domain,
+        method,
         descriptors,
     })
 }

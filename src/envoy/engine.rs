@@ -122,7 +122,14 @@ impl NodeLimit {
 
 /// The running configuration.
 pub(crate) struct Snapshot {
-    domains: HashMap<String, Vec<Node>>,
+    domains: HashMap<String, Domain>,
+}
+
+/// One domain, made ready.
+pub(crate) struct Domain {
+    /// The method of the limits that requests' descriptors bring (see [`Overrides`]).
+    pub(crate) method: Algorithm,
+    pub(crate) nodes: Vec<Node>,
 }
 
 /// What a reload keeps: each in-process descriptor's service by its domain, path, method and
@@ -139,8 +146,8 @@ impl Snapshot {
     ) -> Result<Snapshot, super::BuildError> {
         let mut kept = Kept::new();
         if let Some(previous) = previous {
-            for (domain, nodes) in &previous.domains {
-                keep(domain, nodes, &mut kept);
+            for (domain, ready) in &previous.domains {
+                keep(domain, &ready.nodes, &mut kept);
             }
         }
         // Redis: one limiter per method, one plan per limited descriptor.
@@ -178,14 +185,20 @@ impl Snapshot {
                 redis: &redis,
             };
             let nodes = ready.nodes(&domain.descriptors)?;
-            domains.insert(domain.domain.clone(), nodes);
+            domains.insert(
+                domain.domain.clone(),
+                Domain {
+                    method: domain.method,
+                    nodes,
+                },
+            );
         }
         Ok(Snapshot { domains })
     }
 
-    /// The descriptors configured for `domain`, if it is known.
-    pub(crate) fn domain(&self, domain: &str) -> Option<&[Node]> {
-        self.domains.get(domain).map(Vec::as_slice)
+    /// The domain, if it is known.
+    pub(crate) fn domain(&self, domain: &str) -> Option<&Domain> {
+        self.domains.get(domain)
     }
 }
 
@@ -215,10 +228,11 @@ fn keep(domain: &str, nodes: &[Node], kept: &mut Kept) {
     }
 }
 
-/// The Redis plan name of a descriptor: a fixed hash of its domain and identity (a Redis plan
-/// name may hold no `{`, `}` or `:`), the same on every instance and across reloads, so
-/// instances given one configuration share each limit.
-fn redis_plan_name(domain: &str, identity: &str) -> String {
+/// The Redis plan name of a descriptor: `kind` (`d` for a configured descriptor, `o` for a limit
+/// a request brings) and a fixed hash of its domain and identity (a Redis plan name may hold no
+/// `{`, `}` or `:`), the same on every instance and across reloads, so instances given one
+/// configuration share each limit.
+pub(crate) fn redis_plan_name(kind: char, domain: &str, identity: &str) -> String {
     // FNV-1a over an injective encoding: the domain's length, then both texts.
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     let length = domain.len().to_le_bytes();
@@ -230,10 +244,10 @@ fn redis_plan_name(domain: &str, identity: &str) -> String {
         hash ^= u64::from(*byte);
         hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
     }
-    format!("d{hash:016x}")
+    format!("{kind}{hash:016x}")
 }
 
-fn rules_of(limits: &[UnitLimit]) -> Vec<Rule> {
+pub(crate) fn rules_of(limits: &[UnitLimit]) -> Vec<Rule> {
     limits
         .iter()
         .map(|limit| {
@@ -253,10 +267,10 @@ fn collect_redis_plans(
         if let Some(limit) = &node.limit
             && let Limits::Limited { method, limits } = &limit.limits
         {
-            plans
-                .entry(*method)
-                .or_default()
-                .push((redis_plan_name(domain, &node.identity), rules_of(limits)));
+            plans.entry(*method).or_default().push((
+                redis_plan_name('d', domain, &node.identity),
+                rules_of(limits),
+            ));
         }
         collect_redis_plans(domain, &node.children, plans);
     }
@@ -289,13 +303,7 @@ impl Ready<'_> {
                 };
                 let policy = policy_name(limit.name.as_deref().unwrap_or(&node.path));
                 let fields = match &limit.limits {
-                    Limits::Limited { limits, .. } => {
-                        let figures: Vec<LimitFigures> = rules_of(limits)
-                            .iter()
-                            .map(|rule| LimitFigures::of(&Decision::allowed(*rule, 0, 0)))
-                            .collect();
-                        PreparedFields::new(&policy, &figures).ok()
-                    }
+                    Limits::Limited { limits, .. } => prepared_fields(&policy, limits),
                     _ => None,
                 };
                 Some(NodeLimit {
@@ -335,16 +343,13 @@ impl Ready<'_> {
                 if let Some(service) = self.kept.get(&key) {
                     return Ok(Limiter::InProcess(Arc::clone(service)));
                 }
-                let service = ServiceBuilder::new(method, MonotonicClock::new())
-                    .plan_limits(DescriptorPlan, rules_of(limits))
-                    .capacity(*clients)
-                    .build::<String>()
-                    .map_err(|source| super::BuildError::Descriptor {
+                in_process(method, limits, *clients).map_err(|source| {
+                    super::BuildError::Descriptor {
                         domain: self.domain.to_owned(),
                         path: node.path.clone(),
-                        source: source.to_string(),
-                    })?;
-                Ok(Limiter::InProcess(Arc::new(service)))
+                        source,
+                    }
+                })
             }
             StateStore::Redis { .. } => Ok(Limiter::Redis {
                 limiter: Arc::clone(
@@ -352,14 +357,38 @@ impl Ready<'_> {
                         .get(&method)
                         .expect("a Redis limiter is made for every method in use"),
                 ),
-                plan: redis_plan_name(self.domain, &node.identity),
+                plan: redis_plan_name('d', self.domain, &node.identity),
             }),
         }
     }
 }
 
+/// The `RateLimit` fields of `limits` under the name `policy`, written once.
+pub(crate) fn prepared_fields(policy: &str, limits: &[UnitLimit]) -> Option<PreparedFields> {
+    let figures: Vec<LimitFigures> = rules_of(limits)
+        .iter()
+        .map(|rule| LimitFigures::of(&Decision::allowed(*rule, 0, 0)))
+        .collect();
+    PreparedFields::new(policy, &figures).ok()
+}
+
+/// An in-process limiter of `limits` by `method`, holding `clients` clients; the error names
+/// what the method cannot enforce.
+pub(crate) fn in_process(
+    method: Algorithm,
+    limits: &[UnitLimit],
+    clients: usize,
+) -> Result<Limiter, String> {
+    let service = ServiceBuilder::new(method, MonotonicClock::new())
+        .plan_limits(DescriptorPlan, rules_of(limits))
+        .capacity(clients)
+        .build::<String>()
+        .map_err(|source| source.to_string())?;
+    Ok(Limiter::InProcess(Arc::new(service)))
+}
+
 /// `text` made a Structured Field String: printable ASCII, anything else as `?`.
-fn policy_name(text: &str) -> String {
+pub(crate) fn policy_name(text: &str) -> String {
     let name: String = text
         .chars()
         .map(|c| if (' '..='~').contains(&c) { c } else { '?' })
@@ -399,6 +428,27 @@ pub(crate) fn find<'a>(nodes: &'a [Node], entries: &[Entry]) -> Option<&'a Node>
         level = &node.children;
     }
     found
+}
+
+/// The client of a descriptor that brings its own limit: its entries' keys and values, each
+/// with its length (the entries are not those of one configured descriptor, whose keys are
+/// fixed, so the keys tell clients apart too).
+pub(crate) fn brought_client_key(entries: &[Entry]) -> String {
+    let mut key = String::with_capacity(
+        entries
+            .iter()
+            .map(|e| e.key.len() + e.value.len() + 8)
+            .sum(),
+    );
+    for entry in entries {
+        for text in [&entry.key, &entry.value] {
+            // Writing to a String does not fail.
+            let _ = crate::headers::write_integer(&mut key, text.len() as u64);
+            key.push(':');
+            key.push_str(text);
+        }
+    }
+    key
 }
 
 /// The client of a matched descriptor: its entries' values, each with its length, so that no

@@ -41,13 +41,20 @@
 //!   ([`StateStore::Redis`]: every instance shares each limit), with the Redis backend's
 //!   failure policy; under [`FailurePolicy::Error`](crate::redis::FailurePolicy::Error) a
 //!   failed round trip answers `UNAVAILABLE`, and Envoy's own `failure_mode_deny` decides.
-//!
-//! A descriptor's `limit` override (`RateLimitDescriptor.limit`) is not applied: the
-//! configured limit is.
+//! - **A descriptor's own limit** (`RateLimitDescriptor.limit`, which Envoy's route actions set
+//!   from static values or a request's dynamic metadata) applies in place of the configured
+//!   one, as envoyproxy/ratelimit applies it: to any descriptor of a known domain, matched in
+//!   the configuration or not, never shadowed, its clients told apart by the descriptor's
+//!   entries (keys and values), under the domain's method; `requests_per_unit: 0` refuses
+//!   everything. Each distinct limit gets a limiter of its own on its first request, kept
+//!   across reloads, up to [`RateLimitServer::MAX_BROUGHT_LIMITS`]; a request bringing one more
+//!   is answered `RESOURCE_EXHAUSTED`, and one whose unit is not a unit `INVALID_ARGUMENT`.
+//!   Unlike envoyproxy/ratelimit, two limits brought for the same entries are counted apart.
 
 mod config;
 mod engine;
 mod metrics;
+mod overrides;
 mod server;
 
 use std::fmt;

@@ -20,6 +20,7 @@ use super::BuildError;
 use super::config::{RlsConfig, Unit, UnitLimit};
 use super::engine::{self, Enforced, NodeLimit, Outcome, Snapshot, StateStore, Taken};
 use super::metrics::{self, Counted};
+use super::overrides::{self, OverrideError, Overrides};
 use crate::headers::{LimitFigures, RateLimitFields};
 use crate::service::Grant;
 use crate::{Algorithm, Decision};
@@ -40,6 +41,8 @@ struct Inner {
     /// Reloads one at a time, so that each keeps what the one before it made.
     reloading: tokio::sync::Mutex<()>,
     requests: metrics::RequestMetrics,
+    /// The limiters of the limits that requests' descriptors bring, kept across reloads.
+    overrides: Overrides,
 }
 
 impl std::fmt::Debug for RateLimitServer {
@@ -90,6 +93,12 @@ impl RateLimitServer {
     /// work of a request grows with the square of its descriptors, which a bound keeps small.
     pub const MAX_DESCRIPTORS: usize = 256;
 
+    /// The most distinct limits that requests' descriptors may bring (`RateLimitDescriptor.limit`)
+    /// over the service's life, over all domains and methods: each gets a limiter of its own (in
+    /// process, of the store's `clients`), and a route's actions bring a handful. A request
+    /// bringing one more is answered `RESOURCE_EXHAUSTED`.
+    pub const MAX_BROUGHT_LIMITS: usize = 64;
+
     /// A service answering by `config`, its state kept in `store`.
     ///
     /// # Errors
@@ -101,9 +110,10 @@ impl RateLimitServer {
         Ok(RateLimitServer {
             inner: Arc::new(Inner {
                 current: ArcSwap::from_pointee(snapshot),
-                store,
+                store: store.clone(),
                 reloading: tokio::sync::Mutex::new(()),
                 requests: metrics::RequestMetrics::register(),
+                overrides: Overrides::new(store.clone()),
             }),
         })
     }
@@ -123,6 +133,55 @@ impl RateLimitServer {
         metrics::record_reload(result.is_ok());
         self.inner.current.store(Arc::new(result?));
         Ok(())
+    }
+
+    /// The limiter of each limit that `request`'s descriptors bring, in order, made now where
+    /// none was; `None` for a refund's limit that no request took from yet (nothing to give
+    /// back to).
+    fn brought_limits(
+        &self,
+        request: &RateLimitRequest,
+        method: Algorithm,
+    ) -> Result<Vec<Option<Arc<NodeLimit>>>, Status> {
+        let mut limits = Vec::new();
+        for (index, descriptor) in request.descriptors.iter().enumerate() {
+            let Some(brought) = &descriptor.limit else {
+                continue;
+            };
+            let limit = overrides::brought_limit(brought)
+                .map_err(|why| Status::invalid_argument(format!("descriptor {index}: {why}")))?;
+            let overrides = &self.inner.overrides;
+            let found = if descriptor.is_negative_hits {
+                overrides.find(&request.domain, method, limit)
+            } else {
+                let made = overrides
+                    .get_or_make(
+                        &request.domain,
+                        method,
+                        limit,
+                        RateLimitServer::MAX_BROUGHT_LIMITS,
+                    )
+                    .map_err(|error| match error {
+                        OverrideError::Full => Status::resource_exhausted(format!(
+                            "descriptor {index}: its limit ({} per {}) would be one more than \
+                             the {} distinct limits requests may bring \
+                             (RateLimitServer::MAX_BROUGHT_LIMITS)",
+                            limit.requests_per_unit,
+                            limit.unit.name(),
+                            RateLimitServer::MAX_BROUGHT_LIMITS
+                        )),
+                        OverrideError::Unenforceable(why) => Status::invalid_argument(format!(
+                            "descriptor {index}: its limit ({} per {}) cannot be enforced: {why}",
+                            limit.requests_per_unit,
+                            limit.unit.name()
+                        )),
+                        OverrideError::Redis(error) => unavailable(error),
+                    })?;
+                Some(made)
+            };
+            limits.push(found);
+        }
+        Ok(limits)
     }
 
     /// This service, for a tonic server.
@@ -204,25 +263,44 @@ impl RateLimitServer {
         }
         let snapshot = self.inner.current.load_full();
         let mut statuses = vec![ok_status(); request.descriptors.len()];
-        let Some(nodes) = snapshot.domain(&request.domain) else {
+        let Some(domain) = snapshot.domain(&request.domain) else {
             // An unknown domain limits nothing, as envoyproxy/ratelimit answers.
             return Ok(response(Code::Ok, statuses, Vec::new()));
         };
+        let brought = self.brought_limits(request, domain.method)?;
+        let mut brought = brought.iter();
 
         let mut matched = Vec::with_capacity(request.descriptors.len());
         // Refunds on Redis, made together before the decision (in process, at once).
         let mut remote_refunds = Vec::new();
         for (index, descriptor) in request.descriptors.iter().enumerate() {
-            let Some(node) = engine::find(nodes, &descriptor.entries) else {
-                continue;
-            };
-            let Some(limit) = &node.limit else {
-                continue;
+            // A limit the descriptor brings applies in place of the configured one, matched or
+            // not, never shadowed, its client all of the entries.
+            let (limit, shadow_mode, client) = if descriptor.limit.is_some() {
+                let Some(limit) = brought.next().and_then(Option::as_deref) else {
+                    continue;
+                };
+                (
+                    limit,
+                    false,
+                    engine::brought_client_key(&descriptor.entries),
+                )
+            } else {
+                let Some(node) = engine::find(&domain.nodes, &descriptor.entries) else {
+                    continue;
+                };
+                let Some(limit) = &node.limit else {
+                    continue;
+                };
+                (
+                    limit,
+                    node.shadow_mode,
+                    engine::client_key(&descriptor.entries),
+                )
             };
             if descriptor.is_negative_hits {
                 // A refund: answered OK, whatever the request's other descriptors get.
                 if let Enforced::Limited { limiter, .. } = &limit.enforced {
-                    let client = engine::client_key(&descriptor.entries);
                     let hits = engine::hits_of(descriptor, request.hits_addend);
                     if limit.is_remote() {
                         remote_refunds.push(async move {
@@ -239,8 +317,8 @@ impl RateLimitServer {
             matched.push(Matched {
                 index,
                 limit,
-                shadow_mode: node.shadow_mode,
-                client: engine::client_key(&descriptor.entries),
+                shadow_mode,
+                client,
                 hits: engine::hits_of(descriptor, request.hits_addend),
                 asked: 0,
             });

@@ -282,35 +282,7 @@ impl<P: Eq + fmt::Debug> RedisRateLimiterBuilder<P> {
             }
             _ => None,
         };
-        // Redis's own bounds first (key names, whole microseconds, integers Lua keeps exact), so
-        // that a rule Redis cannot represent is named as such; then the plans as every backend
-        // checks them, which bound the in-process fallback and the scripts' counts.
-        let mut entries = Vec::with_capacity(self.plans.len());
-        for (plan, rules) in &self.plans {
-            let debug = format!("{plan:?}");
-            let name = debug.trim_matches('"').to_owned();
-            if !is_valid_name(&name) {
-                return Err(RedisError::InvalidName {
-                    what: "plan name",
-                    name,
-                });
-            }
-            let limits = rules
-                .iter()
-                .map(|&rule| {
-                    let spec = LimitSpec::new(self.algorithm, rule, &debug)?;
-                    Ok((spec, spec.key_suffix()))
-                })
-                .collect::<Result<Vec<_>, RedisError>>()?;
-            entries.push((name, limits));
-        }
-        let checked = Plans::new(self.algorithm, Together::Atomically, self.plans)?;
-        let plans: Vec<PlanEntry<P>> = checked
-            .into_vec()
-            .into_iter()
-            .zip(entries)
-            .map(|((plan, _), (name, limits))| PlanEntry { plan, name, limits })
-            .collect();
+        let plans = checked_plans(self.algorithm, self.plans)?;
 
         let local = match share {
             Some(share) => Some(LocalFallback::new(self.algorithm, &plans, share)?),
@@ -415,4 +387,79 @@ fn is_untrusted_certificate(source: &::redis::RedisError) -> bool {
         cause = error.source();
     }
     false
+}
+
+#[cfg(feature = "envoy")]
+impl<P> RedisRateLimiter<P> {
+    /// A limiter of `algorithm` with `plans`, on this one's connections: the same server or
+    /// cluster, key prefix, timeout and failure policy, with a circuit breaker of the same
+    /// settings and a deny cache of `deny_cache` entries (none for 0) of its own. For limits made
+    /// while serving (the Envoy service's descriptor overrides): no connection is opened.
+    ///
+    /// # Errors
+    ///
+    /// A plan the limiter cannot honour, as [`RedisRateLimiterBuilder::build_lazy`] names it.
+    pub(crate) fn sibling<Q: Eq + fmt::Debug>(
+        &self,
+        algorithm: Algorithm,
+        plans: Vec<(Q, Vec<Rule>)>,
+        deny_cache: usize,
+    ) -> Result<RedisRateLimiter<Q>, RedisError> {
+        let plans = checked_plans(algorithm, plans)?;
+        let local = match self.policy {
+            FailurePolicy::Local { share } => Some(LocalFallback::new(algorithm, &plans, share)?),
+            _ => None,
+        };
+        Ok(RedisRateLimiter {
+            algorithm,
+            plans,
+            prefix: self.prefix.clone(),
+            url: self.url.clone(),
+            connections: self.connections.clone(),
+            next_connection: AtomicUsize::new(0),
+            timeout: self.timeout,
+            policy: self.policy,
+            breaker: Breaker::new(self.breaker.settings()),
+            deny_cache: (deny_cache > 0).then(|| DenyCache::new(deny_cache)),
+            local,
+            counters: Counters::default(),
+            grant_names: GrantNames::new(),
+        })
+    }
+}
+
+/// `plans` checked for `algorithm`: Redis's own bounds first (key names, whole microseconds,
+/// integers Lua keeps exact), so that a rule Redis cannot represent is named as such; then the
+/// plans as every backend checks them, which bound the in-process fallback and the scripts'
+/// counts.
+fn checked_plans<P: fmt::Debug + Eq>(
+    algorithm: Algorithm,
+    plans: Vec<(P, Vec<Rule>)>,
+) -> Result<Vec<PlanEntry<P>>, RedisError> {
+    let mut entries = Vec::with_capacity(plans.len());
+    for (plan, rules) in &plans {
+        let debug = format!("{plan:?}");
+        let name = debug.trim_matches('"').to_owned();
+        if !is_valid_name(&name) {
+            return Err(RedisError::InvalidName {
+                what: "plan name",
+                name,
+            });
+        }
+        let limits = rules
+            .iter()
+            .map(|&rule| {
+                let spec = LimitSpec::new(algorithm, rule, &debug)?;
+                Ok((spec, spec.key_suffix()))
+            })
+            .collect::<Result<Vec<_>, RedisError>>()?;
+        entries.push((name, limits));
+    }
+    let checked = Plans::new(algorithm, Together::Atomically, plans)?;
+    Ok(checked
+        .into_vec()
+        .into_iter()
+        .zip(entries)
+        .map(|((plan, _), (name, limits))| PlanEntry { plan, name, limits })
+        .collect())
 }

@@ -128,6 +128,12 @@ impl Breaker {
         }
     }
 
+    /// The settings it was made with.
+    #[cfg(feature = "envoy")]
+    pub(super) fn settings(&self) -> CircuitBreaker {
+        self.settings
+    }
+
     pub(super) fn cool_down(&self) -> Duration {
         self.settings.cool_down
     }

@@ -1,0 +1,206 @@
+//! The limits that requests' descriptors bring (`RateLimitDescriptor.limit`, which Envoy's
+//! route actions set from static values or a request's dynamic metadata).
+//!
+//! envoyproxy/ratelimit applies such a limit in place of the configured one to any descriptor
+//! of a known domain, matched in the configuration or not, never shadowed, counted per domain
+//! and entries. Here the same: each distinct limit (its unit and requests per unit) under the
+//! domain's method gets a limiter of its own, made on the first request that brings it and kept
+//! across reloads; its clients are the descriptors' entries, keys and values. Two descriptors of
+//! the same entries that bring different limits are counted apart (envoyproxy/ratelimit counts
+//! them together).
+//!
+//! The limiters are few (a route's actions bring a handful of limits), so the table is bounded:
+//! [`RateLimitServer::MAX_BROUGHT_LIMITS`](super::RateLimitServer::MAX_BROUGHT_LIMITS) over all
+//! domains, each in process holding the store's clients. A request bringing one more is refused
+//! with `RESOURCE_EXHAUSTED`, never decided by a limit it did not ask for.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use arc_swap::ArcSwap;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+
+use super::config::{Unit, UnitLimit};
+use super::engine::{self, Enforced, Limiter, NodeLimit, StateStore};
+use super::metrics::DescriptorMetrics;
+use crate::Algorithm;
+use crate::redis::{RedisError, RedisRateLimiter};
+
+/// Each domain's brought limits by method and limit.
+type Table = HashMap<String, HashMap<(Algorithm, UnitLimit), Arc<NodeLimit>>>;
+
+/// The limiters of the limits that requests bring.
+pub(crate) struct Overrides {
+    /// Read without a lock; replaced whole when a limiter is made (rarely: a few times in a
+    /// service's life).
+    made: ArcSwap<Table>,
+    /// Held while a limiter is made, so that one limit gets one limiter. On Redis, the limiter
+    /// whose connections the others share, made with the first.
+    making: Mutex<Option<Arc<RedisRateLimiter<String>>>>,
+    store: StateStore,
+}
+
+/// Why a brought limit has no limiter.
+#[derive(Debug)]
+pub(crate) enum OverrideError {
+    /// The service holds [`RateLimitServer::MAX_BROUGHT_LIMITS`](super::RateLimitServer) already.
+    Full,
+    /// The domain's method cannot enforce it; the message says why.
+    Unenforceable(String),
+    /// Its Redis limiter could not be made.
+    Redis(RedisError),
+}
+
+/// Entries of a Redis deny cache per brought limit (each cache is allocated whole).
+const DENY_CACHE_PER_LIMIT: usize = 4_096;
+
+impl Overrides {
+    pub(crate) fn new(store: StateStore) -> Overrides {
+        Overrides {
+            made: ArcSwap::from_pointee(Table::new()),
+            making: Mutex::new(None),
+            store,
+        }
+    }
+
+    /// The limiter of `limit` in `domain` under `method`, if one was made.
+    pub(crate) fn find(
+        &self,
+        domain: &str,
+        method: Algorithm,
+        limit: UnitLimit,
+    ) -> Option<Arc<NodeLimit>> {
+        self.made
+            .load()
+            .get(domain)
+            .and_then(|limits| limits.get(&(method, limit)))
+            .cloned()
+    }
+
+    /// The limiter of `limit` in `domain` under `method`, made now if none was.
+    pub(crate) fn get_or_make(
+        &self,
+        domain: &str,
+        method: Algorithm,
+        limit: UnitLimit,
+        most: usize,
+    ) -> Result<Arc<NodeLimit>, OverrideError> {
+        if let Some(found) = self.find(domain, method, limit) {
+            return Ok(found);
+        }
+        // A panic while making one leaves nothing half made: the table is replaced whole.
+        let mut base = self.making.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(found) = self.find(domain, method, limit) {
+            return Ok(found);
+        }
+        let table = self.made.load_full();
+        if table.values().map(HashMap::len).sum::<usize>() >= most {
+            return Err(OverrideError::Full);
+        }
+        let made = Arc::new(self.make(domain, method, limit, &mut base)?);
+        let mut next = Table::clone(&table);
+        next.entry(domain.to_owned())
+            .or_default()
+            .insert((method, limit), Arc::clone(&made));
+        self.made.store(Arc::new(next));
+        Ok(made)
+    }
+
+    fn make(
+        &self,
+        domain: &str,
+        method: Algorithm,
+        limit: UnitLimit,
+        base: &mut Option<Arc<RedisRateLimiter<String>>>,
+    ) -> Result<NodeLimit, OverrideError> {
+        let UnitLimit {
+            unit,
+            requests_per_unit,
+        } = limit;
+        let policy = format!("{requests_per_unit}-per-{}", unit.name());
+        let metrics = DescriptorMetrics::new(domain, &format!("(brought {policy})"), false);
+        if requests_per_unit == 0 {
+            return Ok(NodeLimit {
+                enforced: Enforced::Blocked(unit),
+                name: None,
+                replaces: Vec::new(),
+                policy,
+                fields: None,
+                metrics,
+            });
+        }
+        let limits = vec![limit];
+        let limiter = match &self.store {
+            StateStore::InProcess { clients } => engine::in_process(method, &limits, *clients)
+                .map_err(OverrideError::Unenforceable)?,
+            StateStore::Redis {
+                url,
+                policy: failure,
+                timeout,
+            } => {
+                let plan = engine::redis_plan_name(
+                    'o',
+                    domain,
+                    &format!("{method:?}/{requests_per_unit}/{}", unit.name()),
+                );
+                let plans = vec![(plan.clone(), engine::rules_of(&limits))];
+                let limiter = match base {
+                    Some(base) => base.sibling(method, plans, DENY_CACHE_PER_LIMIT),
+                    None => RedisRateLimiter::<String>::builder(url.clone(), method)
+                        .failure_policy(*failure)
+                        .timeout(*timeout)
+                        .key_prefix("tollgate-rls")
+                        .deny_cache(DENY_CACHE_PER_LIMIT)
+                        .plan_limits(plan.clone(), engine::rules_of(&limits))
+                        .build_lazy(),
+                };
+                let limiter = Arc::new(limiter.map_err(|error| match error {
+                    RedisError::Plan(_)
+                    | RedisError::NotExact { .. }
+                    | RedisError::WindowNotMicroseconds { .. } => {
+                        OverrideError::Unenforceable(error.to_string())
+                    }
+                    other => OverrideError::Redis(other),
+                })?);
+                base.get_or_insert_with(|| Arc::clone(&limiter));
+                Limiter::Redis { limiter, plan }
+            }
+        };
+        Ok(NodeLimit {
+            fields: engine::prepared_fields(&policy, &limits),
+            enforced: Enforced::Limited {
+                method,
+                limits,
+                limiter,
+            },
+            name: None,
+            replaces: Vec::new(),
+            policy,
+            metrics,
+        })
+    }
+}
+
+/// The limit `brought` names, or why it names none.
+pub(crate) fn brought_limit(brought: &RateLimitOverride) -> Result<UnitLimit, String> {
+    // envoy.type.v3.RateLimitUnit's numbers (WEEK, 7, is newer than some copies of the proto).
+    let unit = match brought.unit {
+        1 => Unit::Second,
+        2 => Unit::Minute,
+        3 => Unit::Hour,
+        4 => Unit::Day,
+        5 => Unit::Month,
+        6 => Unit::Year,
+        7 => Unit::Week,
+        other => {
+            return Err(format!(
+                "its limit's unit {other} is not one of SECOND (1), MINUTE (2), HOUR (3), \
+                 DAY (4), MONTH (5), YEAR (6), WEEK (7)"
+            ));
+        }
+    };
+    Ok(UnitLimit {
+        unit,
+        requests_per_unit: u64::from(brought.requests_per_unit),
+    })
+}
