@@ -2,8 +2,9 @@
 //! and a run without it fails with the install command): requests through Envoy's
 //! `envoy.filters.http.ratelimit` filter get exactly their limits, per address and per header
 //! value, nested descriptors included; the rate-limit fields reach the client; shadow mode lets
-//! everything through; a request's descriptors are all or nothing; `failure_mode_deny` decides
-//! when the service is down; and a reload under traffic applies the new limit.
+//! everything through; a request's descriptors are all or nothing; a limit the route brings
+//! applies; `failure_mode_deny` decides when the service is down; and a reload under traffic
+//! applies the new limit.
 
 mod envoy_support;
 mod rls_support;
@@ -212,6 +213,45 @@ fn a_request_refused_by_one_descriptor_is_charged_to_none() {
     assert_eq!(
         send(&stack.envoy, 6, "/", &[("x-forwarded-for", address)]),
         counts(&[(200, 5), (429, 1)])
+    );
+}
+
+#[test]
+fn a_limit_the_route_brings_applies_in_place_of_the_configured_one() {
+    // The route brings 2 per hour for `x-tenant` (the configuration has no such descriptor)
+    // and 1 per hour for `x-api-key` (configured at 2).
+    let stack = stack(CONFIG, &[], |envoy| {
+        envoy
+            .rate_limit_bringing(
+                vec![Action::request_header("x-tenant", "tenant")],
+                2,
+                "HOUR",
+            )
+            .rate_limit_bringing(
+                vec![Action::request_header("x-api-key", "api_key")],
+                1,
+                "HOUR",
+            )
+    });
+    for (tenant, address) in [("acme", "198.51.100.1"), ("initech", "198.51.100.2")] {
+        let headers = [("x-tenant", tenant), ("x-forwarded-for", address)];
+        assert_eq!(
+            send(&stack.envoy, 4, "/", &headers),
+            counts(&[(200, 2), (429, 2)]),
+            "tenant {tenant}"
+        );
+    }
+    // The api key's configured 2 apply to the descriptor of the configured entry (the route's
+    // first api_key entry); the brought 1 to the second: one request passes.
+    let headers = [("x-api-key", "q"), ("x-forwarded-for", "198.51.100.3")];
+    assert_eq!(
+        send(&stack.envoy, 3, "/", &headers),
+        counts(&[(200, 1), (429, 2)])
+    );
+    // The refused requests charged nothing to the address: its 5 less the 1 granted are left.
+    assert_eq!(
+        send(&stack.envoy, 5, "/", &[("x-forwarded-for", "198.51.100.3")]),
+        counts(&[(200, 4), (429, 1)])
     );
 }
 

@@ -166,8 +166,9 @@ pub(crate) struct EnvoyConfig {
     /// `-remaining`, `-reset` from the service's answer).
     pub(crate) x_ratelimit_headers: bool,
     /// The route's `rate_limits`: each inner list is one entry, giving one descriptor made of its
-    /// actions' entries, in order.
-    pub(crate) rate_limits: Vec<Vec<Action>>,
+    /// actions' entries, in order, with the limit it brings (requests per unit, unit name), if
+    /// any.
+    pub(crate) rate_limits: Vec<(Vec<Action>, Option<BroughtLimit>)>,
 }
 
 impl EnvoyConfig {
@@ -207,7 +208,22 @@ impl EnvoyConfig {
 
     /// Adds a `rate_limits` entry: one descriptor of `actions`' entries.
     pub(crate) fn rate_limit(mut self, actions: Vec<Action>) -> EnvoyConfig {
-        self.rate_limits.push(actions);
+        self.rate_limits.push((actions, None));
+        self
+    }
+
+    /// Adds a `rate_limits` entry whose descriptor brings its own limit
+    /// (`RateLimitDescriptor.limit`): `requests_per_unit` per `unit` (`"SECOND"`, `"HOUR"`, ...),
+    /// as a route brings one from a request's dynamic metadata (here set by the
+    /// `envoy.filters.http.set_metadata` filter, as an authorization filter would per tenant).
+    pub(crate) fn rate_limit_bringing(
+        mut self,
+        actions: Vec<Action>,
+        requests_per_unit: u32,
+        unit: &str,
+    ) -> EnvoyConfig {
+        self.rate_limits
+            .push((actions, Some((requests_per_unit, unit.to_string()))));
         self
     }
 
@@ -247,23 +263,67 @@ impl EnvoyConfig {
             "use_remote_address": true,
             "xff_num_trusted_hops": self.xff_num_trusted_hops,
             "route_config": self.route_config(),
-            "http_filters": [
-                self.ratelimit_filter(),
-                {
-                    "name": "envoy.filters.http.router",
-                    "typed_config": {
-                        "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router",
-                    },
-                },
-            ],
+            "http_filters": self.http_filters(),
         })
+    }
+
+    /// The set_metadata filter when an entry brings a limit, the ratelimit filter, the router.
+    fn http_filters(&self) -> Vec<Value> {
+        let mut filters = Vec::new();
+        let brought: serde_json::Map<String, Value> = self
+            .rate_limits
+            .iter()
+            .enumerate()
+            .filter_map(|(index, (_, limit))| {
+                let (requests_per_unit, unit) = limit.as_ref()?;
+                Some((
+                    format!("limit{index}"),
+                    json!({ "requests_per_unit": requests_per_unit, "unit": unit }),
+                ))
+            })
+            .collect();
+        if !brought.is_empty() {
+            filters.push(json!({
+                "name": "envoy.filters.http.set_metadata",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.set_metadata.v3.Config",
+                    "metadata": [{
+                        "metadata_namespace": BROUGHT_LIMITS,
+                        "value": brought,
+                    }],
+                },
+            }));
+        }
+        filters.push(self.ratelimit_filter());
+        filters.push(json!({
+            "name": "envoy.filters.http.router",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router",
+            },
+        }));
+        filters
     }
 
     fn route_config(&self) -> Value {
         let rate_limits: Vec<Value> = self
             .rate_limits
             .iter()
-            .map(|actions| json!({ "actions": actions.iter().map(action).collect::<Vec<_>>() }))
+            .enumerate()
+            .map(|(index, (actions, limit))| {
+                let mut entry =
+                    json!({ "actions": actions.iter().map(action).collect::<Vec<_>>() });
+                if limit.is_some() {
+                    entry["limit"] = json!({
+                        "dynamic_metadata": {
+                            "metadata_key": {
+                                "key": BROUGHT_LIMITS,
+                                "path": [{ "key": format!("limit{index}") }],
+                            },
+                        },
+                    });
+                }
+                entry
+            })
             .collect();
         json!({
             "virtual_hosts": [{
@@ -294,6 +354,12 @@ impl EnvoyConfig {
         json!({ "name": "envoy.filters.http.ratelimit", "typed_config": filter })
     }
 }
+
+/// A limit a `rate_limits` entry brings: requests per unit, and the unit's name.
+pub(crate) type BroughtLimit = (u32, String);
+
+/// The dynamic metadata namespace of the limits that `rate_limits` entries bring.
+const BROUGHT_LIMITS: &str = "tollgate.brought_limits";
 
 /// One action of a `rate_limits` entry.
 fn action(action: &Action) -> Value {
