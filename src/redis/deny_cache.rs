@@ -75,9 +75,14 @@ struct Entry {
 /// A held denial and the key it is for.
 #[derive(Debug)]
 struct Held {
-    key: Box<str>,
+    plan: usize,
+    client: Box<str>,
     entry: Entry,
 }
+
+/// A denial's key: the plan's index and the client, borrowed (a key is copied into the cache on
+/// insert only, so that a lookup allocates nothing).
+pub(super) type Key<'a> = (usize, &'a str);
 
 /// One bucket: its slots' hashes side by side, so that a lookup compares them in the cache line
 /// of the bucket's lock and touches only the slot whose hash matches.
@@ -145,20 +150,20 @@ impl<S: BuildHasher> DenyCache<S> {
     }
 
     /// The denial in force for `key` and `n` permits, as of now.
-    pub(super) fn get(&self, key: &str, n: u64) -> Option<Decision> {
+    pub(super) fn get(&self, key: Key<'_>, n: u64) -> Option<Decision> {
         self.get_at(key, n, self.now())
     }
 
     /// Remembers `decision`, a denial of `n` permits for `key` by a request sent at `sent_at`.
-    pub(super) fn insert(&self, key: String, n: u64, sent_at: u64, decision: &Decision) {
+    pub(super) fn insert(&self, key: Key<'_>, n: u64, sent_at: u64, decision: &Decision) {
         self.insert_at(key, n, sent_at, decision, self.now());
     }
 
     /// Forgets the denial held for `key`, if any: its client's state became more generous (a
     /// refund, a give-back). A request sent before and answered after may put a denial back,
     /// which can only refuse what Redis would grant, never grant what it would refuse.
-    pub(super) fn remove(&self, key: &str) {
-        let hash = self.hasher.hash_one(key);
+    pub(super) fn remove(&self, key: Key<'_>) {
+        let hash = self.hash(key);
         let mut bucket = self.bucket(hash);
         if let Some(way) = self.find(&bucket, hash, key)
             && bucket.slots[way].take().is_some()
@@ -175,8 +180,8 @@ impl<S: BuildHasher> DenyCache<S> {
     }
 
     /// [`DenyCache::get`] at `now`.
-    fn get_at(&self, key: &str, n: u64, now: u64) -> Option<Decision> {
-        let hash = self.hasher.hash_one(key);
+    fn get_at(&self, key: Key<'_>, n: u64, now: u64) -> Option<Decision> {
+        let hash = self.hash(key);
         let mut bucket = self.bucket(hash);
         let way = self.find(&bucket, hash, key)?;
         let entry = bucket.slots[way].as_ref()?.entry;
@@ -198,7 +203,7 @@ impl<S: BuildHasher> DenyCache<S> {
     }
 
     /// [`DenyCache::insert`] at `now`.
-    fn insert_at(&self, key: String, n: u64, sent_at: u64, decision: &Decision, now: u64) {
+    fn insert_at(&self, key: Key<'_>, n: u64, sent_at: u64, decision: &Decision, now: u64) {
         let Some(rule) = Rule::from_parts(decision.limit(), duration_to_nanos(decision.window()))
         else {
             return;
@@ -218,9 +223,9 @@ impl<S: BuildHasher> DenyCache<S> {
         if entry.held_until <= now {
             return;
         }
-        let hash = self.hasher.hash_one(key.as_str());
+        let hash = self.hash(key);
         let mut bucket = self.bucket(hash);
-        let way = match self.find(&bucket, hash, &key) {
+        let way = match self.find(&bucket, hash, key) {
             Some(same) => same,
             None => {
                 // Empty and expired slots first (both ranked `now`), then the live denial that
@@ -245,18 +250,26 @@ impl<S: BuildHasher> DenyCache<S> {
         }
         bucket.hashes[way] = hash;
         bucket.slots[way] = Some(Held {
-            key: key.into_boxed_str(),
+            plan: key.0,
+            client: key.1.into(),
             entry,
         });
     }
 
+    /// The hash of `key`: the client's keyed hash, with the plan's index mixed in by a
+    /// multiplication (the client's hash alone is what a client cannot predict; the plan
+    /// spreads one client's plans over buckets without hashing more bytes).
+    fn hash(&self, (plan, client): Key<'_>) -> u64 {
+        self.hasher.hash_one(client) ^ (plan as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    }
+
     /// The slot of `bucket` holding `key`, whose hash is `hash`.
-    fn find(&self, bucket: &Bucket, hash: u64, key: &str) -> Option<usize> {
+    fn find(&self, bucket: &Bucket, hash: u64, (plan, client): Key<'_>) -> Option<usize> {
         (0..self.ways).find(|&way| {
             bucket.hashes[way] == hash
                 && bucket.slots[way]
                     .as_ref()
-                    .is_some_and(|held| *held.key == *key)
+                    .is_some_and(|held| held.plan == plan && *held.client == *client)
         })
     }
 
@@ -289,41 +302,44 @@ mod tests {
     fn a_denial_of_n_answers_n_or_more_until_its_instant() {
         let cache = DenyCache::new(10);
         let sent_at = cache.now();
-        cache.insert("c".into(), 2, sent_at, &denial(Duration::from_secs(60)));
-        assert!(cache.get("c", 1).is_none(), "fewer permits may pass");
-        let hit = cache.get("c", 2).unwrap();
+        cache.insert((0, "c"), 2, sent_at, &denial(Duration::from_secs(60)));
+        assert!(cache.get((0, "c"), 1).is_none(), "fewer permits may pass");
+        let hit = cache.get((0, "c"), 2).unwrap();
         assert!(hit.is_denied());
         assert_eq!(hit.remaining(), 1);
         assert!(hit.retry_after() <= Duration::from_secs(60));
-        assert!(cache.get("c", 3).is_some());
-        assert!(cache.get("other", 3).is_none());
+        assert!(cache.get((0, "c"), 3).is_some());
+        assert!(cache.get((0, "other"), 3).is_none());
     }
 
     #[test]
     fn a_removed_denial_answers_nothing_and_frees_its_slot() {
         let cache = DenyCache::new(10);
         let sent_at = cache.now();
-        cache.insert("c".into(), 1, sent_at, &denial(Duration::from_secs(60)));
-        cache.insert("d".into(), 1, sent_at, &denial(Duration::from_secs(60)));
-        cache.remove("c");
-        cache.remove("e");
-        assert!(cache.get("c", 1).is_none());
-        assert!(cache.get("d", 1).is_some(), "another client's denial stays");
+        cache.insert((0, "c"), 1, sent_at, &denial(Duration::from_secs(60)));
+        cache.insert((0, "d"), 1, sent_at, &denial(Duration::from_secs(60)));
+        cache.remove((0, "c"));
+        cache.remove((0, "e"));
+        assert!(cache.get((0, "c"), 1).is_none());
+        assert!(
+            cache.get((0, "d"), 1).is_some(),
+            "another client's denial stays"
+        );
         assert_eq!(cache.len(), 1);
     }
 
     #[test]
     fn a_long_denial_is_held_for_a_second_at_most() {
         let cache = DenyCache::new(10);
-        cache.insert_at("c".into(), 1, 0, &denial(Duration::from_secs(3_600)), 0);
-        let hit = cache.get_at("c", 1, MAX_HOLD_NANOS - 1).expect("held");
+        cache.insert_at((0, "c"), 1, 0, &denial(Duration::from_secs(3_600)), 0);
+        let hit = cache.get_at((0, "c"), 1, MAX_HOLD_NANOS - 1).expect("held");
         assert_eq!(
             hit.retry_after(),
             Duration::from_nanos(3_600_000_000_000 - (MAX_HOLD_NANOS - 1)),
             "the denial's own wait is reported"
         );
         assert!(
-            cache.get_at("c", 1, MAX_HOLD_NANOS).is_none(),
+            cache.get_at((0, "c"), 1, MAX_HOLD_NANOS).is_none(),
             "asked of Redis again"
         );
         assert_eq!(cache.len(), 0);
@@ -332,57 +348,50 @@ mod tests {
     #[test]
     fn a_denial_expires_at_its_retry_instant() {
         let cache = DenyCache::new(10);
-        cache.insert(
-            "c".into(),
-            1,
-            cache.now(),
-            &denial(Duration::from_millis(2)),
-        );
+        cache.insert((0, "c"), 1, cache.now(), &denial(Duration::from_millis(2)));
         std::thread::sleep(Duration::from_millis(5));
-        assert!(cache.get("c", 1).is_none());
+        assert!(cache.get((0, "c"), 1).is_none());
         assert_eq!(cache.len(), 0, "an expired entry is dropped when met");
     }
 
     #[test]
     fn a_full_cache_takes_expired_slots_then_replaces_the_soonest_to_expire() {
         let cache = DenyCache::new(2);
-        cache.insert(
-            "a".into(),
-            1,
-            cache.now(),
-            &denial(Duration::from_millis(1)),
-        );
-        cache.insert("b".into(), 1, cache.now(), &denial(Duration::from_secs(60)));
+        cache.insert((0, "a"), 1, cache.now(), &denial(Duration::from_millis(1)));
+        cache.insert((0, "b"), 1, cache.now(), &denial(Duration::from_secs(60)));
         std::thread::sleep(Duration::from_millis(3));
-        cache.insert("c".into(), 1, cache.now(), &denial(Duration::from_secs(60)));
+        cache.insert((0, "c"), 1, cache.now(), &denial(Duration::from_secs(60)));
         assert!(
-            cache.get("c", 1).is_some(),
+            cache.get((0, "c"), 1).is_some(),
             "room made by taking the expired one's slot"
         );
-        assert!(cache.get("b", 1).is_some());
-        cache.insert("d".into(), 1, cache.now(), &denial(Duration::from_secs(60)));
+        assert!(cache.get((0, "b"), 1).is_some());
+        cache.insert((0, "d"), 1, cache.now(), &denial(Duration::from_secs(60)));
         assert_eq!(cache.len(), 2, "never past its capacity");
         assert!(
-            cache.get("d", 1).is_some(),
+            cache.get((0, "d"), 1).is_some(),
             "full of live denials: replaced"
         );
-        assert!(cache.get("b", 1).is_none(), "the one expiring first left");
-        assert!(cache.get("c", 1).is_some());
-        cache.insert("e".into(), 1, 0, &denial(Duration::from_secs(1)));
         assert!(
-            cache.get("e", 1).is_none(),
+            cache.get((0, "b"), 1).is_none(),
+            "the one expiring first left"
+        );
+        assert!(cache.get((0, "c"), 1).is_some());
+        cache.insert((0, "e"), 1, 0, &denial(Duration::from_secs(1)));
+        assert!(
+            cache.get((0, "e"), 1).is_none(),
             "a denial expiring before every held one is not kept"
         );
-        assert!(cache.get("c", 1).is_some() && cache.get("d", 1).is_some());
+        assert!(cache.get((0, "c"), 1).is_some() && cache.get((0, "d"), 1).is_some());
     }
 
-    /// A deterministic stand-in for the cache's clock and load: `count` keys `0:k{i}`, each
+    /// A deterministic stand-in for the cache's clock and load: `count` clients `k{i}` of plan 0, each
     /// denied `n = 1 + i % 3` permits until `1_000 + i` (all live at `now = 500`).
     fn denial_of(i: u64) -> (String, u64, Decision) {
         let rule = Rule::per_second(5).unwrap();
         let until = 1_000 + i;
         (
-            format!("0:k{i}"),
+            format!("k{i}"),
             1 + i % 3,
             Decision::denied(rule, 0, until, until),
         )
@@ -397,23 +406,26 @@ mod tests {
         assert_eq!(cache.capacity(), capacity);
         for i in 0..clients {
             let (key, n, decision) = denial_of(i);
-            cache.insert_at(key.clone(), n, 0, &decision, now);
+            cache.insert_at((0, &key), n, 0, &decision, now);
             // Each new denial expires after every held one, so it is always kept.
-            let hit = cache.get_at(&key, n, now).expect("just inserted");
+            let hit = cache.get_at((0, &key), n, now).expect("just inserted");
             assert_eq!(hit.retry_after(), Duration::from_nanos(1_000 + i - now));
-            assert!(cache.get_at(&key, n - 1, now).is_none() || n == 1);
+            assert!(cache.get_at((0, &key), n - 1, now).is_none() || n == 1);
             assert!(cache.len() <= capacity, "{} held", cache.len());
         }
         let mut hits = 0;
         for i in 0..clients {
             let (key, n, _) = denial_of(i);
-            if let Some(hit) = cache.get_at(&key, 3, now) {
+            if let Some(hit) = cache.get_at((0, &key), 3, now) {
                 hits += 1;
                 // Never longer than the real denial.
                 assert!(hit.retry_after() <= Duration::from_nanos(1_000 + i - now));
             }
             if n > 1 {
-                assert!(cache.get_at(&key, n - 1, now).is_none(), "fewer permits");
+                assert!(
+                    cache.get_at((0, &key), n - 1, now).is_none(),
+                    "fewer permits"
+                );
             }
         }
         assert!(hits <= capacity);
@@ -421,19 +433,19 @@ mod tests {
         assert!(hits >= capacity / 2, "{hits} of {capacity} held");
         for i in 0..1_000 {
             assert!(
-                cache.get_at(&format!("1:k{i}"), 3, now).is_none(),
+                cache.get_at((1, &format!("k{i}")), 3, now).is_none(),
                 "never denied"
             );
             assert!(
                 cache
-                    .get_at(&format!("0:k{}", clients + i), 3, now)
+                    .get_at((0, &format!("k{}", clients + i)), 3, now)
                     .is_none()
             );
         }
         // Every denial expires at its instant, and frees its slot when met.
         for i in 0..clients {
             let (key, _, _) = denial_of(i);
-            assert!(cache.get_at(&key, 3, 1_000 + clients).is_none());
+            assert!(cache.get_at((0, &key), 3, 1_000 + clients).is_none());
         }
         assert_eq!(cache.len(), 0);
     }
@@ -465,21 +477,21 @@ mod tests {
     fn keys_that_share_a_hash_never_answer_for_one_another() {
         let cache = DenyCache::with_hasher(8, OneHash);
         let (key, n, decision) = denial_of(0);
-        cache.insert_at(key.clone(), n, 0, &decision, 500);
+        cache.insert_at((0, &key), n, 0, &decision, 500);
         assert!(
-            cache.get_at(&key, n, 500).is_some(),
+            cache.get_at((0, &key), n, 500).is_some(),
             "the control: it is held"
         );
         assert!(
-            cache.get_at("0:someone-else", 3, 500).is_none(),
+            cache.get_at((0, "someone-else"), 3, 500).is_none(),
             "same hash, another key: a miss"
         );
         for i in 1..20 {
             let (key, n, decision) = denial_of(i);
-            cache.insert_at(key, n, 0, &decision, 500);
+            cache.insert_at((0, &key), n, 0, &decision, 500);
         }
         assert!(cache.len() <= cache.capacity());
-        assert!(cache.get_at("0:someone-else", 3, 500).is_none());
+        assert!(cache.get_at((0, "someone-else"), 3, 500).is_none());
     }
 
     #[test]
@@ -491,12 +503,16 @@ mod tests {
                 scope.spawn(move || {
                     for i in 0..20_000 {
                         let (key, n, decision) = denial_of(thread * 1_000_000 + i);
-                        cache.insert_at(key.clone(), n, 0, &decision, 500);
-                        if let Some(hit) = cache.get_at(&key, 3, 500) {
+                        cache.insert_at((0, &key), n, 0, &decision, 500);
+                        if let Some(hit) = cache.get_at((0, &key), 3, 500) {
                             let until = decision.retry_after();
                             assert_eq!(hit.retry_after(), until - Duration::from_nanos(500));
                         }
-                        assert!(cache.get_at(&format!("1:{thread}:{i}"), 3, 500).is_none());
+                        assert!(
+                            cache
+                                .get_at((1, &format!("{thread}:{i}")), 3, 500)
+                                .is_none()
+                        );
                     }
                 });
             }
@@ -522,13 +538,13 @@ mod measure {
     }
 
     fn key(i: usize) -> String {
-        format!("0:client-{i}")
+        format!("client-{i}")
     }
 
     #[inline(never)]
     fn counted_gets_hit(cache: &DenyCache, keys: &[String]) -> usize {
         keys.iter()
-            .filter(|key| cache.get(black_box(key), 1).is_some())
+            .filter(|key| cache.get(black_box((0, key)), 1).is_some())
             .count()
     }
 
@@ -536,14 +552,14 @@ mod measure {
     fn counted_gets_miss(cache: &DenyCache, keys: &[String]) -> usize {
         // Counts the misses: a body of its own, which the linker cannot fold into the hits'.
         keys.iter()
-            .filter(|key| cache.get(black_box(key), 1).is_none())
+            .filter(|key| cache.get(black_box((0, key)), 1).is_none())
             .count()
     }
 
     #[inline(never)]
     fn counted_inserts(cache: &DenyCache, keys: Vec<String>, sent_at: u64, denial: &Decision) {
         for key in keys {
-            cache.insert(black_box(key), 1, sent_at, denial);
+            cache.insert(black_box((0, &key)), 1, sent_at, denial);
         }
     }
 
@@ -564,7 +580,7 @@ mod measure {
         let denial = Decision::denied(rule, 0, minute, minute);
         let filled = Instant::now();
         for i in 0..clients {
-            cache.insert(key(i), 1, cache.now(), &denial);
+            cache.insert((0, &key(i)), 1, cache.now(), &denial);
         }
         let filled = filled.elapsed();
         let hits: Vec<String> = (clients.saturating_sub(ops)..clients).map(key).collect();

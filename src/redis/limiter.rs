@@ -556,7 +556,7 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
     /// refund or a give-back is about to make more generous (see the deny cache's docs).
     fn forget_denial(&self, index: usize, client: &str) {
         if let Some(cache) = &self.deny_cache {
-            cache.remove(&deny_cache_key(index, client));
+            cache.remove((index, client));
         }
     }
 
@@ -700,9 +700,9 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
             .deny_cache
             .as_ref()
             .filter(|_| mode != Mode::Peek && n > 0 && now_us.is_none());
-        let cache_key = cache.map(|_| deny_cache_key(index, client));
+        let cache_key = cache.map(|_| (index, client));
         if let (Some(cache), Some(key)) = (cache, &cache_key)
-            && let Some(decision) = cache.get(key, n)
+            && let Some(decision) = cache.get(*key, n)
         {
             Counters::bump(&self.counters.cache_hits);
             return Ok(Answer::new(decision, Source::DenyCache));
@@ -991,9 +991,4 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
         Counters::bump(&self.counters.fallbacks);
         Ok(Answer::new(decision, source))
     }
-}
-
-/// The deny cache's key of `client` under the plan at `index`.
-fn deny_cache_key(index: usize, client: &str) -> String {
-    format!("{index}:{client}")
 }
