@@ -204,3 +204,78 @@ pub(crate) fn brought_limit(brought: &RateLimitOverride) -> Result<UnitLimit, St
         requests_per_unit: u64::from(brought.requests_per_unit),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hourly(requests_per_unit: u64) -> UnitLimit {
+        UnitLimit {
+            unit: Unit::Hour,
+            requests_per_unit,
+        }
+    }
+
+    /// Threads racing to make the same limits each get the one limiter of each limit, and no
+    /// more limiters than the bound are ever made.
+    #[test]
+    fn racing_first_requests_make_one_limiter_per_limit_and_stop_at_the_bound() {
+        const MOST: usize = 24;
+        const LIMITS: u64 = 40;
+        let overrides = Overrides::new(StateStore::InProcess { clients: 4 });
+        let made: Vec<Vec<Option<Arc<NodeLimit>>>> = std::thread::scope(|scope| {
+            let racers: Vec<_> = (0..4)
+                .map(|thread| {
+                    let overrides = &overrides;
+                    scope.spawn(move || {
+                        // Each thread walks every limit, in its own order (a multiplier
+                        // prime to LIMITS).
+                        let step = [1, 3, 7, 9][thread];
+                        (0..LIMITS)
+                            .map(|i| (i * step) % LIMITS + 1)
+                            .map(|limit| {
+                                let found = overrides.get_or_make(
+                                    "edge",
+                                    Algorithm::FixedWindow,
+                                    hourly(limit),
+                                    MOST,
+                                );
+                                (limit, found.ok())
+                            })
+                            .fold(vec![None; LIMITS as usize], |mut all, (limit, found)| {
+                                all[limit as usize - 1] = found;
+                                all
+                            })
+                    })
+                })
+                .collect();
+            racers
+                .into_iter()
+                .map(|racer| racer.join().unwrap())
+                .collect()
+        });
+        let table = overrides.made.load();
+        let held = table.values().map(HashMap::len).sum::<usize>();
+        assert_eq!(held, MOST, "the bound is reached and kept");
+        for limit in 1..=LIMITS {
+            let kept = overrides.find("edge", Algorithm::FixedWindow, hourly(limit));
+            for (thread, seen) in made.iter().enumerate() {
+                let seen = &seen[limit as usize - 1];
+                match (&kept, seen) {
+                    (Some(kept), Some(seen)) => assert!(
+                        Arc::ptr_eq(kept, seen),
+                        "thread {thread} got a second limiter for {limit}"
+                    ),
+                    // Refused at the bound: never made.
+                    (None, None) => {}
+                    // Once one is refused none is made, and a made one is found: a thread
+                    // refused a limit that is kept was refused wrongly.
+                    (Some(_), None) => panic!("thread {thread} was refused {limit}, which is kept"),
+                    (None, Some(_)) => {
+                        panic!("thread {thread} got a limiter for {limit} that is not kept")
+                    }
+                }
+            }
+        }
+    }
+}
