@@ -25,44 +25,17 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::google::protobuf::UInt64Value;
 use redis::aio::MultiplexedConnection;
 use redis_support::RedisServer;
+use redis_support::grants::{
+    Limiter, YEAR, drain, limiter_with, multi_thread_runtime, per_year, reserve, take,
+};
 use tollgate::envoy::proto::RateLimitRequest;
 use tollgate::envoy::proto::rate_limit_response::Code;
 use tollgate::envoy::{RateLimitServer, RlsConfig, StateStore};
 use tollgate::redis::{FailurePolicy, GivenBack, RedisGrant, RedisRateLimiter};
 use tollgate::{Algorithm, Rule};
 
-type Limiter = RedisRateLimiter<&'static str>;
-
-const YEAR: Duration = Duration::from_secs(365 * 24 * 3600);
-
-fn multi_thread_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime")
-}
-
-async fn limiter_with(
-    url: &str,
-    algorithm: Algorithm,
-    plans: &[(&'static str, Vec<Rule>)],
-) -> Limiter {
-    let mut builder = RedisRateLimiter::builder(url.to_owned(), algorithm)
-        .timeout(Duration::from_secs(5))
-        .deny_cache(0);
-    for (plan, rules) in plans {
-        builder = builder.plan_limits(*plan, rules.clone());
-    }
-    builder.build().await.expect("the limiter builds")
-}
-
 async fn limiter(server: &RedisServer, algorithm: Algorithm, rules: Vec<Rule>) -> Limiter {
-    limiter_with(&server.url(), algorithm, &[("p", rules)]).await
-}
-
-fn per_year(limit: u64) -> Rule {
-    Rule::new(limit, YEAR).unwrap()
+    redis_support::grants::limiter_on(&server.url(), algorithm, rules).await
 }
 
 async fn dump(connection: &mut MultiplexedConnection, key: &str) -> Option<Vec<u8>> {
@@ -80,38 +53,6 @@ async fn pexpiretime(connection: &mut MultiplexedConnection, key: &str) -> i64 {
         .query_async(connection)
         .await
         .unwrap()
-}
-
-async fn take(limiter: &Limiter, client: &str, n: u64, at: Option<u64>) -> bool {
-    match at {
-        Some(at) => limiter.decide_at(client, &"p", n, at).await,
-        None => limiter.decide(client, &"p", n).await,
-    }
-    .unwrap()
-    .decision()
-    .is_allowed()
-}
-
-async fn reserve(limiter: &Limiter, client: &str, n: u64, at: Option<u64>) -> RedisGrant {
-    let (answer, grant) = match at {
-        Some(at) => limiter.reserve_at(client, &"p", n, at).await,
-        None => limiter.reserve(client, &"p", n).await,
-    }
-    .unwrap();
-    assert!(answer.decision().is_allowed(), "the reservation is granted");
-    grant.expect("a grant from Redis")
-}
-
-/// How many single permits `client` still gets (at most `cap` asked).
-async fn drain(limiter: &Limiter, client: &str, at: Option<u64>, cap: u64) -> u64 {
-    let mut got = 0;
-    for _ in 0..cap {
-        if !take(limiter, client, 1, at).await {
-            break;
-        }
-        got += 1;
-    }
-    got
 }
 
 struct Rng(u64);
@@ -893,11 +834,12 @@ fn a_give_back_after_the_key_expired_leaves_the_new_key_alone() {
             let limiter = limiter(
                 &server,
                 algorithm,
-                vec![Rule::new(2, Duration::from_millis(100)).unwrap()],
+                // Long enough that the new key outlives the checks below on a loaded machine.
+                vec![Rule::new(2, Duration::from_millis(400)).unwrap()],
             )
             .await;
             let grant = reserve(&limiter, "x", 1, None).await;
-            tokio::time::sleep(Duration::from_millis(260)).await;
+            tokio::time::sleep(Duration::from_millis(900)).await;
             let key = limiter.keys("x", &"p").unwrap().remove(0);
             assert_eq!(
                 dump(&mut connection, &key).await,

@@ -10,68 +10,15 @@ mod redis_support;
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
+use redis_support::grants::{
+    Limiter, YEAR, drain, limiter_on, multi_thread_runtime as runtime, per_year, reserve, take,
+};
 use redis_support::{RedisCluster, RedisServer};
 use tollgate::redis::{GivenBack, RedisGrant, RedisRateLimiter};
 use tollgate::{Algorithm, Rule};
 
-type Limiter = RedisRateLimiter<&'static str>;
-
-const YEAR: Duration = Duration::from_secs(365 * 24 * 3600);
 /// An injected time (2023-11-14), far from any window edge of a year.
 const T0: u64 = 1_700_000_000_000_000;
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime")
-}
-
-async fn limiter_on(url: &str, algorithm: Algorithm, rules: Vec<Rule>) -> Limiter {
-    RedisRateLimiter::builder(url.to_owned(), algorithm)
-        .timeout(Duration::from_secs(5))
-        .deny_cache(0)
-        .plan_limits("p", rules)
-        .build()
-        .await
-        .expect("the limiter builds")
-}
-
-fn per_year(limit: u64) -> Rule {
-    Rule::new(limit, YEAR).unwrap()
-}
-
-async fn take(limiter: &Limiter, client: &str, n: u64, at: Option<u64>) -> bool {
-    match at {
-        Some(at) => limiter.decide_at(client, &"p", n, at).await,
-        None => limiter.decide(client, &"p", n).await,
-    }
-    .unwrap()
-    .decision()
-    .is_allowed()
-}
-
-async fn reserve(limiter: &Limiter, client: &str, n: u64, at: Option<u64>) -> RedisGrant {
-    let (answer, grant) = match at {
-        Some(at) => limiter.reserve_at(client, &"p", n, at).await,
-        None => limiter.reserve(client, &"p", n).await,
-    }
-    .unwrap();
-    assert!(answer.decision().is_allowed(), "the reservation is granted");
-    grant.expect("a grant from Redis")
-}
-
-async fn drain(limiter: &Limiter, client: &str, at: Option<u64>, cap: u64) -> u64 {
-    let mut got = 0;
-    for _ in 0..cap {
-        if !take(limiter, client, 1, at).await {
-            break;
-        }
-        got += 1;
-    }
-    got
-}
 
 async fn grant_records(connection: &mut MultiplexedConnection) -> Vec<String> {
     let mut keys: Vec<String> = redis::cmd("KEYS")

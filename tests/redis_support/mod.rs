@@ -4,6 +4,9 @@
 
 #![allow(dead_code)]
 
+#[cfg(all(feature = "redis", feature = "test-util"))]
+pub(crate) mod grants;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
