@@ -20,8 +20,15 @@ use crate::{Algorithm, Decision, MonotonicClock, RateLimiterService, Rule, Servi
 
 /// The one plan of a descriptor's in-process service: each limited descriptor has a service of
 /// its own, so that a reload replaces one descriptor's limits without touching another's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) struct DescriptorPlan;
+
+impl fmt::Debug for DescriptorPlan {
+    /// How a plan's error names it: the descriptor is named beside it.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("(the descriptor's)")
+    }
+}
 
 type InProcess = RateLimiterService<String, DescriptorPlan, MonotonicClock>;
 

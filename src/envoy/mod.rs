@@ -48,8 +48,11 @@
 //!   entries (keys and values), under the domain's method; `requests_per_unit: 0` refuses
 //!   everything. Each distinct limit gets a limiter of its own on its first request, kept
 //!   across reloads, up to [`RateLimitServer::MAX_BROUGHT_LIMITS`]; a request bringing one more
-//!   is answered `RESOURCE_EXHAUSTED`, and one whose unit is not a unit `INVALID_ARGUMENT`.
-//!   Unlike envoyproxy/ratelimit, two limits brought for the same entries are counted apart.
+//!   is answered `RESOURCE_EXHAUSTED`, and one whose unit is not a unit, or whose limit the
+//!   method cannot enforce, `INVALID_ARGUMENT` (such a request takes no room among them). A
+//!   refund of a brought limit reaches the state of every instance on Redis. Unlike
+//!   envoyproxy/ratelimit, a brought limit is counted apart from the configured limit of the
+//!   same entries and from another limit brought for them.
 
 mod config;
 mod engine;

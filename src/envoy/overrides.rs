@@ -6,13 +6,17 @@
 //! and entries. Here the same: each distinct limit (its unit and requests per unit) under the
 //! domain's method gets a limiter of its own, made on the first request that brings it and kept
 //! across reloads; its clients are the descriptors' entries, keys and values. Two descriptors of
-//! the same entries that bring different limits are counted apart (envoyproxy/ratelimit counts
-//! them together).
+//! the same entries that bring different limits are counted apart, and apart from the
+//! configured limit of those entries (envoyproxy/ratelimit counts them together).
 //!
 //! The limiters are few (a route's actions bring a handful of limits), so the table is bounded:
 //! [`RateLimitServer::MAX_BROUGHT_LIMITS`](super::RateLimitServer::MAX_BROUGHT_LIMITS) over all
-//! domains, each in process holding the store's clients. A request bringing one more is refused
-//! with `RESOURCE_EXHAUSTED`, never decided by a limit it did not ask for.
+//! domains, each in process holding the store's clients. A request's missing limiters are made
+//! all or none, after all its limits were read: a request bringing one more than the bound is
+//! refused with `RESOURCE_EXHAUSTED` and takes no room, and none is decided by a limit it did
+//! not ask for. In process, memory is the store's clients per limiter, as for a configured
+//! descriptor: under the sliding window log, each client's ring of 8 bytes per permit of the
+//! brought limit, in a map that grows past `clients` (see `ServiceBuilder::capacity`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -63,6 +67,11 @@ impl Overrides {
         }
     }
 
+    /// Whether the limiters' state is on Redis, shared with other instances.
+    pub(crate) fn is_remote(&self) -> bool {
+        matches!(self.store, StateStore::Redis { .. })
+    }
+
     /// The limiter of `limit` in `domain` under `method`, if one was made.
     pub(crate) fn find(
         &self,
@@ -77,33 +86,52 @@ impl Overrides {
             .cloned()
     }
 
-    /// The limiter of `limit` in `domain` under `method`, made now if none was.
-    pub(crate) fn get_or_make(
+    /// The limiter of each of `limits` in `domain` under `method`, in order, made now where none
+    /// was: all of them, or none (the error names the position of the limit that could not be
+    /// made), so that a request refused here takes no room among the `most` the table holds.
+    pub(crate) fn get_or_make_all(
         &self,
         domain: &str,
         method: Algorithm,
-        limit: UnitLimit,
+        limits: &[UnitLimit],
         most: usize,
-    ) -> Result<Arc<NodeLimit>, OverrideError> {
-        if let Some(found) = self.find(domain, method, limit) {
+    ) -> Result<Vec<Arc<NodeLimit>>, (usize, OverrideError)> {
+        let found: Option<Vec<_>> = limits
+            .iter()
+            .map(|limit| self.find(domain, method, *limit))
+            .collect();
+        if let Some(found) = found {
             return Ok(found);
         }
-        // A panic while making one leaves nothing half made: the table is replaced whole.
+        // A panic while making them leaves nothing half made: the table is replaced whole.
         let mut base = self.making.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(found) = self.find(domain, method, limit) {
-            return Ok(found);
-        }
         let table = self.made.load_full();
-        if table.values().map(HashMap::len).sum::<usize>() >= most {
-            return Err(OverrideError::Full);
+        let known = table.get(domain);
+        let mut missing: Vec<(usize, UnitLimit)> = Vec::new();
+        for (at, limit) in limits.iter().enumerate() {
+            let made = known.is_some_and(|known| known.contains_key(&(method, *limit)));
+            if !made && !missing.iter().any(|(_, other)| other == limit) {
+                missing.push((at, *limit));
+            }
         }
-        let made = Arc::new(self.make(domain, method, limit, &mut base)?);
+        let held = table.values().map(HashMap::len).sum::<usize>();
+        if let Some(&(at, _)) = missing.get(most.saturating_sub(held)) {
+            return Err((at, OverrideError::Full));
+        }
         let mut next = Table::clone(&table);
-        next.entry(domain.to_owned())
-            .or_default()
-            .insert((method, limit), Arc::clone(&made));
+        let made = next.entry(domain.to_owned()).or_default();
+        for (at, limit) in missing {
+            let limiter = self
+                .make(domain, method, limit, &mut base)
+                .map_err(|error| (at, error))?;
+            made.insert((method, limit), Arc::new(limiter));
+        }
+        let all = limits
+            .iter()
+            .map(|limit| Arc::clone(&made[&(method, *limit)]))
+            .collect();
         self.made.store(Arc::new(next));
-        Ok(made)
+        Ok(all)
     }
 
     fn make(
@@ -234,13 +262,13 @@ mod tests {
                         (0..LIMITS)
                             .map(|i| (i * step) % LIMITS + 1)
                             .map(|limit| {
-                                let found = overrides.get_or_make(
+                                let found = overrides.get_or_make_all(
                                     "edge",
                                     Algorithm::FixedWindow,
-                                    hourly(limit),
+                                    &[hourly(limit)],
                                     MOST,
                                 );
-                                (limit, found.ok())
+                                (limit, found.ok().map(|mut all| all.remove(0)))
                             })
                             .fold(vec![None; LIMITS as usize], |mut all, (limit, found)| {
                                 all[limit as usize - 1] = found;

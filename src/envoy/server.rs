@@ -136,52 +136,78 @@ impl RateLimitServer {
     }
 
     /// The limiter of each limit that `request`'s descriptors bring, in order, made now where
-    /// none was; `None` for a refund's limit that no request took from yet (nothing to give
-    /// back to).
+    /// none was; `None` for an in-process refund's limit that no request took from yet (nothing
+    /// to give back to; on Redis, another instance may have taken, so a refund makes its limiter
+    /// too). Every brought limit is read before any limiter is made, and the missing ones are
+    /// made all or none: a request refused here takes no room among
+    /// [`RateLimitServer::MAX_BROUGHT_LIMITS`].
     fn brought_limits(
         &self,
         request: &RateLimitRequest,
         method: Algorithm,
     ) -> Result<Vec<Option<Arc<NodeLimit>>>, Status> {
-        let mut limits = Vec::new();
+        // (descriptor index, limit, whether its limiter is needed even if never made)
+        let mut brought = Vec::new();
         for (index, descriptor) in request.descriptors.iter().enumerate() {
-            let Some(brought) = &descriptor.limit else {
+            let Some(limit) = &descriptor.limit else {
                 continue;
             };
-            let limit = overrides::brought_limit(brought)
+            let limit = overrides::brought_limit(limit)
                 .map_err(|why| Status::invalid_argument(format!("descriptor {index}: {why}")))?;
-            let overrides = &self.inner.overrides;
-            let found = if descriptor.is_negative_hits {
-                overrides.find(&request.domain, method, limit)
-            } else {
-                let made = overrides
-                    .get_or_make(
-                        &request.domain,
-                        method,
-                        limit,
-                        RateLimitServer::MAX_BROUGHT_LIMITS,
-                    )
-                    .map_err(|error| match error {
-                        OverrideError::Full => Status::resource_exhausted(format!(
-                            "descriptor {index}: its limit ({} per {}) would be one more than \
-                             the {} distinct limits requests may bring \
-                             (RateLimitServer::MAX_BROUGHT_LIMITS)",
-                            limit.requests_per_unit,
-                            limit.unit.name(),
-                            RateLimitServer::MAX_BROUGHT_LIMITS
-                        )),
-                        OverrideError::Unenforceable(why) => Status::invalid_argument(format!(
-                            "descriptor {index}: its limit ({} per {}) cannot be enforced: {why}",
-                            limit.requests_per_unit,
-                            limit.unit.name()
-                        )),
-                        OverrideError::Redis(error) => unavailable(error),
-                    })?;
-                Some(made)
-            };
-            limits.push(found);
+            let needed = !descriptor.is_negative_hits || self.inner.overrides.is_remote();
+            brought.push((index, limit, needed));
         }
-        Ok(limits)
+        if brought.is_empty() {
+            return Ok(Vec::new());
+        }
+        let needed: Vec<UnitLimit> = brought
+            .iter()
+            .filter(|(_, _, needed)| *needed)
+            .map(|(_, limit, _)| *limit)
+            .collect();
+        let overrides = &self.inner.overrides;
+        let made = overrides
+            .get_or_make_all(
+                &request.domain,
+                method,
+                &needed,
+                RateLimitServer::MAX_BROUGHT_LIMITS,
+            )
+            .map_err(|(at, error)| {
+                let (index, limit, _) = brought
+                    .iter()
+                    .filter(|(_, _, needed)| *needed)
+                    .nth(at)
+                    .copied()
+                    .expect("the position of one of the limits asked");
+                match error {
+                    OverrideError::Full => Status::resource_exhausted(format!(
+                        "descriptor {index}: its limit ({} per {}) would be one more than the {} \
+                         distinct limits requests may bring (RateLimitServer::MAX_BROUGHT_LIMITS)",
+                        limit.requests_per_unit,
+                        limit.unit.name(),
+                        RateLimitServer::MAX_BROUGHT_LIMITS
+                    )),
+                    OverrideError::Unenforceable(why) => Status::invalid_argument(format!(
+                        "descriptor {index}: its limit ({} per {}) cannot be enforced by the \
+                         domain's method: {why}",
+                        limit.requests_per_unit,
+                        limit.unit.name()
+                    )),
+                    OverrideError::Redis(error) => unavailable(error),
+                }
+            })?;
+        let mut made = made.into_iter();
+        Ok(brought
+            .iter()
+            .map(|(_, limit, needed)| {
+                if *needed {
+                    made.next()
+                } else {
+                    overrides.find(&request.domain, method, *limit)
+                }
+            })
+            .collect())
     }
 
     /// This service, for a tonic server.
@@ -231,9 +257,14 @@ impl RateLimitServer {
     /// # Errors
     ///
     /// `INVALID_ARGUMENT` for a request without a domain or descriptors, or with more than
-    /// [`RateLimitServer::MAX_DESCRIPTORS`]; `UNAVAILABLE` when a
+    /// [`RateLimitServer::MAX_DESCRIPTORS`], or a descriptor that brings a limit whose unit is
+    /// not a unit or that the domain's method cannot enforce (the message names the descriptor
+    /// and why); `RESOURCE_EXHAUSTED` for a request bringing a limit past
+    /// [`RateLimitServer::MAX_BROUGHT_LIMITS`]; `UNAVAILABLE` when a
     /// Redis round trip fails under [`FailurePolicy::Error`](crate::redis::FailurePolicy)
-    /// (Envoy then applies its `failure_mode_deny`).
+    /// (Envoy then applies its `failure_mode_deny`). A request answered with an error is charged
+    /// to none of its descriptors (and so, under Envoy's default `failure_mode_deny: false`,
+    /// passes uncounted).
     pub async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
         let started = Instant::now();
         let answer = self.decide_inner(request).await;
