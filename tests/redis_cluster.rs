@@ -285,10 +285,10 @@ async fn a_killed_master_gets_the_policy_answers_and_the_live_masters_keep_their
         // The live masters kept deciding, and kept each of their clients to its limit.
         let live_clients = home.iter().filter(|&&node| node != killed).count();
         assert!(live_clients > 0 && live_clients < CLIENTS, "{home:?}");
-        assert!(
-            live_redis_answers >= live_clients * 5 / 2,
-            "{policy:?}: {live_redis_answers} Redis answers for {live_clients} live clients \
-             over 5 rounds; {:?}",
+        assert_eq!(
+            live_redis_answers,
+            live_clients * 5,
+            "{policy:?}: every request of a live master's client is decided by Redis; {:?}",
             redis.stats()
         );
         for (index, admitted) in live_admitted.iter().enumerate() {
@@ -306,6 +306,72 @@ async fn a_killed_master_gets_the_policy_answers_and_the_live_masters_keep_their
             redis.stats()
         );
     }
+}
+
+/// A cluster's circuit breakers are per group of hash slots: a killed master's clients are
+/// short-circuited once their circuits open (no timeout per request), while every request of the
+/// live masters' clients is still decided by Redis. (With one breaker for the whole cluster, the
+/// live masters' successes hold it closed, and every request of the dead master's clients waits
+/// out its timeout; or, opened, it would refuse the live masters Redis.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_masters_circuits_open_for_its_slots_alone() {
+    const ROUNDS: usize = 8;
+    let mut cluster = RedisCluster::start();
+    let redis = RedisRateLimiter::builder(cluster.url(), Algorithm::FixedWindow)
+        .plan("free", Rule::per_hour(100).unwrap())
+        .key_prefix("per-slot")
+        .failure_policy(FailurePolicy::FailOpen)
+        .deny_cache(0)
+        .timeout(Duration::from_millis(50))
+        .circuit_breaker(CircuitBreaker {
+            failures: 3,
+            // Longer than the test: an opened circuit stays open.
+            cool_down: Duration::from_secs(60),
+        })
+        .build()
+        .await
+        .unwrap();
+    let mut connections = node_connections(&cluster).await;
+    let mut home = Vec::new();
+    for index in 0..CLIENTS {
+        assert!(redis.allow(&client(index), &"free").await.unwrap());
+        let key = redis.keys(&client(index), &"free").unwrap().remove(0);
+        home.push(node_of(&mut connections, &key).await);
+    }
+    drop(connections);
+    let killed = 0;
+    cluster.kill(killed);
+    let dead_clients = home.iter().filter(|&&node| node == killed).count();
+    assert!(dead_clients > 0 && dead_clients < CLIENTS, "{home:?}");
+
+    for round in 0..ROUNDS {
+        for (index, node) in home.iter().enumerate() {
+            let answer = redis.decide(&client(index), &"free", 1).await.unwrap();
+            if *node == killed {
+                assert_eq!(answer.source(), Source::FailOpen, "round {round}");
+            } else {
+                assert_eq!(
+                    answer.source(),
+                    Source::Redis,
+                    "round {round}: a live master's client was refused Redis; {:?}",
+                    redis.stats()
+                );
+            }
+        }
+    }
+    // Each dead client's circuit opened after at most 3 failed rounds (clients may share a
+    // group, which opens sooner); every later request of it was short-circuited.
+    let stats = redis.stats();
+    assert!(stats.circuit_opens >= 1, "{stats:?}");
+    assert!(
+        stats.short_circuits >= (dead_clients * (ROUNDS - 3)) as u64,
+        "{dead_clients} dead clients over {ROUNDS} rounds: {stats:?}"
+    );
+    assert_eq!(
+        stats.fallbacks,
+        stats.short_circuits + stats.errors,
+        "every fallback was a short circuit or a failed round trip: {stats:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

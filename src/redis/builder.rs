@@ -13,7 +13,7 @@ use super::deny_cache::DenyCache;
 use super::fallback::LocalFallback;
 use super::limiter::GrantNames;
 use super::limiter::{PlanEntry, RedisRateLimiter};
-use super::policy::{Breaker, CircuitBreaker, FailurePolicy};
+use super::policy::{Breakers, CircuitBreaker, FailurePolicy};
 use super::script::{self, LimitSpec};
 use super::stats::Counters;
 use super::url::redact;
@@ -322,7 +322,7 @@ impl<P: Eq + fmt::Debug> RedisRateLimiterBuilder<P> {
             next_connection: AtomicUsize::new(0),
             timeout: self.timeout,
             policy: self.policy,
-            breaker: Breaker::new(self.breaker),
+            breaker: Breakers::new(self.breaker, is_cluster_url(&self.url)),
             deny_cache: self.deny_cache.map(DenyCache::new),
             local,
             counters: Counters::default(),
@@ -419,7 +419,10 @@ impl<P> RedisRateLimiter<P> {
             next_connection: AtomicUsize::new(0),
             timeout: self.timeout,
             policy: self.policy,
-            breaker: Breaker::new(self.breaker.settings()),
+            breaker: Breakers::new(
+                self.breaker.settings(),
+                self.connections.iter().any(Connection::is_cluster),
+            ),
             deny_cache: (deny_cache > 0).then(|| DenyCache::new(deny_cache)),
             local,
             counters: Counters::default(),

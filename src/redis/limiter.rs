@@ -8,7 +8,7 @@ use super::RedisError;
 use super::connection::Connection;
 use super::deny_cache::DenyCache;
 use super::fallback::LocalFallback;
-use super::policy::{Breaker, FailurePolicy, Gate, ProbeGuard, Source};
+use super::policy::{Breakers, FailurePolicy, Gate, ProbeGuard, Source};
 use super::script::{self, CODE_ALLOWED, CODE_DENIED, CODE_WRONG_TYPE, LimitSpec};
 use super::stats::{Counters, RedisStats};
 use crate::clock::duration_to_nanos;
@@ -118,7 +118,7 @@ pub struct RedisRateLimiter<P> {
     pub(super) next_connection: AtomicUsize,
     pub(super) timeout: Duration,
     pub(super) policy: FailurePolicy,
-    pub(super) breaker: Breaker,
+    pub(super) breaker: Breakers,
     pub(super) deny_cache: Option<DenyCache>,
     /// Under [`FailurePolicy::Local`] only.
     pub(super) local: Option<LocalFallback>,
@@ -708,7 +708,10 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
             return Ok(Answer::new(decision, Source::DenyCache));
         }
 
-        let gate = self.breaker.gate();
+        let keys = self.keys_of(entry, client);
+        // The breaker of the node holding the client's keys (the one breaker of a server).
+        let breaker = self.breaker.of_key(keys.first().map_or("", String::as_str));
+        let gate = breaker.gate();
         if let Gate::Open { retry_in } = gate {
             Counters::bump(&self.counters.short_circuits);
             return self.fall_back(
@@ -720,10 +723,9 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
                 RedisError::CircuitOpen { retry_in },
             );
         }
-        let probe = ProbeGuard::new(&self.breaker, gate);
-        let keys = self.keys_of(entry, client);
+        let probe = ProbeGuard::new(breaker, gate);
         let sent_at = cache.map(DenyCache::now);
-        let breaker_sent_at = self.breaker.now();
+        let breaker_sent_at = breaker.now();
         let reply = if mode == Mode::Reserve {
             let record = self.grant_names.next(&keys);
             let mut named = keys.clone();
@@ -749,13 +751,13 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
         probe.disarm();
         let reply = match reply {
             Ok(reply) => {
-                self.breaker.success(is_probe);
+                breaker.success(is_probe);
                 reply
             }
             Err(RedisError::Command { source }) if RedisError::is_script_failure(&source) => {
                 // Redis answered: this client's keys hold what the script cannot read. Its own
                 // error, under every policy; nothing an outage is made of.
-                self.breaker.success(is_probe);
+                breaker.success(is_probe);
                 Counters::bump(&self.counters.errors);
                 return Err(RedisError::UnreadableValue { keys, source });
             }
@@ -765,7 +767,7 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
                 if matches!(error, RedisError::Timeout { .. }) {
                     Counters::bump(&self.counters.timeouts);
                 }
-                if self.breaker.failure(is_probe, breaker_sent_at) {
+                if breaker.failure(is_probe, breaker_sent_at) {
                     Counters::bump(&self.counters.circuit_opens);
                 }
                 return self.fall_back(index, entry, client, n, mode, error);

@@ -70,6 +70,13 @@ pub enum Source {
 /// - **Half-open**: once `cool_down` has passed, exactly one request probes Redis while the
 ///   others keep falling back. The probe's success **closes** the circuit; its failure (or the
 ///   caller dropping it) keeps it open for another `cool_down`.
+///
+/// On a Redis Cluster each group of 64 hash slots has a breaker of its own, chosen by the slot
+/// of the client's keys: a master's outage opens the circuits of its slots (each after its own
+/// failures, so the clients of a dead master stop waiting on it as their groups open), while the
+/// live masters' clients are decided by Redis throughout, and their successes hold no dead
+/// master's circuit closed. A group astride two masters' slot ranges (one at each range's
+/// edge) is shared by both.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CircuitBreaker {
     /// Failed round trips that open the circuit, counted as above: each sent after the previous
@@ -126,16 +133,6 @@ impl Breaker {
             open_until: AtomicU64::new(0),
             probing: AtomicBool::new(false),
         }
-    }
-
-    /// The settings it was made with.
-    #[cfg(feature = "envoy")]
-    pub(super) fn settings(&self) -> CircuitBreaker {
-        self.settings
-    }
-
-    pub(super) fn cool_down(&self) -> Duration {
-        self.settings.cool_down
     }
 
     /// Nanoseconds after the breaker's origin, at least 1 (0 keeps meaning closed): when a round
@@ -220,6 +217,90 @@ impl Breaker {
     }
 }
 
+/// A limiter's circuit breakers: one for a server; on a cluster, one per group of
+/// [`SLOTS_PER_GROUP`] hash slots, so that a master's outage opens the circuits of its own
+/// slots, and the successes of the live masters' clients neither hold those circuits closed nor
+/// get their own clients refused Redis.
+#[derive(Debug)]
+pub(super) struct Breakers {
+    /// One breaker, or one per group of slots in slot order.
+    groups: Box<[Breaker]>,
+}
+
+/// Hash slots per breaker on a cluster: 256 breakers over Redis's 16,384 slots (about 20 KB),
+/// so that each master's slot ranges (thousands of slots each) map to groups of its own, bar
+/// one group at each range's edge.
+pub(super) const SLOTS_PER_GROUP: u16 = 64;
+
+/// Redis Cluster's hash slots.
+const SLOTS: u16 = 16_384;
+
+impl Breakers {
+    pub(super) fn new(settings: CircuitBreaker, cluster: bool) -> Breakers {
+        let groups = if cluster { SLOTS / SLOTS_PER_GROUP } else { 1 };
+        Breakers {
+            groups: (0..groups).map(|_| Breaker::new(settings)).collect(),
+        }
+    }
+
+    /// The breaker of the node holding `key` (every key of a plan's client shares one slot).
+    pub(super) fn of_key(&self, key: &str) -> &Breaker {
+        match &*self.groups {
+            [only] => only,
+            groups => &groups[usize::from(hash_slot(key.as_bytes()) / SLOTS_PER_GROUP)],
+        }
+    }
+
+    /// The settings every breaker was made with.
+    pub(super) fn settings(&self) -> CircuitBreaker {
+        self.groups[0].settings
+    }
+
+    /// How long an open circuit waits before it probes.
+    pub(super) fn cool_down(&self) -> Duration {
+        self.settings().cool_down
+    }
+}
+
+/// The Redis Cluster hash slot of `key`: CRC16 (XMODEM) of its hash tag (what stands between
+/// its first `{` and the next `}`, when not empty), else of the whole key, modulo 16,384.
+pub(super) fn hash_slot(key: &[u8]) -> u16 {
+    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &key[open + 1..];
+        let close = rest.iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    crc16(tagged.unwrap_or(key)) % SLOTS
+}
+
+/// CRC16-CCITT (XMODEM: polynomial 0x1021, initial value 0), as Redis Cluster computes it.
+fn crc16(bytes: &[u8]) -> u16 {
+    bytes.iter().fold(0u16, |crc, &byte| {
+        (crc << 8) ^ CRC16_TABLE[usize::from((crc >> 8) as u8 ^ byte)]
+    })
+}
+
+/// [`crc16`]'s table: the remainder of each byte value shifted to the top.
+const CRC16_TABLE: [u16; 256] = {
+    let mut table = [0u16; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        let mut crc = (byte as u16) << 8;
+        let mut bit = 0;
+        while bit < 8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+            bit += 1;
+        }
+        table[byte] = crc;
+        byte += 1;
+    }
+    table
+};
+
 /// Releases the probe if the request carrying it is dropped before it reports (a caller that
 /// gave up on its future): counted as a failure, so the circuit stays open for another cool-down
 /// rather than never probing again.
@@ -265,6 +346,44 @@ mod tests {
     }
 
     const MS: u64 = 1_000_000;
+
+    /// Redis's own answers (`CLUSTER KEYSLOT`, and the CRC16 check value of "123456789").
+    #[test]
+    fn hash_slots_are_redis_clusters() {
+        assert_eq!(crc16(b"123456789"), 0x31c3);
+        assert_eq!(hash_slot(b"somekey"), 11_058);
+        assert_eq!(hash_slot(b"foo{hash_tag}"), 2_515);
+        assert_eq!(hash_slot(b"bar{hash_tag}"), 2_515);
+        // An empty tag is no tag: the whole key is hashed; a tag ends at the first `}`.
+        assert_eq!(hash_slot(b"{}somekey"), crc16(b"{}somekey") % SLOTS);
+        assert_eq!(hash_slot(b"x{a}b}"), crc16(b"a") % SLOTS);
+        assert_eq!(hash_slot(b"x{ab"), crc16(b"x{ab") % SLOTS);
+    }
+
+    /// On a cluster, keys of slots in different groups have breakers of their own: one
+    /// group's outage opens its circuit alone.
+    #[test]
+    fn a_clusters_breakers_open_per_group_of_slots() {
+        let settings = CircuitBreaker {
+            failures: 1,
+            cool_down: Duration::from_secs(60),
+        };
+        let breakers = Breakers::new(settings, true);
+        // Slots 2,515 and 11,058: groups 39 and 172.
+        let dead = breakers.of_key("foo{hash_tag}");
+        let live = breakers.of_key("somekey");
+        assert!(!std::ptr::eq(dead, live));
+        assert!(std::ptr::eq(dead, breakers.of_key("bar{hash_tag}")));
+        assert!(dead.failure(false, dead.now()));
+        assert!(matches!(dead.gate(), Gate::Open { .. }));
+        assert_eq!(live.gate(), Gate::Closed);
+        // A server has one breaker for every key.
+        let server = Breakers::new(settings, false);
+        assert!(std::ptr::eq(
+            server.of_key("foo{hash_tag}"),
+            server.of_key("somekey")
+        ));
+    }
 
     /// The request timeout the tests model: a round trip sent at `t` fails at `t + TIMEOUT`.
     const TIMEOUT: u64 = 50 * MS;
