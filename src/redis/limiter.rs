@@ -923,6 +923,12 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
             Some(CODE_ALLOWED | CODE_DENIED) => {}
             _ => return Err(bad_reply()),
         }
+        // A plan of one limit decided without reserving: its figures alone (see plan.lua).
+        if let [(spec, _)] = entry.limits.as_slice()
+            && reply.len() == spec.figure_count()
+        {
+            return Ok(Answer::new(spec.decision(reply), Source::Redis));
+        }
         let mut figures = reply.get(3..).ok_or_else(bad_reply)?;
         let expected: usize = entry
             .limits

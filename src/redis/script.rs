@@ -5,7 +5,9 @@
 //! override (`""` for the server's `TIME`), then each limit's parameters in order. The reply is
 //! `{code, index, now_us}` and four integers per limit: allowed, remaining, retry_after,
 //! reset_after (code 1: allowed and committed; 0: denied, nothing written; -1: `KEYS[index]`
-//! holds another type, nothing written). The sliding window counter's waits are not whole
+//! holds another type, nothing written); for a plan of one limit decided without reserving, the
+//! limit's integers alone (its allowed is the code), since each item of a reply costs the
+//! server. The sliding window counter's waits are not whole
 //! microseconds: its limits reply five integers, the fifth the nanoseconds by which its
 //! retry_after, rounded up to microseconds, overstates the wait.
 //!
@@ -17,7 +19,9 @@
 //! program's key from ours), and what committing it writes (every key written is given its
 //! expiry). The window scripts also take `scripts/div.lua`. The shared parts are values and
 //! top-level code rather than functions: the script's body runs on every call, and every
-//! function it makes is a closure made, and collected, on every call.
+//! function it makes is a closure made, and collected, on every call. For the same reason the
+//! token bucket's decision and commit are sections of text that [`compose`] writes into the
+//! plan where it uses them; the other methods' sections still call functions of their own.
 
 use std::sync::LazyLock;
 
@@ -29,35 +33,69 @@ use crate::method::token_bucket::gcd;
 use crate::{Algorithm, Decision, Rule};
 
 pub(super) static TOKEN_BUCKET: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("scripts/prelude.lua"),
+    Script::new(&compose(
+        &[include_str!("scripts/prelude.lua")],
         include_str!("scripts/token_bucket.lua"),
-        include_str!("scripts/plan.lua")
     ))
 });
 pub(super) static FIXED_WINDOW: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("scripts/prelude.lua"),
-        include_str!("scripts/div.lua"),
+    Script::new(&compose(
+        &[
+            include_str!("scripts/prelude.lua"),
+            include_str!("scripts/div.lua"),
+        ],
         include_str!("scripts/fixed_window.lua"),
-        include_str!("scripts/plan.lua")
     ))
 });
 pub(super) static SLIDING_WINDOW_LOG: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("scripts/prelude.lua"),
+    Script::new(&compose(
+        &[include_str!("scripts/prelude.lua")],
         include_str!("scripts/sliding_window_log.lua"),
-        include_str!("scripts/plan.lua")
     ))
 });
 pub(super) static SLIDING_WINDOW_COUNTER: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("scripts/prelude.lua"),
-        include_str!("scripts/div.lua"),
+    Script::new(&compose(
+        &[
+            include_str!("scripts/prelude.lua"),
+            include_str!("scripts/div.lua"),
+        ],
         include_str!("scripts/sliding_window_counter.lua"),
-        include_str!("scripts/plan.lua")
     ))
 });
+
+/// A method's script: `shared` (the prelude, and the window scripts' `div.lua`), the method's
+/// own definitions (what comes before its `-- @decide` line), then `scripts/plan.lua` with the
+/// method's decision (its `-- @decide` section) written in at each `-- @decide` line of the
+/// plan, inside `repeat ... until true` so that a `break` ends it, and its commit (its
+/// `-- @commit` section) at each `-- @commit` line, inside `do ... end`. Written in, not called:
+/// a function in a script is a closure made and collected on every call, about 2,000 server
+/// instructions each.
+fn compose(shared: &[&str], method: &str) -> String {
+    let (definitions, sections) = method
+        .split_once("\n-- @decide\n")
+        .expect("a method's script has a `-- @decide` section");
+    let (decide, commit) = sections
+        .split_once("\n-- @commit\n")
+        .expect("a method's script has a `-- @commit` section after its decision");
+    let mut script = shared.concat();
+    script.push_str(definitions);
+    script.push('\n');
+    for line in include_str!("scripts/plan.lua").lines() {
+        let (open, section, close) = match line.trim() {
+            "-- @decide" => ("repeat\n", decide, "\nuntil true\n"),
+            "-- @commit" => ("do\n", commit, "\nend\n"),
+            _ => {
+                script.push_str(line);
+                script.push('\n');
+                continue;
+            }
+        };
+        script.push_str(open);
+        script.push_str(section);
+        script.push_str(close);
+    }
+    script
+}
 
 /// The script giving back a reserving call's grant (for every method: it names its own).
 pub(super) static GIVE_BACK: LazyLock<Script> =

@@ -11,6 +11,7 @@
 -- Reply: {code, index, now_us, then per limit: allowed, remaining (permits), retry_after (us),
 -- reset_after (us)}; code 1 = allowed (and committed), 0 = denied, -1 = KEYS[index] holds another
 -- type (nothing written). Every figure is an integer of at most 2^53 (limits are at most 2^53).
+-- A plan of one limit decided without reserving replies that limit's figures alone (plan.lua).
 
 -- `expiry_slack_ms`, `n`, `peek` and `now` come from prelude.lua and `div` from div.lua, run
 -- first; plan.lua, run last, decides the plan with `decide_limit` and `commit_limit`.
@@ -67,3 +68,8 @@ local function commit_limit(i, counted)
   redis.call('PEXPIRE', KEYS[i], math.floor(until_end / 1000) + expiry_slack_ms)
 end
 
+-- @decide
+state, f1, f2, f3, f4, f5 = decide_limit(i)
+
+-- @commit
+commit_limit(i, state)

@@ -1,13 +1,18 @@
 -- The plan's decision, all or nothing, around the script's own decision for one limit (put last
--- by `src/redis/script.rs`, after the script defines `decide_limit` and `commit_limit`).
+-- by `src/redis/script.rs`, which writes the method's decision in at each `-- @decide` line and
+-- its commit at each `-- @commit` line: inline, since a function would be a closure made and
+-- collected on every call, about 2,000 server instructions each).
 --
--- `decide_limit(i)` reads limit i's key with `redis.pcall`, first, so that no decision pays for a
--- `TYPE`: the read's own WRONGTYPE error tells another program's key under our name from ours.
--- If the read failed it returns the error alone. Else it returns what `commit_limit(i, state)`
--- needs to write it, then the limit's four or five reply figures, allowed first.
+-- The decision of limit i (`i` in scope, with `n`, `peek` and `now`) reads its key with
+-- `redis.pcall`, first, so that no decision pays for a `TYPE`: the read's own WRONGTYPE error
+-- tells another program's key under our name from ours. If the read failed it sets `state` to
+-- the error and leaves `f1` nil. Else it sets `state` to what the commit needs to write the
+-- limit, and `f1` .. `f5` to the limit's four or five reply figures, allowed first. The commit
+-- of limit i writes `state`.
 --
 -- The reply: {-1, i, now} if KEYS[i] holds another type, nothing written (no limit commits
--- before every limit has read its key); any other error of a read is raised as it came. Else
+-- before every limit has read its key); any other error of a read is raised as it came. Else,
+-- for a plan of one limit decided without reserving, that limit's figures alone; otherwise
 -- {1, 0, now} and every limit's figures in order, with code 0 if any limit refused. Only if none
 -- refused and permits are taken (neither a peek nor n = 0) is every limit committed; a refused
 -- plan's limits that would have granted report their figures for 0 permits.
@@ -31,7 +36,8 @@ end
 local reply, states
 for i = 1, limits do
   -- Figures as values, not a list: no table per limit for the collector to sweep.
-  local state, f1, f2, f3, f4, f5 = decide_limit(i)
+  local state, f1, f2, f3, f4, f5
+  -- @decide
   if f1 == nil then
     if string.sub(state.err, 1, 9) == 'WRONGTYPE' then
       return {-1, i, now}
@@ -39,11 +45,12 @@ for i = 1, limits do
     error(state)
   end
   if limits == 1 and not reserve then
-    -- The usual plan, of one limit: no list of states, and the reply made at its full size.
+    -- The usual plan, of one limit: no list of states, and a reply of its figures alone (its
+    -- code is the limit's own allowed figure; each item of a reply costs the server).
     if f1 == 1 and not peek and n ~= 0 then
-      commit_limit(1, state)
+      -- @commit
     end
-    return {f1, 0, now, f1, f2, f3, f4, f5}
+    return {f1, f2, f3, f4, f5}
   end
   if i == 1 then
     reply, states = {1, 0, now}, {}
@@ -65,7 +72,8 @@ if reply[1] == 0 and not peek and n ~= 0 then
     -- Every limit of a plan is of one method, with as many figures as the others.
     local at = 3 + (i - 1) * (#reply - 3) / limits
     if reply[at + 1] == 1 then
-      local _, f1, f2, f3, f4, f5 = decide_limit(i)
+      local state, f1, f2, f3, f4, f5
+      -- @decide
       reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] = f1, f2, f3, f4
       if f5 ~= nil then
         reply[at + 5] = f5
@@ -79,7 +87,8 @@ if reply[1] == 0 or peek or n == 0 then
 end
 if not reserve then
   for i = 1, limits do
-    commit_limit(i, states[i])
+    local state = states[i]
+    -- @commit
   end
   return reply
 end
@@ -111,7 +120,8 @@ for i = 1, limits do
   if before then
     expires = math.max(redis.call('PEXPIRETIME', key), 0)
   end
-  commit_limit(i, states[i])
+  local state = states[i]
+  -- @commit
   -- The token bucket's key is a string: the read's error says it has no window.
   local window = redis.pcall('HGET', key, 'w')
   if type(window) == 'string' then

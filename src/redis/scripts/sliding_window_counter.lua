@@ -19,6 +19,7 @@
 -- overstates the exact wait), reset_after (us)}; code 1 = allowed (and committed), 0 = denied,
 -- -1 = KEYS[index] holds another type (nothing written). Every number is an integer below 2^53:
 -- products of a count and a time, which can exceed it, are never formed (see mul_div).
+-- A plan of one limit decided without reserving replies that limit's figures alone (plan.lua).
 
 -- `expiry_slack_ms`, `n`, `peek` and `now` come from prelude.lua and `div` from div.lua, run
 -- first; plan.lua, run last, decides the plan with `decide_limit` and `commit_limit`.
@@ -165,3 +166,8 @@ local function commit_limit(i, s)
   redis.call('PEXPIRE', KEYS[i], math.floor(until_zero / 1000) + expiry_slack_ms)
 end
 
+-- @decide
+state, f1, f2, f3, f4, f5 = decide_limit(i)
+
+-- @commit
+commit_limit(i, state)

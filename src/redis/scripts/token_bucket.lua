@@ -13,86 +13,91 @@
 -- hold them exactly. Reply: {code, index, now_us, then per limit: allowed, remaining (ticks),
 -- retry_after (ticks), reset_after (ticks)}; code 1 = allowed (and committed), 0 = denied,
 -- -1 = KEYS[index] holds another type, or a string that is no bucket (nothing written).
+-- A plan of one limit decided without reserving replies that limit's figures alone (plan.lua).
 
 -- `expiry_slack_ms`, `n`, `peek` and `now` come from prelude.lua, run first; plan.lua, run last,
--- decides the plan with `decide_limit` and `commit_limit`.
+-- decides the plan, with the decision below written in at each of its `-- @decide` lines and the
+-- commit at each `-- @commit` (see `src/redis/script.rs`).
 
--- Limit i's commit (the new TAT's whole microseconds after now, with its remainder in ticks if
--- not 0; nil unless it takes permits) and its figures; the read's error alone if KEYS[i] is not
--- a string.
-local function decide_limit(i)
-  local stored = redis.pcall('GET', KEYS[i])
-  if type(stored) == 'table' then
-    -- An error: a GET's replies are strings, or false for a missing key.
-    return stored
+-- @decide
+-- Limit i's commit (`state`: the new TAT's whole microseconds after now, with its remainder in
+-- ticks if not 0; nil unless it takes permits) and its figures; the read's error alone if
+-- KEYS[i] is not a string. Run inside `repeat ... until true`: `break` ends it.
+local stored = redis.pcall('GET', KEYS[i])
+if type(stored) == 'table' then
+  -- An error: a GET's replies are strings, or false for a missing key.
+  state = stored
+  break
+end
+local base = 3 + 3 * (i - 1)
+local tpu, token, burst = ARGV[base + 1] + 0, ARGV[base + 2] + 0, ARGV[base + 3] + 0
+-- The debt (ticks still to refill) at `now`; a TAT behind `now` (or a missing key, false) is a
+-- full bucket. A TAT without a remainder is read with one conversion.
+local debt = 0
+local t, f = tonumber(stored), 0
+if t == nil and stored then
+  local colon = string.find(stored, ':', 1, true)
+  if colon ~= nil then
+    t, f = tonumber(string.sub(stored, 1, colon - 1)), tonumber(string.sub(stored, colon + 1))
   end
-  local base = 3 + 3 * (i - 1)
-  local tpu, token, burst = ARGV[base + 1] + 0, ARGV[base + 2] + 0, ARGV[base + 3] + 0
-  -- The debt (ticks still to refill) at `now`; a TAT behind `now` (or a missing key, false) is a
-  -- full bucket. A TAT without a remainder is read with one conversion.
-  local debt = 0
-  local t, f = tonumber(stored), 0
-  if t == nil and stored then
-    local colon = string.find(stored, ':', 1, true)
-    if colon ~= nil then
-      t, f = tonumber(string.sub(stored, 1, colon - 1)), tonumber(string.sub(stored, colon + 1))
-    end
-    if t == nil or f == nil then
-      -- A string that is no bucket is another program's key, as a key of another type is.
-      return {err = 'WRONGTYPE not a bucket'}
-    end
+  if t == nil or f == nil then
+    -- A string that is no bucket is another program's key, as a key of another type is.
+    state = {err = 'WRONGTYPE not a bucket'}
+    break
   end
-  if t ~= nil and t >= now then
-    -- A TAT more than two windows ahead can only come from a clock that stepped back; cap the
-    -- debt there (it denies either way) so the product below stays exact.
-    if t - now > 2 * (burst / tpu) then
-      debt = 2 * burst
-    else
-      debt = (t - now) * tpu + f
-    end
+end
+if t ~= nil and t >= now then
+  -- A TAT more than two windows ahead can only come from a clock that stepped back; cap the
+  -- debt there (it denies either way) so the product below stays exact.
+  if t - now > 2 * (burst / tpu) then
+    debt = 2 * burst
+  else
+    debt = (t - now) * tpu + f
   end
-  -- The figures: allowed, remaining, retry_after and reset_after, in ticks. A peek asks what one
-  -- permit would get (the quota if it fits, else its denial), n = 0 what is available (granted
-  -- whatever the debt, since it takes nothing).
-  local take = n
-  if peek then
-    take = 1
-  elseif n == 0 then
-    return nil, 1, math.max(burst - debt, 0), 0, debt
-  end
-  local new_debt = debt + take * token
-  if new_debt > burst then
-    return nil, 0, math.max(burst - debt, 0), new_debt - burst, debt
-  elseif peek then
-    return nil, 1, burst - debt, 0, debt
-  end
-  -- new TAT = now + new_debt ticks, split into whole microseconds and a remainder; the quotient
-  -- is corrected so that no rounding of the division can leave the remainder outside [0, tpu).
-  local q = math.floor(new_debt / tpu)
-  local r = new_debt - q * tpu
-  if r < 0 then
-    q, r = q - 1, r + tpu
-  elseif r >= tpu then
-    q, r = q + 1, r - tpu
-  end
-  if r == 0 then
-    -- The usual commit (always, when a tick is a microsecond): a number, no table.
-    return q, 1, burst - new_debt, 0, new_debt
-  end
-  return {q, r}, 1, burst - new_debt, 0, new_debt
+end
+-- The figures: allowed, remaining, retry_after and reset_after, in ticks. A peek asks what one
+-- permit would get (the quota if it fits, else its denial), n = 0 what is available (granted
+-- whatever the debt, since it takes nothing).
+local take = n
+if peek then
+  take = 1
+elseif n == 0 then
+  f1, f2, f3, f4 = 1, math.max(burst - debt, 0), 0, debt
+  break
+end
+local new_debt = debt + take * token
+if new_debt > burst then
+  f1, f2, f3, f4 = 0, math.max(burst - debt, 0), new_debt - burst, debt
+  break
+elseif peek then
+  f1, f2, f3, f4 = 1, burst - debt, 0, debt
+  break
+end
+-- new TAT = now + new_debt ticks, split into whole microseconds and a remainder; the quotient
+-- is corrected so that no rounding of the division can leave the remainder outside [0, tpu).
+local q = math.floor(new_debt / tpu)
+local r = new_debt - q * tpu
+if r < 0 then
+  q, r = q - 1, r + tpu
+elseif r >= tpu then
+  q, r = q + 1, r - tpu
+end
+f1, f2, f3, f4 = 1, burst - new_debt, 0, new_debt
+if r == 0 then
+  -- The usual commit (always, when a tick is a microsecond): a number, no table.
+  state = q
+else
+  state = {q, r}
 end
 
+-- @commit
 -- All granted: commit bucket i, written with its expiry in one command. The bucket is full
 -- again, indistinguishable from a missing key, q (+1 if r > 0) microseconds from now: it
 -- expires then. A TAT with no remainder goes as a number, which Redis writes exactly; one with
 -- a remainder as the digits of both.
-local function commit_limit(i, split)
-  if type(split) == 'number' then
-    redis.call('SET', KEYS[i], now + split, 'PX', math.floor(split / 1000) + expiry_slack_ms)
-    return
-  end
-  local q, r = split[1], split[2]
-  local value = string.format('%.0f:%.0f', now + q, r)
-  redis.call('SET', KEYS[i], value, 'PX', math.floor(q / 1000) + expiry_slack_ms)
+if type(state) == 'number' then
+  redis.call('SET', KEYS[i], now + state, 'PX', math.floor(state / 1000) + expiry_slack_ms)
+else
+  local value = string.format('%.0f:%.0f', now + state[1], state[2])
+  redis.call('SET', KEYS[i], value, 'PX', math.floor(state[1] / 1000) + expiry_slack_ms)
 end
-
