@@ -18,6 +18,9 @@ use crate::service::Grant;
 use crate::verdict::{Figures, Verdict};
 use crate::{Algorithm, Decision, MonotonicClock, RateLimiterService, Rule, ServiceBuilder};
 
+/// The Redis key prefix of the service's limits.
+pub(crate) const KEY_PREFIX: &str = "tollgate-rls";
+
 /// The one plan of a descriptor's in-process service: each limited descriptor has a service of
 /// its own, so that a reload replaces one descriptor's limits without touching another's.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -175,7 +178,7 @@ impl Snapshot {
                 let mut builder = RedisRateLimiter::<String>::builder(url.clone(), method)
                     .failure_policy(*policy)
                     .timeout(*timeout)
-                    .key_prefix("tollgate-rls");
+                    .key_prefix(KEY_PREFIX);
                 for (plan, rules) in plans {
                     builder = builder.plan_limits(plan, rules);
                 }

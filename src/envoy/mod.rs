@@ -50,7 +50,8 @@
 //!   across reloads, up to [`RateLimitServer::MAX_BROUGHT_LIMITS`]; a request bringing one more
 //!   is answered `RESOURCE_EXHAUSTED`, and one whose unit is not a unit, or whose limit the
 //!   method cannot enforce, `INVALID_ARGUMENT` (such a request takes no room among them). A
-//!   refund of a brought limit reaches the state of every instance on Redis. Unlike
+//!   refund of a brought limit takes no room either, and on Redis reaches the state every
+//!   instance shares, from any instance. Unlike
 //!   envoyproxy/ratelimit, a brought limit is counted apart from the configured limit of the
 //!   same entries and from another limit brought for them.
 

@@ -13,8 +13,12 @@
 //! [`RateLimitServer::MAX_BROUGHT_LIMITS`](super::RateLimitServer::MAX_BROUGHT_LIMITS) over all
 //! domains, each in process holding the store's clients. A request's missing limiters are made
 //! all or none, after all its limits were read: a request bringing one more than the bound is
-//! refused with `RESOURCE_EXHAUSTED` and takes no room, and none is decided by a limit it did
-//! not ask for. In process, memory is the store's clients per limiter, as for a configured
+//! refused with `RESOURCE_EXHAUSTED` (before its new limits are checked for what the method can
+//! enforce) and takes no room, and none is decided by a limit it did not ask for. A refund takes
+//! no room: in process a limit never made has nothing to give back; on Redis, where another
+//! instance may have taken from it, a limiter is made for that refund alone. On Redis every
+//! limiter shares the connections of one made with the service, whose settings are checked
+//! then. In process, memory is the store's clients per limiter, as for a configured
 //! descriptor: under the sliding window log, each client's ring of 8 bytes per permit of the
 //! brought limit, in a map that grows past `clients` (see `ServiceBuilder::capacity`).
 
@@ -38,10 +42,12 @@ pub(crate) struct Overrides {
     /// Read without a lock; replaced whole when a limiter is made (rarely: a few times in a
     /// service's life).
     made: ArcSwap<Table>,
-    /// Held while a limiter is made, so that one limit gets one limiter. On Redis, the limiter
-    /// whose connections the others share, made with the first.
-    making: Mutex<Option<Arc<RedisRateLimiter<String>>>>,
+    /// Held while limiters are made, so that one limit gets one limiter.
+    making: Mutex<()>,
     store: StateStore,
+    /// On Redis: the limiter whose connections, timeout and failure policy every brought
+    /// limit's limiter shares (made, and its settings checked, with the service).
+    base: Option<Arc<RedisRateLimiter<String>>>,
 }
 
 /// Why a brought limit has no limiter.
@@ -51,25 +57,44 @@ pub(crate) enum OverrideError {
     Full,
     /// The domain's method cannot enforce it; the message says why.
     Unenforceable(String),
-    /// Its Redis limiter could not be made.
-    Redis(RedisError),
 }
 
 /// Entries of a Redis deny cache per brought limit (each cache is allocated whole).
 const DENY_CACHE_PER_LIMIT: usize = 4_096;
 
 impl Overrides {
-    pub(crate) fn new(store: StateStore) -> Overrides {
-        Overrides {
+    /// The table for `store`.
+    ///
+    /// # Errors
+    ///
+    /// On Redis, settings no limiter can be made with (a URL, a timeout, a failure policy):
+    /// named now, not at the first request that brings a limit.
+    pub(crate) fn new(store: StateStore) -> Result<Overrides, RedisError> {
+        let base = match &store {
+            StateStore::InProcess { .. } => None,
+            StateStore::Redis {
+                url,
+                policy,
+                timeout,
+            } => Some(Arc::new(
+                RedisRateLimiter::<String>::builder(url.clone(), Algorithm::FixedWindow)
+                    .failure_policy(*policy)
+                    .timeout(*timeout)
+                    .key_prefix(engine::KEY_PREFIX)
+                    .deny_cache(0)
+                    .plan(
+                        "base".to_owned(),
+                        crate::Rule::per_second(1).expect("a valid rule"),
+                    )
+                    .build_lazy()?,
+            )),
+        };
+        Ok(Overrides {
             made: ArcSwap::from_pointee(Table::new()),
-            making: Mutex::new(None),
+            making: Mutex::new(()),
             store,
-        }
-    }
-
-    /// Whether the limiters' state is on Redis, shared with other instances.
-    pub(crate) fn is_remote(&self) -> bool {
-        matches!(self.store, StateStore::Redis { .. })
+            base,
+        })
     }
 
     /// The limiter of `limit` in `domain` under `method`, if one was made.
@@ -104,7 +129,7 @@ impl Overrides {
             return Ok(found);
         }
         // A panic while making them leaves nothing half made: the table is replaced whole.
-        let mut base = self.making.lock().unwrap_or_else(PoisonError::into_inner);
+        let _one_at_a_time = self.making.lock().unwrap_or_else(PoisonError::into_inner);
         let table = self.made.load_full();
         let known = table.get(domain);
         let mut missing: Vec<(usize, UnitLimit)> = Vec::new();
@@ -122,7 +147,7 @@ impl Overrides {
         let made = next.entry(domain.to_owned()).or_default();
         for (at, limit) in missing {
             let limiter = self
-                .make(domain, method, limit, &mut base)
+                .make(domain, method, limit, DENY_CACHE_PER_LIMIT)
                 .map_err(|error| (at, error))?;
             made.insert((method, limit), Arc::new(limiter));
         }
@@ -134,12 +159,30 @@ impl Overrides {
         Ok(all)
     }
 
+    /// On Redis, a limiter of `limit` for one request's refund where this instance made none:
+    /// not kept, and taking no room (another instance may have charged the shared state). `None`
+    /// in process (no request took from it here: nothing to give back), or for a limit the
+    /// method cannot enforce (no request could take from it anywhere).
+    pub(crate) fn for_one_refund(
+        &self,
+        domain: &str,
+        method: Algorithm,
+        limit: UnitLimit,
+    ) -> Option<Arc<NodeLimit>> {
+        if let Some(made) = self.find(domain, method, limit) {
+            return Some(made);
+        }
+        self.base.as_ref()?;
+        self.make(domain, method, limit, 0).ok().map(Arc::new)
+    }
+
+    /// A limiter of `limit`, with a Redis deny cache of `deny_cache` entries (none for 0).
     fn make(
         &self,
         domain: &str,
         method: Algorithm,
         limit: UnitLimit,
-        base: &mut Option<Arc<RedisRateLimiter<String>>>,
+        deny_cache: usize,
     ) -> Result<NodeLimit, OverrideError> {
         let UnitLimit {
             unit,
@@ -161,37 +204,23 @@ impl Overrides {
         let limiter = match &self.store {
             StateStore::InProcess { clients } => engine::in_process(method, &limits, *clients)
                 .map_err(OverrideError::Unenforceable)?,
-            StateStore::Redis {
-                url,
-                policy: failure,
-                timeout,
-            } => {
+            StateStore::Redis { .. } => {
+                let base = self.base.as_ref().expect("made with the table on Redis");
                 let plan = engine::redis_plan_name(
                     'o',
                     domain,
                     &format!("{method:?}/{requests_per_unit}/{}", unit.name()),
                 );
                 let plans = vec![(plan.clone(), engine::rules_of(&limits))];
-                let limiter = match base {
-                    Some(base) => base.sibling(method, plans, DENY_CACHE_PER_LIMIT),
-                    None => RedisRateLimiter::<String>::builder(url.clone(), method)
-                        .failure_policy(*failure)
-                        .timeout(*timeout)
-                        .key_prefix("tollgate-rls")
-                        .deny_cache(DENY_CACHE_PER_LIMIT)
-                        .plan_limits(plan.clone(), engine::rules_of(&limits))
-                        .build_lazy(),
-                };
-                let limiter = Arc::new(limiter.map_err(|error| match error {
-                    RedisError::Plan(_)
-                    | RedisError::NotExact { .. }
-                    | RedisError::WindowNotMicroseconds { .. } => {
-                        OverrideError::Unenforceable(error.to_string())
-                    }
-                    other => OverrideError::Redis(other),
-                })?);
-                base.get_or_insert_with(|| Arc::clone(&limiter));
-                Limiter::Redis { limiter, plan }
+                // Every error of a sibling is a plan the method cannot hold: the settings were
+                // checked with the base.
+                let limiter = base
+                    .sibling(method, plans, deny_cache)
+                    .map_err(|error| OverrideError::Unenforceable(error.to_string()))?;
+                Limiter::Redis {
+                    limiter: Arc::new(limiter),
+                    plan,
+                }
             }
         };
         Ok(NodeLimit {
@@ -250,7 +279,7 @@ mod tests {
     fn racing_first_requests_make_one_limiter_per_limit_and_stop_at_the_bound() {
         const MOST: usize = 24;
         const LIMITS: u64 = 40;
-        let overrides = Overrides::new(StateStore::InProcess { clients: 4 });
+        let overrides = Overrides::new(StateStore::InProcess { clients: 4 }).expect("in process");
         let made: Vec<Vec<Option<Arc<NodeLimit>>>> = std::thread::scope(|scope| {
             let racers: Vec<_> = (0..4)
                 .map(|thread| {

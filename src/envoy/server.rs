@@ -104,16 +104,18 @@ impl RateLimitServer {
     /// # Errors
     ///
     /// [`BuildError`] when a descriptor's limits cannot be enforced (a limit out of the method's
-    /// bounds), or when Redis cannot be reached to load the scripts.
+    /// bounds), when the Redis store's settings cannot make a limiter (its URL, a timeout of 0,
+    /// a local share out of (0, 1]), or when Redis cannot be reached to load the scripts.
     pub async fn new(config: &RlsConfig, store: StateStore) -> Result<Self, BuildError> {
         let snapshot = Snapshot::build(config, &store, None).await?;
+        let overrides = Overrides::new(store.clone()).map_err(BuildError::Redis)?;
         Ok(RateLimitServer {
             inner: Arc::new(Inner {
                 current: ArcSwap::from_pointee(snapshot),
                 store: store.clone(),
                 reloading: tokio::sync::Mutex::new(()),
                 requests: metrics::RequestMetrics::register(),
-                overrides: Overrides::new(store.clone()),
+                overrides,
             }),
         })
     }
@@ -136,17 +138,17 @@ impl RateLimitServer {
     }
 
     /// The limiter of each limit that `request`'s descriptors bring, in order, made now where
-    /// none was; `None` for an in-process refund's limit that no request took from yet (nothing
-    /// to give back to; on Redis, another instance may have taken, so a refund makes its limiter
-    /// too). Every brought limit is read before any limiter is made, and the missing ones are
-    /// made all or none: a request refused here takes no room among
-    /// [`RateLimitServer::MAX_BROUGHT_LIMITS`].
+    /// none was. A refund takes no room: it uses the limit's limiter if one was made, else on
+    /// Redis one for this request alone (another instance may have charged the shared state),
+    /// and in process none (`None`: nothing to give back). Every brought limit is read before
+    /// any limiter is made, and the missing ones are made all or none: a request refused here
+    /// takes no room among [`RateLimitServer::MAX_BROUGHT_LIMITS`].
     fn brought_limits(
         &self,
         request: &RateLimitRequest,
         method: Algorithm,
     ) -> Result<Vec<Option<Arc<NodeLimit>>>, Status> {
-        // (descriptor index, limit, whether its limiter is needed even if never made)
+        // (descriptor index, limit, whether it is taken from: not a refund)
         let mut brought = Vec::new();
         for (index, descriptor) in request.descriptors.iter().enumerate() {
             let Some(limit) = &descriptor.limit else {
@@ -154,8 +156,7 @@ impl RateLimitServer {
             };
             let limit = overrides::brought_limit(limit)
                 .map_err(|why| Status::invalid_argument(format!("descriptor {index}: {why}")))?;
-            let needed = !descriptor.is_negative_hits || self.inner.overrides.is_remote();
-            brought.push((index, limit, needed));
+            brought.push((index, limit, !descriptor.is_negative_hits));
         }
         if brought.is_empty() {
             return Ok(Vec::new());
@@ -194,7 +195,6 @@ impl RateLimitServer {
                         limit.requests_per_unit,
                         limit.unit.name()
                     )),
-                    OverrideError::Redis(error) => unavailable(error),
                 }
             })?;
         let mut made = made.into_iter();
@@ -204,7 +204,7 @@ impl RateLimitServer {
                 if *needed {
                     made.next()
                 } else {
-                    overrides.find(&request.domain, method, *limit)
+                    overrides.for_one_refund(&request.domain, method, *limit)
                 }
             })
             .collect())
@@ -224,7 +224,10 @@ impl RateLimitServer {
     /// limit still counts (the token bucket moves back to full at most, the windows take them
     /// off the current window's count; the sliding log, whose slots record admissions, and a
     /// client the service does not hold get nothing); on Redis, by the same rules, in one round
-    /// trip made before the request's decision (see `RedisRateLimiter::refund`).
+    /// trip made before the request's decision (see `RedisRateLimiter::refund`). A refund of a
+    /// brought limit takes no room among [`RateLimitServer::MAX_BROUGHT_LIMITS`] (on Redis, an
+    /// instance that made no limiter for it refunds through one made for that request alone),
+    /// and one of a limit the method cannot enforce gives nothing (nothing could take from it).
     ///
     /// A request is decided **all or nothing**: when any of its descriptors is over its limit,
     /// none is charged (envoyproxy/ratelimit charges every descriptor, so refused traffic spends
@@ -258,9 +261,10 @@ impl RateLimitServer {
     ///
     /// `INVALID_ARGUMENT` for a request without a domain or descriptors, or with more than
     /// [`RateLimitServer::MAX_DESCRIPTORS`], or a descriptor that brings a limit whose unit is
-    /// not a unit or that the domain's method cannot enforce (the message names the descriptor
-    /// and why); `RESOURCE_EXHAUSTED` for a request bringing a limit past
-    /// [`RateLimitServer::MAX_BROUGHT_LIMITS`]; `UNAVAILABLE` when a
+    /// not a unit, or takes from a limit that the domain's method cannot enforce (the message
+    /// names the descriptor and why); `RESOURCE_EXHAUSTED` for a request taking from a limit
+    /// past [`RateLimitServer::MAX_BROUGHT_LIMITS`] (checked before whether its new limits can
+    /// be enforced); `UNAVAILABLE` when a
     /// Redis round trip fails under [`FailurePolicy::Error`](crate::redis::FailurePolicy)
     /// (Envoy then applies its `failure_mode_deny`). A request answered with an error is charged
     /// to none of its descriptors (and so, under Envoy's default `failure_mode_deny: false`,
