@@ -20,8 +20,9 @@
 //! expiry). The window scripts also take `scripts/div.lua`. The shared parts are values and
 //! top-level code rather than functions: the script's body runs on every call, and every
 //! function it makes is a closure made, and collected, on every call. For the same reason the
-//! token bucket's decision and commit are sections of text that [`compose`] writes into the
-//! plan where it uses them; the other methods' sections still call functions of their own.
+//! token bucket's and the fixed window's decision and commit are sections of text that
+//! [`compose`] writes into the plan where it uses them; the sliding methods' sections still call
+//! functions of their own.
 
 use std::sync::LazyLock;
 
@@ -40,10 +41,7 @@ pub(super) static TOKEN_BUCKET: LazyLock<Script> = LazyLock::new(|| {
 });
 pub(super) static FIXED_WINDOW: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&compose(
-        &[
-            include_str!("scripts/prelude.lua"),
-            include_str!("scripts/div.lua"),
-        ],
+        &[include_str!("scripts/prelude.lua")],
         include_str!("scripts/fixed_window.lua"),
     ))
 });
