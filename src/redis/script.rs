@@ -19,10 +19,9 @@
 //! program's key from ours), and what committing it writes (every key written is given its
 //! expiry). The window scripts also take `scripts/div.lua`. The shared parts are values and
 //! top-level code rather than functions: the script's body runs on every call, and every
-//! function it makes is a closure made, and collected, on every call. For the same reason the
-//! token bucket's and the fixed window's decision and commit are sections of text that
-//! [`compose`] writes into the plan where it uses them; the sliding methods' sections still call
-//! functions of their own.
+//! function it makes is a closure made, and collected, on every call. For the same reason each
+//! method's decision and commit are sections of text that [`compose`] writes into the plan where
+//! it uses them (the sliding methods keep helper functions of their own).
 
 use std::sync::LazyLock;
 

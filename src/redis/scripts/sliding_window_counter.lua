@@ -22,7 +22,8 @@
 -- A plan of one limit decided without reserving replies that limit's figures alone (plan.lua).
 
 -- `expiry_slack_ms`, `n`, `peek` and `now` come from prelude.lua and `div` from div.lua, run
--- first; plan.lua, run last, decides the plan with `decide_limit` and `commit_limit`.
+-- first; plan.lua, run last, decides the plan, with the decision below written in at each of
+-- its `-- @decide` lines and the commit at each `-- @commit` (see `src/redis/script.rs`).
 
 -- floor(a * b / d) and (a * b) mod d, for a below 2^32 and b, d below 2^51, whose quotient is
 -- below 2^53, without forming a * b (up to 2^83): a's bits from the highest, doubling the
@@ -111,63 +112,58 @@ local function decide(s, take, now)
   return 0, math.max(room - weight, 0), retry, short, reset_after(s, s.cur, now)
 end
 
--- Limit i's state, for its commit, and its figures; the read's error alone if KEYS[i] is not a
--- hash.
-local function decide_limit(i)
-  local base = 3 + 2 * (i - 1)
-  local limit, window = ARGV[base + 1] + 0, ARGV[base + 2] + 0
-  local stored = redis.pcall('HMGET', KEYS[i], 'w', 'c', 'p')
-  if stored.err ~= nil then
-    return stored
-  end
-  local w, c, p = tonumber(stored[1]), tonumber(stored[2]), tonumber(stored[3])
-  local s = {limit = limit, window = window, index = div(now, window), cur = 0, prev = 0}
-  -- A commit to a missing key creates it: it then names its incarnation (see commit_limit).
-  s.created = not stored[1] and not stored[2] and not stored[3]
-  if w ~= nil and c ~= nil and p ~= nil then
-    c, p = math.min(c, limit), math.min(p, limit)
-    if now < w * window then
-      -- Behind the stored window: counted at its start.
-      s.index, s.cur, s.prev = w, c, p
-    elseif s.index == w then
-      s.cur, s.prev = c, p
-    elseif s.index == w + 1 then
-      -- The stored window's count weighs on the next window only.
-      s.prev = c
-    end
-  end
-  s.e = math.max(now - s.index * window, 0)
-  local allowed, remaining, retry, short, reset
-  if peek then
-    -- What one permit would get: the quota if it fits, else its denial.
-    allowed, remaining, retry, short, reset = decide(s, 1, now)
-    if allowed == 1 then
-      allowed, remaining, retry, short, reset = decide(s, 0, now)
-    end
-  else
-    allowed, remaining, retry, short, reset = decide(s, n, now)
-  end
-  return s, allowed, remaining, retry, short, reset
-end
-
-local function commit_limit(i, s)
-  if s.created then
-    -- A new key names its incarnation (`i`, the server's time when it was made), so that a grant
-    -- made on an earlier one is never given back to it (see give_back.lua).
-    local time = redis.call('TIME')
-    redis.call('HSET', KEYS[i], 'w', s.index, 'c', s.cur + n, 'p', s.prev, 'i',
-      time[1] .. '.' .. time[2])
-  else
-    redis.call('HSET', KEYS[i], 'w', s.index, 'c', s.cur + n, 'p', s.prev)
-  end
-  -- The estimate is 0 once the window after this one ends; the counter is then
-  -- indistinguishable from a missing key: expire it then.
-  local until_zero = (s.index + 2) * s.window - now
-  redis.call('PEXPIRE', KEYS[i], math.floor(until_zero / 1000) + expiry_slack_ms)
-end
-
 -- @decide
-state, f1, f2, f3, f4, f5 = decide_limit(i)
+-- Limit i's state, for its commit (`state`), and its figures; the read's error alone (in
+-- `state`) if KEYS[i] is not a hash. Run inside `repeat ... until true`: `break` ends it.
+local base = 3 + 2 * (i - 1)
+local limit, window = ARGV[base + 1] + 0, ARGV[base + 2] + 0
+local stored = redis.pcall('HMGET', KEYS[i], 'w', 'c', 'p')
+if stored.err ~= nil then
+  state = stored
+  break
+end
+local w, c, p = tonumber(stored[1]), tonumber(stored[2]), tonumber(stored[3])
+local s = {limit = limit, window = window, index = div(now, window), cur = 0, prev = 0}
+-- A commit to a missing key creates it: it then names its incarnation (see the commit).
+s.created = not stored[1] and not stored[2] and not stored[3]
+if w ~= nil and c ~= nil and p ~= nil then
+  c, p = math.min(c, limit), math.min(p, limit)
+  if now < w * window then
+    -- Behind the stored window: counted at its start.
+    s.index, s.cur, s.prev = w, c, p
+  elseif s.index == w then
+    s.cur, s.prev = c, p
+  elseif s.index == w + 1 then
+    -- The stored window's count weighs on the next window only.
+    s.prev = c
+  end
+end
+s.e = math.max(now - s.index * window, 0)
+local allowed, remaining, retry, short, reset
+if peek then
+  -- What one permit would get: the quota if it fits, else its denial.
+  allowed, remaining, retry, short, reset = decide(s, 1, now)
+  if allowed == 1 then
+    allowed, remaining, retry, short, reset = decide(s, 0, now)
+  end
+else
+  allowed, remaining, retry, short, reset = decide(s, n, now)
+end
+state = s
+f1, f2, f3, f4, f5 = allowed, remaining, retry, short, reset
 
 -- @commit
-commit_limit(i, state)
+local s = state
+if s.created then
+  -- A new key names its incarnation (`i`, the server's time when it was made), so that a grant
+  -- made on an earlier one is never given back to it (see give_back.lua).
+  local time = redis.call('TIME')
+  redis.call('HSET', KEYS[i], 'w', s.index, 'c', s.cur + n, 'p', s.prev, 'i',
+    time[1] .. '.' .. time[2])
+else
+  redis.call('HSET', KEYS[i], 'w', s.index, 'c', s.cur + n, 'p', s.prev)
+end
+-- The estimate is 0 once the window after this one ends; the counter is then
+-- indistinguishable from a missing key: expire it then.
+local until_zero = (s.index + 2) * s.window - now
+redis.call('PEXPIRE', KEYS[i], math.floor(until_zero / 1000) + expiry_slack_ms)

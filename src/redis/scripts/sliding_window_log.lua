@@ -32,7 +32,8 @@
 -- A plan of one limit decided without reserving replies that limit's figures alone (plan.lua).
 
 -- `expiry_slack_ms`, `n`, `peek` and `now` come from prelude.lua, run first; plan.lua, run last,
--- decides the plan with `decide_limit` and `commit_limit`.
+-- decides the plan, with the decision below written in at each of its `-- @decide` lines and the
+-- commit at each `-- @commit` (see `src/redis/script.rs`).
 
 -- The digits of a positive integer below 2^53, for joining into a member: Lua's own
 -- number-to-string conversion keeps only 14 significant digits, and times in microseconds have
@@ -69,94 +70,87 @@ local function expiry_holding(key, target, low, high)
   return redis.call('ZRANGE', key, low, low, 'WITHSCORES')[2] + 0
 end
 
--- Limit i's state for its commit, and its figures; the read's error alone if KEYS[i] is not a
--- sorted set.
-local function decide_limit(i)
-  local base = 3 + 2 * (i - 1)
-  local limit, window = ARGV[base + 1] + 0, ARGV[base + 2] + 0
-  local key = KEYS[i]
-  local newest = redis.pcall('ZRANGE', key, -1, -1, 'WITHSCORES')
-  if newest.err ~= nil then
-    return newest
-  end
-  local latest, total, newest_count = 0, 0, 0
-  if newest[1] ~= nil then
-    total, newest_count = batch_of(newest[1])
-    latest = newest[2] + 0
-  end
-  local time = math.max(now, latest - window)
-  local time_digits = int(time)
-  -- Admissions still in the window at `time`, those that expire after it: every admission from
-  -- the oldest such batch on.
-  -- The rank of the oldest live batch, when known without a count: 0 for an empty log.
-  local live, before_live, first_after, first_expiry, first_rank = 0, total, 0, 0, nil
-  if newest[1] == nil then
-    first_rank = 0
-  elseif latest > time then
-    -- The oldest batch is usually still in the window, and then no batch has left it; else the
-    -- oldest live batch is found by its expiry.
-    local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-    if first[2] + 0 > time then
-      first_rank = 0
-    else
-      first = redis.call('ZRANGEBYSCORE', key, '(' .. time_digits, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
-    end
-    local first_count
-    first_after, first_count = batch_of(first[1])
-    first_expiry = first[2] + 0
-    before_live = first_after - first_count
-    live = total - before_live
-  end
-  local reset = math.max(latest - now, 0)
-  local allowed, remaining, retry = 1, math.max(limit - live, 0), 0
-  local wanted = n
-  if peek then
-    wanted = 1
-  end
-  if wanted >= 1 then
-    if live + wanted > limit then
-      -- The admissions still in the window leave oldest first; room for `wanted` comes when the
-      -- (live + wanted - limit)-th of them has left.
-      local target = before_live + live + wanted - limit - 1
-      local leaving = first_expiry
-      if target >= first_after then
-        first_rank = first_rank or redis.call('ZCOUNT', key, '-inf', time_digits)
-        local last_rank = redis.call('ZCARD', key) - 1
-        leaving = expiry_holding(key, target, first_rank + 1, last_rank)
-      end
-      allowed, retry = 0, math.max(leaving - now, 0)
-    elseif not peek then
-      remaining, reset = limit - live - n, time + window - now
-    end
-  end
-  local state = {time, window, time_digits, total, latest, newest[1], newest_count, first_rank}
-  return state, allowed, remaining, retry, reset
-end
-
-local function commit_limit(i, state)
-  local time, window, time_digits, total = state[1], state[2], state[3], state[4]
-  local latest, newest_member, newest_count, first_rank = state[5], state[6], state[7], state[8]
-  local key = KEYS[i]
-  local expiry = time + window
-  -- Batches that have left the window stay out of it (time never goes back): drop the oldest of
-  -- them, a bounded number per commit.
-  local left = first_rank or redis.call('ZCOUNT', key, '-inf', time_digits)
-  if left > 0 then
-    redis.call('ZREMRANGEBYRANK', key, 0, math.min(left, DROP_PER_COMMIT) - 1)
-  end
-  local count = n
-  if expiry == latest then
-    -- Admitted at the newest batch's instant: join it, so that expiries stay unique.
-    redis.call('ZREM', key, newest_member)
-    count = newest_count + n
-  end
-  redis.call('ZADD', key, int(expiry), int(total + n) .. ':' .. int(count))
-  -- When the newest admission leaves the window the log is empty: expire it then.
-  redis.call('PEXPIRE', key, math.floor((time + window - now) / 1000) + expiry_slack_ms)
-end
-
 -- @decide
-state, f1, f2, f3, f4, f5 = decide_limit(i)
+-- Limit i's state for its commit (`state`), and its figures; the read's error alone (in
+-- `state`) if KEYS[i] is not a sorted set. Run inside `repeat ... until true`: `break` ends it.
+local base = 3 + 2 * (i - 1)
+local limit, window = ARGV[base + 1] + 0, ARGV[base + 2] + 0
+local key = KEYS[i]
+local newest = redis.pcall('ZRANGE', key, -1, -1, 'WITHSCORES')
+if newest.err ~= nil then
+  state = newest
+  break
+end
+local latest, total, newest_count = 0, 0, 0
+if newest[1] ~= nil then
+  total, newest_count = batch_of(newest[1])
+  latest = newest[2] + 0
+end
+local time = math.max(now, latest - window)
+local time_digits = int(time)
+-- Admissions still in the window at `time`, those that expire after it: every admission from
+-- the oldest such batch on.
+-- The rank of the oldest live batch, when known without a count: 0 for an empty log.
+local live, before_live, first_after, first_expiry, first_rank = 0, total, 0, 0, nil
+if newest[1] == nil then
+  first_rank = 0
+elseif latest > time then
+  -- The oldest batch is usually still in the window, and then no batch has left it; else the
+  -- oldest live batch is found by its expiry.
+  local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  if first[2] + 0 > time then
+    first_rank = 0
+  else
+    first = redis.call('ZRANGEBYSCORE', key, '(' .. time_digits, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  end
+  local first_count
+  first_after, first_count = batch_of(first[1])
+  first_expiry = first[2] + 0
+  before_live = first_after - first_count
+  live = total - before_live
+end
+local reset = math.max(latest - now, 0)
+local allowed, remaining, retry = 1, math.max(limit - live, 0), 0
+local wanted = n
+if peek then
+  wanted = 1
+end
+if wanted >= 1 then
+  if live + wanted > limit then
+    -- The admissions still in the window leave oldest first; room for `wanted` comes when the
+    -- (live + wanted - limit)-th of them has left.
+    local target = before_live + live + wanted - limit - 1
+    local leaving = first_expiry
+    if target >= first_after then
+      first_rank = first_rank or redis.call('ZCOUNT', key, '-inf', time_digits)
+      local last_rank = redis.call('ZCARD', key) - 1
+      leaving = expiry_holding(key, target, first_rank + 1, last_rank)
+    end
+    allowed, retry = 0, math.max(leaving - now, 0)
+  elseif not peek then
+    remaining, reset = limit - live - n, time + window - now
+  end
+end
+state = {time, window, time_digits, total, latest, newest[1], newest_count, first_rank}
+f1, f2, f3, f4 = allowed, remaining, retry, reset
 
 -- @commit
-commit_limit(i, state)
+local time, window, time_digits, total = state[1], state[2], state[3], state[4]
+local latest, newest_member, newest_count, first_rank = state[5], state[6], state[7], state[8]
+local key = KEYS[i]
+local expiry = time + window
+-- Batches that have left the window stay out of it (time never goes back): drop the oldest of
+-- them, a bounded number per commit.
+local left = first_rank or redis.call('ZCOUNT', key, '-inf', time_digits)
+if left > 0 then
+  redis.call('ZREMRANGEBYRANK', key, 0, math.min(left, DROP_PER_COMMIT) - 1)
+end
+local count = n
+if expiry == latest then
+  -- Admitted at the newest batch's instant: join it, so that expiries stay unique.
+  redis.call('ZREM', key, newest_member)
+  count = newest_count + n
+end
+redis.call('ZADD', key, int(expiry), int(total + n) .. ':' .. int(count))
+-- When the newest admission leaves the window the log is empty: expire it then.
+redis.call('PEXPIRE', key, math.floor((time + window - now) / 1000) + expiry_slack_ms)
