@@ -10,10 +10,9 @@ mod rls_support;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::google::protobuf::UInt64Value;
 use redis_support::RedisServer;
-use rls_support::descriptor;
+use rls_support::{bringing, descriptor};
 use tollgate::envoy::proto::rate_limit_response::Code;
 use tollgate::envoy::proto::{RateLimitRequest, RateLimitResponse};
 use tollgate::envoy::{RateLimitServer, RlsConfig, StateStore};
@@ -43,16 +42,6 @@ async fn server_on(yaml: &str, store: StateStore) -> RateLimitServer {
 
 async fn server(yaml: &str) -> RateLimitServer {
     server_on(yaml, StateStore::InProcess { clients: 64 }).await
-}
-
-/// A descriptor of `entries` that brings `requests_per_unit` per `unit`.
-fn bringing(entries: &[(&str, &str)], requests_per_unit: u32, unit: i32) -> RateLimitDescriptor {
-    let mut made = descriptor(entries);
-    made.limit = Some(RateLimitOverride {
-        requests_per_unit,
-        unit,
-    });
-    made
 }
 
 async fn try_decide(

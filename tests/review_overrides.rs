@@ -28,10 +28,8 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
-use envoy_types::pb::google::protobuf::UInt64Value;
 use redis_support::RedisServer;
-use rls_support::descriptor;
+use rls_support::{bringing, descriptor, refund, with_hits};
 use tollgate::envoy::proto::rate_limit_response::Code;
 use tollgate::envoy::proto::{RateLimitRequest, RateLimitResponse};
 use tollgate::envoy::{RateLimitServer, RlsConfig, StateStore};
@@ -61,25 +59,6 @@ const METHODS: [&str; 4] = [
     "sliding_window_log",
     "sliding_window_counter",
 ];
-
-fn bringing(entries: &[(&str, &str)], requests_per_unit: u32, unit: i32) -> RateLimitDescriptor {
-    let mut made = descriptor(entries);
-    made.limit = Some(RateLimitOverride {
-        requests_per_unit,
-        unit,
-    });
-    made
-}
-
-fn with_hits(mut descriptor: RateLimitDescriptor, hits: u64) -> RateLimitDescriptor {
-    descriptor.hits_addend = Some(UInt64Value { value: hits });
-    descriptor
-}
-
-fn refund(mut descriptor: RateLimitDescriptor, hits: u64) -> RateLimitDescriptor {
-    descriptor.is_negative_hits = true;
-    with_hits(descriptor, hits)
-}
 
 fn config(yaml: &str) -> RlsConfig {
     RlsConfig::from_yaml_str("review.yaml", yaml).expect("the configuration is valid")

@@ -11,7 +11,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
+use envoy_types::pb::google::protobuf::UInt64Value;
 use tollgate::envoy::proto::rate_limit_service_client::RateLimitServiceClient;
 use tollgate::envoy::proto::{RateLimitRequest, RateLimitResponse};
 use tonic::transport::Channel;
@@ -129,6 +132,34 @@ pub(crate) fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
             .collect(),
         ..RateLimitDescriptor::default()
     }
+}
+
+/// A descriptor of `entries` that brings its own limit (`RateLimitDescriptor.limit`):
+/// `requests_per_unit` per `unit` (envoy.type.v3.RateLimitUnit's number: 1 second, 2 minute,
+/// 3 hour, 4 day, 5 month, 6 year, 7 week).
+pub(crate) fn bringing(
+    entries: &[(&str, &str)],
+    requests_per_unit: u32,
+    unit: i32,
+) -> RateLimitDescriptor {
+    let mut made = descriptor(entries);
+    made.limit = Some(RateLimitOverride {
+        requests_per_unit,
+        unit,
+    });
+    made
+}
+
+/// `descriptor` asking `hits` permits (its own `hits_addend`).
+pub(crate) fn with_hits(mut descriptor: RateLimitDescriptor, hits: u64) -> RateLimitDescriptor {
+    descriptor.hits_addend = Some(UInt64Value { value: hits });
+    descriptor
+}
+
+/// `descriptor` made a refund of `hits` permits (`is_negative_hits`).
+pub(crate) fn refund(mut descriptor: RateLimitDescriptor, hits: u64) -> RateLimitDescriptor {
+    descriptor.is_negative_hits = true;
+    with_hits(descriptor, hits)
 }
 
 /// A request of `domain` with one descriptor per list of entries.
