@@ -308,7 +308,7 @@ async fn a_killed_master_gets_the_policy_answers_and_the_live_masters_keep_their
     }
 }
 
-/// A cluster's circuit breakers are per group of hash slots: a killed master's clients are
+/// A cluster's circuit breakers are per hash slot: a killed master's clients are
 /// short-circuited once their circuits open (no timeout per request), while every request of the
 /// live masters' clients is still decided by Redis. (With one breaker for the whole cluster, the
 /// live masters' successes hold it closed, and every request of the dead master's clients waits

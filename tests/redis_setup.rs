@@ -176,6 +176,8 @@ mod tls {
                 .plan("free", Rule::per_hour(3).unwrap())
                 .key_prefix(format!("tls-{algorithm}"))
                 .deny_cache(0)
+                .timeout(std::time::Duration::from_secs(2))
+                .connect_timeout(std::time::Duration::from_secs(5))
                 .tls_root_certificate(ca.pem())
                 .build()
                 .await

@@ -419,10 +419,8 @@ impl<P> RedisRateLimiter<P> {
             next_connection: AtomicUsize::new(0),
             timeout: self.timeout,
             policy: self.policy,
-            breaker: Breakers::new(
-                self.breaker.settings(),
-                self.connections.iter().any(Connection::is_cluster),
-            ),
+            // The same connections: the same nodes, whose failures every sibling shares.
+            breaker: self.breaker.clone(),
             deny_cache: (deny_cache > 0).then(|| DenyCache::new(deny_cache)),
             local,
             counters: Counters::default(),

@@ -679,19 +679,27 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
         tokio::task::coop::consume_budget().await;
         let (index, entry) = self.plan_entry(plan)?;
         if mode != Mode::Peek
-            && let Some(rejected) = entry.limits.iter().find_map(|(spec, _)| spec.reject(n))
+            && let Some((at, rejected)) = entry
+                .limits
+                .iter()
+                .enumerate()
+                .find_map(|(at, (spec, _))| spec.reject(n).map(|rejected| (at, rejected)))
         {
             Counters::bump(&self.counters.rejections);
             // A request that can never pass still reports the real quota, as in process: one
-            // round trip of 0 permits (which writes nothing). Without it, the rejection stands
-            // with no figures.
+            // round trip of 0 permits (which writes nothing), and the figures of the limit that
+            // rejects it (of a plan of several, not the tightest's). Without it, the rejection
+            // stands with no figures.
             let quota = Box::pin(self.decide_inner(client, plan, 0, Mode::Acquire, now_us)).await;
             return Ok(match (quota, rejected.rejection()) {
-                (Ok(quota), Some(rejection)) => Answer {
-                    decision: quota.decision.into_rejected(rejection),
-                    source: Source::Rejected,
-                    ..quota
-                },
+                (Ok(quota), Some(rejection)) => {
+                    let own = quota.each_limit().get(at).copied();
+                    Answer {
+                        decision: own.unwrap_or(quota.decision).into_rejected(rejection),
+                        source: Source::Rejected,
+                        ..quota
+                    }
+                }
                 _ => Answer::new(rejected, Source::Rejected),
             });
         }

@@ -59,8 +59,8 @@
 //! - **Failure.** Each round trip is bounded by a timeout (50 ms by default); after 3 failures one
 //!   after another (round trips in flight together, which one stall times out together, count
 //!   once: see [`CircuitBreaker`]) a circuit breaker opens and no request waits on Redis until a
-//!   probe, every 500 ms, succeeds; on a cluster each group of 64 hash slots has a breaker of
-//!   its own, so a master's outage opens the circuits of its slots alone. Meanwhile the
+//!   probe, every 500 ms, succeeds; on a cluster each hash slot has a breaker of its own, so a
+//!   master's outage opens the circuits of its slots alone. Meanwhile the
 //!   [`FailurePolicy`] decides: return the error, allow, deny, or decide
 //!   in process with a share of each limit. [`Answer::source`] and [`RedisStats`] say which
 //!   path decided. No panic, no unbounded queue.

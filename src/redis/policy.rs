@@ -1,6 +1,7 @@
 //! [`FailurePolicy`]: what a decision is when Redis cannot make it, and the circuit breaker that
 //! keeps a dead Redis from costing every request a timeout.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -71,12 +72,12 @@ pub enum Source {
 ///   others keep falling back. The probe's success **closes** the circuit; its failure (or the
 ///   caller dropping it) keeps it open for another `cool_down`.
 ///
-/// On a Redis Cluster each group of 64 hash slots has a breaker of its own, chosen by the slot
-/// of the client's keys: a master's outage opens the circuits of its slots (each after its own
-/// failures, so the clients of a dead master stop waiting on it as their groups open), while the
-/// live masters' clients are decided by Redis throughout, and their successes hold no dead
-/// master's circuit closed. A group astride two masters' slot ranges (one at each range's
-/// edge) is shared by both.
+/// On a Redis Cluster each of the 16,384 hash slots has a breaker of its own (1 MiB per
+/// limiter), chosen by the slot of the client's keys: a master's outage opens the circuits of
+/// its slots, each after its own `failures` (so each client of a dead master waits out at most
+/// that many round trips of its slot before it is short-circuited, and each slot in use sends
+/// one probe per `cool_down`), while the live masters' clients are decided by Redis throughout,
+/// and their successes hold no dead master's circuit closed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CircuitBreaker {
     /// Failed round trips that open the circuit, counted as above: each sent after the previous
@@ -217,43 +218,41 @@ impl Breaker {
     }
 }
 
-/// A limiter's circuit breakers: one for a server; on a cluster, one per group of
-/// [`SLOTS_PER_GROUP`] hash slots, so that a master's outage opens the circuits of its own
-/// slots, and the successes of the live masters' clients neither hold those circuits closed nor
-/// get their own clients refused Redis.
-#[derive(Debug)]
+/// A limiter's circuit breakers: one for a server; on a cluster, one per hash slot, so that a
+/// master's outage opens the circuits of its own slots alone: the live masters' clients are
+/// decided by Redis throughout, and their successes hold no failing slot's circuit closed,
+/// wherever the masters' slot ranges begin and end. Clones share the breakers (the limiters a
+/// service makes on one set of connections share what they learn of its nodes).
+#[derive(Debug, Clone)]
 pub(super) struct Breakers {
-    /// One breaker, or one per group of slots in slot order.
-    groups: Box<[Breaker]>,
+    /// One breaker, or one per slot in slot order.
+    slots: Arc<[Breaker]>,
 }
-
-/// Hash slots per breaker on a cluster: 256 breakers over Redis's 16,384 slots (about 20 KB),
-/// so that each master's slot ranges (thousands of slots each) map to groups of its own, bar
-/// one group at each range's edge.
-pub(super) const SLOTS_PER_GROUP: u16 = 64;
 
 /// Redis Cluster's hash slots.
 const SLOTS: u16 = 16_384;
 
 impl Breakers {
+    /// A cluster's are 16,384 breakers of 64 bytes (1 MiB), made once per limiter and shared by
+    /// its siblings.
     pub(super) fn new(settings: CircuitBreaker, cluster: bool) -> Breakers {
-        let groups = if cluster { SLOTS / SLOTS_PER_GROUP } else { 1 };
+        let count = if cluster { SLOTS } else { 1 };
         Breakers {
-            groups: (0..groups).map(|_| Breaker::new(settings)).collect(),
+            slots: (0..count).map(|_| Breaker::new(settings)).collect(),
         }
     }
 
-    /// The breaker of the node holding `key` (every key of a plan's client shares one slot).
+    /// The breaker of the slot holding `key` (every key of a plan's client shares one slot).
     pub(super) fn of_key(&self, key: &str) -> &Breaker {
-        match &*self.groups {
+        match &*self.slots {
             [only] => only,
-            groups => &groups[usize::from(hash_slot(key.as_bytes()) / SLOTS_PER_GROUP)],
+            slots => &slots[usize::from(hash_slot(key.as_bytes()))],
         }
     }
 
     /// The settings every breaker was made with.
     pub(super) fn settings(&self) -> CircuitBreaker {
-        self.groups[0].settings
+        self.slots[0].settings
     }
 
     /// How long an open circuit waits before it probes.
@@ -360,18 +359,24 @@ mod tests {
         assert_eq!(hash_slot(b"x{ab"), crc16(b"x{ab") % SLOTS);
     }
 
-    /// On a cluster, keys of slots in different groups have breakers of their own: one
-    /// group's outage opens its circuit alone.
+    /// On a cluster, keys of different slots have breakers of their own: one slot's outage
+    /// opens its circuit alone, even beside its neighbouring slot.
     #[test]
-    fn a_clusters_breakers_open_per_group_of_slots() {
+    fn a_clusters_breakers_open_per_slot() {
         let settings = CircuitBreaker {
             failures: 1,
             cool_down: Duration::from_secs(60),
         };
         let breakers = Breakers::new(settings, true);
-        // Slots 2,515 and 11,058: groups 39 and 172.
+        // Slots 2,515 and 11,058.
         let dead = breakers.of_key("foo{hash_tag}");
         let live = breakers.of_key("somekey");
+        // Neighbouring slots are apart too (a key of slot 2,516, found by its tag).
+        let neighbour = (0..1_000_000)
+            .map(|i| format!("{{n{i}}}"))
+            .find(|key| hash_slot(key.as_bytes()) == 2_516)
+            .expect("a key of slot 2,516");
+        assert!(!std::ptr::eq(dead, breakers.of_key(&neighbour)));
         assert!(!std::ptr::eq(dead, live));
         assert!(std::ptr::eq(dead, breakers.of_key("bar{hash_tag}")));
         assert!(dead.failure(false, dead.now()));

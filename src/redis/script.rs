@@ -68,6 +68,8 @@ pub(super) static SLIDING_WINDOW_COUNTER: LazyLock<Script> = LazyLock::new(|| {
 /// a function in a script is a closure made and collected on every call, about 2,000 server
 /// instructions each.
 fn compose(shared: &[&str], method: &str) -> String {
+    // A checkout may have written the files with CRLF line ends.
+    let method = method.replace("\r\n", "\n");
     let (definitions, sections) = method
         .split_once("\n-- @decide\n")
         .expect("a method's script has a `-- @decide` section");
@@ -378,6 +380,44 @@ impl LimitSpec {
             Decision::allowed(rule, remaining, reset_after)
         } else {
             Decision::denied(rule, remaining, retry_after, reset_after)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const METHODS: [&str; 4] = [
+        include_str!("scripts/token_bucket.lua"),
+        include_str!("scripts/fixed_window.lua"),
+        include_str!("scripts/sliding_window_log.lua"),
+        include_str!("scripts/sliding_window_counter.lua"),
+    ];
+
+    /// Every marker of the plan is written over, with each section in its block, and a method
+    /// file checked out with CRLF line ends composes the same script.
+    #[test]
+    fn every_method_composes_into_every_place_of_the_plan() {
+        let places = include_str!("scripts/plan.lua")
+            .lines()
+            .filter(|line| matches!(line.trim(), "-- @decide" | "-- @commit"))
+            .count();
+        assert_eq!(
+            places, 5,
+            "the plan decides in two places and commits in three"
+        );
+        for method in METHODS {
+            let script = compose(&[], method);
+            assert!(
+                !script
+                    .lines()
+                    .any(|line| matches!(line.trim(), "-- @decide" | "-- @commit")),
+                "a marker left in:\n{script}"
+            );
+            assert_eq!(script.matches("\nrepeat\n").count(), 2);
+            assert_eq!(script.matches("\nuntil true\n").count(), 2);
+            assert_eq!(compose(&[], &method.replace('\n', "\r\n")), script);
         }
     }
 }

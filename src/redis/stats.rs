@@ -23,7 +23,7 @@ pub struct RedisStats {
     pub timeouts: u64,
     /// Requests not sent because the circuit was open.
     pub short_circuits: u64,
-    /// Times a circuit opened (on a cluster, each group of hash slots has its own: see
+    /// Times a circuit opened (on a cluster, each hash slot has its own: see
     /// [`CircuitBreaker`](super::CircuitBreaker)).
     pub circuit_opens: u64,
 }
