@@ -398,7 +398,7 @@ pub(crate) fn in_process(
 }
 
 /// `text` made a Structured Field String: printable ASCII, anything else as `?`.
-pub(crate) fn policy_name(text: &str) -> String {
+fn policy_name(text: &str) -> String {
     let name: String = text
         .chars()
         .map(|c| if (' '..='~').contains(&c) { c } else { '?' })
@@ -444,32 +444,27 @@ pub(crate) fn find<'a>(nodes: &'a [Node], entries: &[Entry]) -> Option<&'a Node>
 /// with its length (the entries are not those of one configured descriptor, whose keys are
 /// fixed, so the keys tell clients apart too).
 pub(crate) fn brought_client_key(entries: &[Entry]) -> String {
-    let mut key = String::with_capacity(
+    counted_texts(
         entries
             .iter()
-            .map(|e| e.key.len() + e.value.len() + 8)
-            .sum(),
-    );
-    for entry in entries {
-        for text in [&entry.key, &entry.value] {
-            // Writing to a String does not fail.
-            let _ = crate::headers::write_integer(&mut key, text.len() as u64);
-            key.push(':');
-            key.push_str(text);
-        }
-    }
-    key
+            .flat_map(|entry| [entry.key.as_str(), entry.value.as_str()]),
+    )
 }
 
 /// The client of a matched descriptor: its entries' values, each with its length, so that no
 /// two lists of values make one client.
 pub(crate) fn client_key(entries: &[Entry]) -> String {
-    let mut key = String::with_capacity(entries.iter().map(|e| e.value.len() + 4).sum());
-    for entry in entries {
+    counted_texts(entries.iter().map(|entry| entry.value.as_str()))
+}
+
+/// `texts` joined, each after its length and a `:`, so that no two lists of texts join alike.
+fn counted_texts<'a>(texts: impl Iterator<Item = &'a str> + Clone) -> String {
+    let mut key = String::with_capacity(texts.clone().map(|text| text.len() + 4).sum());
+    for text in texts {
         // Writing to a String does not fail.
-        let _ = crate::headers::write_integer(&mut key, entry.value.len() as u64);
+        let _ = crate::headers::write_integer(&mut key, text.len() as u64);
         key.push(':');
-        key.push_str(&entry.value);
+        key.push_str(text);
     }
     key
 }
