@@ -393,14 +393,20 @@ async fn reloads_under_traffic_never_reset_an_unchanged_limit() {
     let server = in_process(first).await;
     let configs = [config(first), config(second)];
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Reloads done so far: the requests wait on it now and then, so that reloads land among
+    // them however the runtime schedules the tasks (on two cores the requests could otherwise
+    // all be answered before the first reload ended).
+    let reloaded = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let reloader = {
         let server = server.clone();
         let stop = Arc::clone(&stop);
+        let reloaded = Arc::clone(&reloaded);
         tokio::spawn(async move {
             let mut reloads = 0usize;
             while !stop.load(Ordering::Relaxed) {
                 server.reload(&configs[reloads % 2]).await.expect("reloads");
                 reloads += 1;
+                reloaded.store(reloads, Ordering::Relaxed);
                 tokio::task::yield_now().await;
             }
             reloads
@@ -411,8 +417,13 @@ async fn reloads_under_traffic_never_reset_an_unchanged_limit() {
         .map(|_| {
             let server = server.clone();
             let granted = Arc::clone(&granted);
+            let reloaded = Arc::clone(&reloaded);
             tokio::spawn(async move {
-                for _ in 0..40 {
+                for request in 0..40 {
+                    // At requests 10, 20 and 30, at least 1, 2 and 3 reloads have ended.
+                    while reloaded.load(Ordering::Relaxed) < request / 10 {
+                        tokio::task::yield_now().await;
+                    }
                     if ok(&decide(&server, vec![descriptor(&[("shared", "s")])]).await) {
                         granted.fetch_add(1, Ordering::Relaxed);
                     }
