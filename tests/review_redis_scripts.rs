@@ -638,6 +638,88 @@ async fn the_sliding_logs_drops_and_deep_refusals_are_as_before() {
     }
 }
 
+/// The window counter's weights and waits where a count times a time passes 2^53 and where it
+/// stays below: today's script, which divides a product below 2^53 at once, replies and writes
+/// as the previous one, which always took the long way round. Past 2^53 a double rounds the
+/// product (to a multiple of 2,048 near 10^19), so the weights are chosen where a rounded
+/// product would be read wrong: a previous window's count `prev` read `e` microseconds into
+/// the next window weighs ceil(prev * (W - e) / W), and `e` is picked so that the product lies
+/// a few microseconds above or below a multiple of W.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_counters_products_near_and_past_2_pow_53_are_as_before() {
+    let server = RedisServer::start();
+    let mut connection = server.connection().await;
+    // An odd window, so that a count has an inverse modulo it.
+    let window_us = 3_599_999_999u64;
+    let limit = 3_000_000_000u64;
+    let rules = [Rule::new(limit, Duration::from_micros(window_us)).unwrap()];
+    let mut twin = Twin::new(Algorithm::SlidingWindowCounter, &rules, "products");
+    // The start of a window (windows are aligned to the Unix epoch).
+    let mut window_start = EPOCH_2025_US / window_us * window_us + 7 * window_us;
+    let mut product_cases = 0;
+    for prev in [
+        2_999_999_999u64,
+        2_000_000_011,
+        1_234_567_891,
+        19_999_999,
+        9_999_991,
+        5_000_011,
+        2_502_503,
+        1_999_993,
+    ] {
+        let Some(inverse) = inverse_mod(prev, window_us) else {
+            continue;
+        };
+        for remainder in [
+            1u64,
+            2,
+            5,
+            700,
+            window_us - 1,
+            window_us - 3,
+            window_us - 600,
+        ] {
+            // prev * (W - e) = -prev * e = remainder (mod W): e = -remainder / prev.
+            let e = ((window_us - remainder) as u128 * inverse as u128 % window_us as u128) as u64;
+            if e == 0 {
+                continue;
+            }
+            let product = prev as u128 * (window_us - e) as u128;
+            assert_eq!(product % window_us as u128, remainder as u128);
+            if product >= 1 << 53 {
+                product_cases += 1;
+            }
+            // `prev` permits in one window, then the next window read `e` microseconds in.
+            twin.step(&mut connection, "acquire", prev, window_start, "prev")
+                .await;
+            let now = window_start + window_us + e;
+            let context = format!("prev {prev}, e {e}, remainder {remainder}");
+            twin.step(&mut connection, "peek", 1, now, &context).await;
+            twin.step(&mut connection, "acquire", 0, now, &context)
+                .await;
+            twin.step(&mut connection, "acquire", limit, now, &context)
+                .await;
+            twin.step(&mut connection, "acquire", 1, now, &context)
+                .await;
+            // Two windows on, the counts of both have left.
+            window_start += 2 * window_us;
+        }
+    }
+    assert!(product_cases >= 30, "{product_cases}");
+}
+
+/// The inverse of `a` modulo `m`, if they are coprime.
+fn inverse_mod(a: u64, m: u64) -> Option<u64> {
+    let (mut old_r, mut r) = (i128::from(a), i128::from(m));
+    let (mut old_s, mut s) = (1i128, 0i128);
+    while r != 0 {
+        let q = old_r / r;
+        (old_r, r) = (r, old_r - q * r);
+        (old_s, s) = (s, old_s - q * s);
+    }
+    (old_r == 1).then(|| old_s.rem_euclid(i128::from(m)) as u64)
+}
+
 /// Today's reply against the previous one: the same integers (for a plan of one limit decided
 /// without reserving, the previous reply's figures alone); of a committed reservation's saved
 /// values, the same bytes where they hold no server time (a hash's `DUMP` holds its incarnation,

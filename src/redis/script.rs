@@ -21,7 +21,8 @@
 //! top-level code rather than functions: the script's body runs on every call, and every
 //! function it makes is a closure made, and collected, on every call. For the same reason each
 //! method's decision and commit are sections of text that [`compose`] writes into the plan where
-//! it uses them (the sliding methods keep helper functions of their own).
+//! it uses them (the window counter keeps `div` and `mul_div` as functions, the log its three
+//! helpers).
 
 use std::sync::LazyLock;
 

@@ -18,7 +18,7 @@
 -- retry_after (us, rounded up), retry_short (the nanoseconds, 0 to 999, by which retry_after
 -- overstates the exact wait), reset_after (us)}; code 1 = allowed (and committed), 0 = denied,
 -- -1 = KEYS[index] holds another type (nothing written). Every number is an integer below 2^53:
--- products of a count and a time, which can exceed it, are never formed (see mul_div).
+-- a product of a count and a time, which can exceed it, is formed only below it (see mul_div).
 -- A plan of one limit decided without reserving replies that limit's figures alone (plan.lua).
 
 -- `expiry_slack_ms`, `n`, `peek` and `now` come from prelude.lua and `div` from div.lua, run
@@ -26,9 +26,16 @@
 -- its `-- @decide` lines and the commit at each `-- @commit` (see `src/redis/script.rs`).
 
 -- floor(a * b / d) and (a * b) mod d, for a below 2^32 and b, d below 2^51, whose quotient is
--- below 2^53, without forming a * b (up to 2^83): a's bits from the highest, doubling the
--- quotient and remainder and adding b's, with the remainder kept below d (so below 2^52).
+-- below 2^53. A product below 2^53 is exact in a double, and a double's product of integers
+-- reaches 2^53 only if the exact one does, so the usual case divides it at once. Else a * b (up
+-- to 2^83) is never formed: a's bits from the highest, doubling the quotient and remainder and
+-- adding b's, with the remainder kept below d (so below 2^52).
 local function mul_div(a, b, d)
+  local product = a * b
+  if product < 9007199254740992 then
+    local q = div(product, d)
+    return q, product - q * d
+  end
   local bq = div(b, d)
   local br = b - bq * d
   local q, r = 0, 0
@@ -48,68 +55,6 @@ local function mul_div(a, b, d)
     bit = bit / 2
   end
   return q, r
-end
-
--- The previous window's count weighted by the part of it the sliding window still covers,
--- rounded up: ceil(prev * (W - e) / W), at most prev.
-local function weighted(prev, window, e)
-  local q, r = mul_div(prev, window - e, window)
-  if r > 0 then
-    q = q + 1
-  end
-  return q
-end
-
--- Microseconds from now until the estimate is 0 if nothing more is taken: the start of the
--- window after next while the current window holds a permit, of the next while only the
--- previous one does, now if neither does.
-local function reset_after(s, cur, now)
-  if cur > 0 then
-    return (s.index + 2) * s.window - now
-  elseif s.prev > 0 then
-    return (s.index + 1) * s.window - now
-  end
-  return 0
-end
-
--- The exact wait until `take` permits fit if nothing more is taken, as whole microseconds
--- rounded up and the nanoseconds they overstate it by: the first instant at which
--- ceil(P' * (W - e') / W) + C' + take <= limit. While cur + take <= limit it lies in this window
--- or at the start of the next, where the previous count's weight must fall to
--- floor((limit - cur - take) * W / prev); otherwise in the next window, where cur weighs as the
--- previous count, or at the start of the one after: the weight must fall to
--- floor((limit - take) * W / cur). Times in nanoseconds (W_ns = 1000 W) are kept as whole
--- microseconds and a part below one.
-local function retry_after(s, take, now)
-  local index, weighing, room = s.index, s.prev, s.limit - s.cur - take
-  if s.cur + take > s.limit then
-    index, weighing, room = s.index + 1, s.cur, s.limit - take
-  end
-  -- The weight in nanoseconds: floor(room * 1000 * W / weighing) = 1000 * q + floor(1000 * r /
-  -- weighing), below W_ns since the request does not fit at the weight now.
-  local q, r = mul_div(room, s.window, math.max(weighing, 1))
-  local sub = div(1000 * r, math.max(weighing, 1))
-  if q >= s.window then
-    q, sub = s.window, 0
-  end
-  -- The instant (index + 1) * W_ns - weight, less now: 1000 * (until - q) - sub ns.
-  local until_us = (index + 1) * s.window - now - q
-  return until_us, sub
-end
-
--- The decision for `take` permits (0: what is available) at `now`: allowed, remaining,
--- retry_after (us), retry_short (ns), reset_after (us).
-local function decide(s, take, now)
-  local room = s.limit - s.cur
-  local weight = weighted(s.prev, s.window, s.e)
-  if take == 0 then
-    return 1, math.max(room - weight, 0), 0, 0, reset_after(s, s.cur, now)
-  end
-  if take <= room and weight <= room - take then
-    return 1, room - take - weight, 0, 0, reset_after(s, s.cur + take, now)
-  end
-  local retry, short = retry_after(s, take, now)
-  return 0, math.max(room - weight, 0), retry, short, reset_after(s, s.cur, now)
 end
 
 -- @decide
@@ -138,16 +83,61 @@ if w ~= nil and c ~= nil and p ~= nil then
     s.prev = c
   end
 end
-s.e = math.max(now - s.index * window, 0)
-local allowed, remaining, retry, short, reset
+local e = math.max(now - s.index * window, 0)
+-- The decision for `take` permits: one for a peek (what one permit would get: the quota if it
+-- fits, else its denial), else n (0 reports what is available). Written out here rather than
+-- as functions: each function is a closure made on every call.
+local take = n
 if peek then
-  -- What one permit would get: the quota if it fits, else its denial.
-  allowed, remaining, retry, short, reset = decide(s, 1, now)
-  if allowed == 1 then
-    allowed, remaining, retry, short, reset = decide(s, 0, now)
+  take = 1
+end
+-- The previous window's count weighted by the part of it the sliding window still covers,
+-- rounded up: ceil(prev * (W - e) / W), at most prev.
+local weight, weight_rest = mul_div(s.prev, window - e, window)
+if weight_rest > 0 then
+  weight = weight + 1
+end
+local room = limit - s.cur
+-- The current window's count the reset is measured from: after a grant, with its permits.
+local counted = s.cur
+local allowed, remaining, retry, short = 1, math.max(room - weight, 0), 0, 0
+if take > 0 and take <= room and weight <= room - take then
+  if not peek then
+    remaining, counted = room - take - weight, s.cur + take
   end
-else
-  allowed, remaining, retry, short, reset = decide(s, n, now)
+elseif take > 0 then
+  -- Refused. The exact wait until `take` permits fit if nothing more is taken, as whole
+  -- microseconds rounded up and the nanoseconds they overstate it by: the first instant at
+  -- which ceil(P' * (W - e') / W) + C' + take <= limit. While cur + take <= limit it lies in
+  -- this window or at the start of the next, where the previous count's weight must fall to
+  -- floor((limit - cur - take) * W / prev); otherwise in the next window, where cur weighs as
+  -- the previous count, or at the start of the one after: the weight must fall to
+  -- floor((limit - take) * W / cur). Times in nanoseconds (W_ns = 1000 W) are kept as whole
+  -- microseconds and a part below one.
+  allowed = 0
+  local index, weighing, fits = s.index, s.prev, limit - s.cur - take
+  if s.cur + take > limit then
+    index, weighing, fits = s.index + 1, s.cur, limit - take
+  end
+  weighing = math.max(weighing, 1)
+  -- The weight in nanoseconds: floor(fits * 1000 * W / weighing) = 1000 * q + floor(1000 * r /
+  -- weighing), below W_ns since the request does not fit at the weight now.
+  local q, r = mul_div(fits, window, weighing)
+  short = div(1000 * r, weighing)
+  if q >= window then
+    q, short = window, 0
+  end
+  -- The instant (index + 1) * W_ns - weight, less now: 1000 * (until - q) - short ns.
+  retry = (index + 1) * window - now - q
+end
+-- Microseconds from now until the estimate is 0 if nothing more is taken: the start of the
+-- window after next while the current window holds a permit, of the next while only the
+-- previous one does, now if neither does.
+local reset = 0
+if counted > 0 then
+  reset = (s.index + 2) * window - now
+elseif s.prev > 0 then
+  reset = (s.index + 1) * window - now
 end
 state = s
 f1, f2, f3, f4, f5 = allowed, remaining, retry, short, reset
