@@ -20,6 +20,8 @@ use redis::{AsyncCommands, Script};
 use tollgate::redis::RedisRateLimiter;
 use tollgate::{Algorithm, Rule};
 
+#[path = "support/gcra.rs"]
+mod gcra;
 #[path = "support/report.rs"]
 mod report;
 
@@ -28,30 +30,6 @@ const CALLS: u64 = 20_000;
 
 /// Clients the calls cycle through, so that keys are read and written as in a fleet.
 const CLIENTS: u64 = 1_000;
-
-/// GCRA with its state in one string (the TAT in seconds), of the shape rate limiters commonly
-/// use (for example go-redis/redis_rate's `allowN`): `TIME`, `GET`, and `SET ... EX` when it
-/// allows. Written here to measure that shape, not taken from any of them.
-/// KEYS[1] the TAT; ARGV: burst, rate, period (s), cost.
-const GCRA: &str = r"
-local burst, rate, period = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local cost = tonumber(ARGV[4])
-local interval = period / rate
-local clock = redis.call('TIME')
-local now = (clock[1] - 1600000000) + clock[2] / 1000000
-local tat = tonumber(redis.call('GET', KEYS[1])) or now
-if tat < now then
-  tat = now
-end
-local new_tat = tat + interval * cost
-local diff = now - (new_tat - interval * burst)
-if diff < 0 then
-  return {0, 0, tostring(-diff), tostring(tat - now)}
-end
-local reset = new_tat - now
-redis.call('SET', KEYS[1], new_tat, 'EX', math.ceil(reset))
-return {cost, diff / interval, '-1', tostring(reset)}
-";
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -118,7 +96,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         println!("{:<24} {usec:>6.2} us", algorithm.to_string());
     }
     for (name, source) in [
-        ("GCRA, GET/SET shape", GCRA),
+        ("GCRA, GET/SET shape", gcra::GCRA),
         ("empty (return 1)", "return 1"),
     ] {
         let script = Script::new(source);

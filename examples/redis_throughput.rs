@@ -12,9 +12,10 @@
 //! (any of its nodes), `rediss://` for TLS (feature `redis-tls`). The empty script's floor is
 //! measured on a single server's connection managers, as many as the limiter's connections.
 //!
-//! About 20 seconds. Allow-heavy: each task its own client under a limit it never reaches,
-//! beside an empty script (`return 1`) called by as many tasks on one connection manager, and
-//! each method's rate as a multiple of that floor.
+//! About 25 seconds. Allow-heavy: each task its own client under a limit it never reaches,
+//! beside an empty script (`return 1`) and a GCRA script of the usual shape (`TIME`, `GET`,
+//! `SET`: what a bare token bucket costs) called by as many tasks on as many connection
+//! managers, and each one's rate as a multiple of the empty script's, the floor.
 //! Deny-heavy: every task the same client, over its limit for the whole run, with the deny cache
 //! on and off.
 
@@ -26,6 +27,8 @@ use std::time::{Duration, Instant};
 use tollgate::redis::RedisRateLimiter;
 use tollgate::{Algorithm, Rule};
 
+#[path = "support/gcra.rs"]
+mod gcra;
 #[path = "support/report.rs"]
 mod report;
 
@@ -100,11 +103,21 @@ async fn measure(
     }
 }
 
-/// Calls per second of an empty script (`return 1`) by `tasks` concurrent tasks on `connections`
-/// connection managers (task `i` on the `i % connections`-th), as the limiter's: the floor a
-/// decision's round trip cannot beat.
-async fn empty_script_rate(
+/// A script measured beside the limiter: the empty one, the floor a decision's round trip
+/// cannot beat, or a GCRA script of the usual shape (`TIME`, `GET`, `SET`), what a bare token
+/// bucket costs on the same round trip.
+#[derive(Clone, Copy, PartialEq)]
+enum Bare {
+    Empty,
+    Gcra,
+}
+
+/// Calls per second of `bare` by `tasks` concurrent tasks on `connections` connection managers
+/// (task `i` on the `i % connections`-th), as the limiter's; the GCRA script's calls each on the
+/// task's own key, allowed throughout.
+async fn bare_script_rate(
     url: &str,
+    bare: Bare,
     tasks: usize,
     connections: usize,
 ) -> Result<f64, Box<dyn std::error::Error>> {
@@ -113,16 +126,33 @@ async fn empty_script_rate(
     for _ in 0..connections {
         managers.push(client.get_connection_manager().await?);
     }
-    let script = Arc::new(redis::Script::new("return 1"));
+    let source = match bare {
+        Bare::Empty => "return 1",
+        Bare::Gcra => gcra::GCRA,
+    };
+    let script = Arc::new(redis::Script::new(source));
     let stop = Arc::new(AtomicBool::new(false));
     let calls = Arc::new(AtomicU64::new(0));
+    let run = format!("{:?}", Instant::now());
     let mut handles = Vec::new();
     for task in 0..tasks {
         let (mut connection, script) = (managers[task % connections].clone(), Arc::clone(&script));
         let (stop, calls) = (Arc::clone(&stop), Arc::clone(&calls));
+        let key = format!("bench-gcra-{task}-{run}");
         handles.push(tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
-                let reply: redis::RedisResult<i64> = script.invoke_async(&mut connection).await;
+                let mut invocation = script.prepare_invoke();
+                if bare == Bare::Gcra {
+                    // Far above what a run can take: burst and rate 60,000 an hour, one each.
+                    invocation
+                        .key(&key)
+                        .arg(60_000)
+                        .arg(60_000)
+                        .arg(3_600)
+                        .arg(1);
+                }
+                let reply: redis::RedisResult<redis::Value> =
+                    invocation.invoke_async(&mut connection).await;
                 if reply.is_ok() {
                     calls.fetch_add(1, Ordering::Relaxed);
                 }
@@ -136,6 +166,80 @@ async fn empty_script_rate(
         handle.await?;
     }
     Ok(calls.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Rounds of the paired one-task measurement, and the time each subject runs in a round.
+const PAIRED_ROUNDS: usize = 21;
+const PAIRED_SLICE: Duration = Duration::from_millis(100);
+
+/// One task's round trips, paired: the empty script, the GCRA script and each method's decisions
+/// take turns in short slices, round after round, each slice's rate a multiple of the empty
+/// script's in the same round; the median of each subject's multiples. A shared machine's load
+/// moves every rate from one second to the next, and the turns see nearly the same load.
+async fn paired_one_task(
+    url: &str,
+    limiters: &[(Algorithm, Arc<RedisRateLimiter<&'static str>>)],
+) -> Result<(), Box<dyn std::error::Error>> {
+    let mut connection = redis::Client::open(url)?.get_connection_manager().await?;
+    let (empty, gcra) = (
+        redis::Script::new("return 1"),
+        redis::Script::new(gcra::GCRA),
+    );
+    let run = format!("{:?}", Instant::now());
+    let key = format!("bench-gcra-paired-{run}");
+    let client = format!("paired-{run}");
+    // One rate per subject and round: the empty script first, then the GCRA script and the
+    // methods.
+    let mut multiples = vec![Vec::with_capacity(PAIRED_ROUNDS); 1 + limiters.len()];
+    for _ in 0..PAIRED_ROUNDS {
+        let mut rates = Vec::with_capacity(2 + limiters.len());
+        for subject in 0..2 + limiters.len() {
+            let started = Instant::now();
+            let mut calls = 0u64;
+            while started.elapsed() < PAIRED_SLICE {
+                match subject {
+                    0 => {
+                        let _: i64 = empty.invoke_async(&mut connection).await?;
+                    }
+                    1 => {
+                        let mut invocation = gcra.key(&key);
+                        invocation.arg(60_000).arg(60_000).arg(3_600).arg(1);
+                        let _: redis::Value = invocation.invoke_async(&mut connection).await?;
+                    }
+                    method => {
+                        let (algorithm, limiter) = &limiters[method - 2];
+                        if !limiter.acquire(&client, &"bench", 1).await?.is_allowed() {
+                            return Err(
+                                format!("{algorithm}: a paired decision was refused").into()
+                            );
+                        }
+                    }
+                }
+                calls += 1;
+            }
+            rates.push(calls as f64 / started.elapsed().as_secs_f64());
+        }
+        for (multiples, rate) in multiples.iter_mut().zip(&rates[1..]) {
+            multiples.push(rate / rates[0]);
+        }
+    }
+    println!(
+        "one task, paired ({PAIRED_ROUNDS} rounds of {} ms each): median multiple of the empty \
+         script's calls/s (lowest, highest)",
+        PAIRED_SLICE.as_millis()
+    );
+    let names = std::iter::once("GCRA script".to_owned())
+        .chain(limiters.iter().map(|(algorithm, _)| algorithm.to_string()));
+    for (name, mut multiples) in names.zip(multiples) {
+        multiples.sort_by(f64::total_cmp);
+        println!(
+            "{name:<22} {:>8.2}x ({:.2}-{:.2})",
+            multiples[multiples.len() / 2],
+            multiples[0],
+            multiples[multiples.len() - 1]
+        );
+    }
+    Ok(())
 }
 
 #[tokio::main]
@@ -176,15 +280,18 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     );
     // The floor needs a single server's connection; against a cluster the ratios read NaN.
     let on_one_server = !url.contains("+cluster://");
-    let mut empty = Vec::new();
+    let (mut empty, mut gcra) = (Vec::new(), Vec::new());
     for tasks in TASK_COUNTS {
-        empty.push(if on_one_server {
-            empty_script_rate(&url, tasks, connections).await?
-        } else {
-            f64::NAN
-        });
+        for (bare, rates) in [(Bare::Empty, &mut empty), (Bare::Gcra, &mut gcra)] {
+            rates.push(if on_one_server {
+                bare_script_rate(&url, bare, tasks, connections).await?
+            } else {
+                f64::NAN
+            });
+        }
     }
     let mut ratios = Vec::new();
+    let mut limiters = Vec::new();
     for algorithm in Algorithm::ALL {
         // Far above what a run can take, for every method (the log holds at most 65,536).
         let rule = Rule::per_hour(60_000)?;
@@ -204,17 +311,30 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
         println!("{row}");
         ratios.push(ratio_row);
+        limiters.push((algorithm, limiter));
     }
-    let mut row = format!("{:<22}", "empty script");
-    for rate in &empty {
-        row += &format!(" {rate:>13.0}        ");
+    for (name, rates) in [("empty script", &empty), ("GCRA script", &gcra)] {
+        let mut row = format!("{name:<22}");
+        for rate in rates {
+            row += &format!(" {rate:>13.0}        ");
+        }
+        println!("{row}");
     }
-    println!("{row}");
 
     println!();
     println!("decisions/s against empty-script calls/s, same tasks, same connections each way");
     for row in ratios {
         println!("{row}");
+    }
+    let mut row = format!("{:<22}", "GCRA script");
+    for (gcra, empty) in gcra.iter().zip(&empty) {
+        row += &format!(" {:>21.2}x", gcra / empty);
+    }
+    println!("{row}");
+
+    if on_one_server && connections == 1 {
+        println!();
+        paired_one_task(&url, &limiters).await?;
     }
 
     println!();
