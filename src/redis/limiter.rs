@@ -716,9 +716,19 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
             return Ok(Answer::new(decision, Source::DenyCache));
         }
 
-        let keys = self.keys_of(entry, client);
-        // The breaker of the node holding the client's keys (the one breaker of a server).
-        let breaker = self.breaker.of_key(keys.first().map_or("", String::as_str));
+        // The breaker of the slot holding the client's keys, read from them; a single server's
+        // one breaker gates before any key is made, so that a request it short-circuits makes
+        // none.
+        let slot_keys = self
+            .breaker
+            .is_per_slot()
+            .then(|| self.keys_of(entry, client));
+        let breaker = self.breaker.of_key(
+            slot_keys
+                .as_ref()
+                .and_then(|keys| keys.first())
+                .map_or("", String::as_str),
+        );
         let gate = breaker.gate();
         if let Gate::Open { retry_in } = gate {
             Counters::bump(&self.counters.short_circuits);
@@ -731,6 +741,7 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
                 RedisError::CircuitOpen { retry_in },
             );
         }
+        let keys = slot_keys.unwrap_or_else(|| self.keys_of(entry, client));
         let probe = ProbeGuard::new(breaker, gate);
         let sent_at = cache.map(DenyCache::now);
         let breaker_sent_at = breaker.now();

@@ -242,7 +242,13 @@ impl Breakers {
         }
     }
 
-    /// The breaker of the slot holding `key` (every key of a plan's client shares one slot).
+    /// Whether there is a breaker per slot (a cluster's), so that a key is needed to choose one.
+    pub(super) fn is_per_slot(&self) -> bool {
+        self.slots.len() > 1
+    }
+
+    /// The breaker of the slot holding `key` (every key of a plan's client shares one slot); a
+    /// single server's one breaker whatever the key.
     pub(super) fn of_key(&self, key: &str) -> &Breaker {
         match &*self.slots {
             [only] => only,
