@@ -402,6 +402,39 @@ impl Method for GcraParams {
         })
     }
 
+    /// [`Method::acquire_one`]'s compare-and-swap, answering a grant with its decision only
+    /// (0 permits left, no reset: the caller sends no figures for a grant) and a refusal with
+    /// the whole decision `acquire` would give, made from the TAT the refusal read and the same
+    /// reading of the clock. The grant's figures cost a conversion of the clock to ticks and
+    /// back; this is the tower layer's path when allowed responses carry no fields.
+    #[cfg(feature = "tower")]
+    #[inline]
+    fn acquire_one_uncounted<A: AtomicWord>(
+        &self,
+        tat: &A,
+        clock: &impl Clock,
+    ) -> Result<Decision, Retired> {
+        // One clock reading per attempt: as in `acquire`.
+        let now_nanos = clock.now_nanos();
+        let now = self.now_ticks(now_nanos);
+        // As in `acquire_one`: a TAT beyond `latest_tat` (or retired) refuses one permit.
+        let latest_tat = now + self.max_debt_for_one;
+        // Relaxed: see `word::update`.
+        word::update(tat, tat.load(Ordering::Relaxed), |current| {
+            if current > latest_tat {
+                return Step::Answer(if current == RETIRED {
+                    Err(Retired)
+                } else {
+                    Ok(self.decide(current, now_nanos, 1).0)
+                });
+            }
+            Step::Store(
+                current.max(now) + self.token_ticks,
+                Ok(Decision::allowed_in(self.rule, self.scale(), 0, 0)),
+            )
+        })
+    }
+
     /// Undoes the grant that made `reservation` (a reservation across several limits that
     /// another limit refused), while the TAT is still the one it stored: no other grant has
     /// landed since, and the TAT it replaced answers every reading as if it had never been made.
@@ -601,6 +634,56 @@ mod tests {
                 }
                 let retired = Word::new(RETIRED);
                 assert_eq!(bucket.acquire_one(&retired, &clock), Err(Retired));
+                assert_eq!(retired.load(Ordering::Relaxed), RETIRED);
+            }
+        }
+    }
+
+    /// The tower layer's path: a grant stores what `decide` stores and says only that it was
+    /// allowed; a refusal answers `decide`'s whole decision.
+    #[cfg(feature = "tower")]
+    #[test]
+    fn acquire_one_uncounted_grants_as_decide_and_refuses_with_its_decision() {
+        use crate::clock::FakeClock;
+        use crate::sync::Word;
+
+        for bucket in scales() {
+            let clock = FakeClock::new();
+            let token = bucket.token_ticks;
+            let burst = bucket.burst_ticks;
+            for now_nanos in [0, 1, 1 << 40, u64::MAX] {
+                clock.set(Duration::from_nanos(now_nanos));
+                let now = bucket.now_ticks(now_nanos);
+                let tats = [
+                    0,
+                    now,
+                    now + burst - token - 1,
+                    now + burst - token,
+                    now + burst - token + 1,
+                    now + burst,
+                    HORIZON_TICKS + burst,
+                    RETIRED - 1,
+                ];
+                for tat in tats {
+                    let context = format!("{bucket:?}: TAT {tat} at {now_nanos}");
+                    let word = Word::new(tat);
+                    let answer = bucket.acquire_one_uncounted(&word, &clock);
+                    let (decision, stored) = bucket.decide(tat, now_nanos, 1);
+                    if decision.is_allowed() {
+                        let answer = answer.expect(&context);
+                        assert!(answer.is_allowed(), "{context}");
+                        assert_eq!(answer.limit(), decision.limit(), "{context}");
+                    } else {
+                        assert_eq!(answer, Ok(decision), "{context}");
+                    }
+                    assert_eq!(
+                        word.load(Ordering::Relaxed),
+                        stored.unwrap_or(tat),
+                        "{context}"
+                    );
+                }
+                let retired = Word::new(RETIRED);
+                assert_eq!(bucket.acquire_one_uncounted(&retired, &clock), Err(Retired));
                 assert_eq!(retired.load(Ordering::Relaxed), RETIRED);
             }
         }
