@@ -592,20 +592,21 @@ mod tests {
         }
     }
 
-    #[test]
-    fn acquire_one_answers_as_decide_for_one_permit() {
-        use crate::clock::FakeClock;
-        use crate::sync::Word;
-
+    /// Every bucket of `scales` at readings around the clock's edges, with a TAT around every
+    /// edge of the bucket: full, room for exactly one token, none, a TAT left by a clock that
+    /// stepped back, and the largest TAT a grant can store. `check` gets each, on a clock set to
+    /// the reading, and a retired word at each reading after.
+    fn at_every_edge(
+        mut check: impl FnMut(&GcraParams, &crate::clock::FakeClock, u64, u64),
+        mut check_retired: impl FnMut(&GcraParams, &crate::clock::FakeClock),
+    ) {
         for bucket in scales() {
-            let clock = FakeClock::new();
+            let clock = crate::clock::FakeClock::new();
             let token = bucket.token_ticks;
             let burst = bucket.burst_ticks;
             for now_nanos in [0, 1, 1 << 40, u64::MAX] {
                 clock.set(Duration::from_nanos(now_nanos));
                 let now = bucket.now_ticks(now_nanos);
-                // Around every edge: a full bucket, room for exactly one token, none, a TAT
-                // left by a clock that stepped back, and the largest TAT a grant can store.
                 let tats = [
                     0,
                     now,
@@ -617,26 +618,41 @@ mod tests {
                     RETIRED - 1,
                 ];
                 for tat in tats {
-                    let word = Word::new(tat);
-                    let answer = bucket.acquire_one(&word, &clock);
-                    let (decision, stored) = bucket.decide(tat, now_nanos, 1);
-                    let expected = if decision.is_allowed() {
-                        Admit::Granted
-                    } else {
-                        Admit::Denied
-                    };
-                    assert_eq!(answer, Ok(expected), "{bucket:?}: TAT {tat} at {now_nanos}");
-                    assert_eq!(
-                        word.load(Ordering::Relaxed),
-                        stored.unwrap_or(tat),
-                        "{bucket:?}: TAT {tat} at {now_nanos}"
-                    );
+                    check(&bucket, &clock, now_nanos, tat);
                 }
-                let retired = Word::new(RETIRED);
-                assert_eq!(bucket.acquire_one(&retired, &clock), Err(Retired));
-                assert_eq!(retired.load(Ordering::Relaxed), RETIRED);
+                check_retired(&bucket, &clock);
             }
         }
+    }
+
+    #[test]
+    fn acquire_one_answers_as_decide_for_one_permit() {
+        use crate::sync::Word;
+
+        at_every_edge(
+            |bucket, clock, now_nanos, tat| {
+                let word = Word::new(tat);
+                let answer = bucket.acquire_one(&word, clock);
+                let (decision, stored) = bucket.decide(tat, now_nanos, 1);
+                let expected = if decision.is_allowed() {
+                    Admit::Granted
+                } else {
+                    Admit::Denied
+                };
+                let context = format!("{bucket:?}: TAT {tat} at {now_nanos}");
+                assert_eq!(answer, Ok(expected), "{context}");
+                assert_eq!(
+                    word.load(Ordering::Relaxed),
+                    stored.unwrap_or(tat),
+                    "{context}"
+                );
+            },
+            |bucket, clock| {
+                let retired = Word::new(RETIRED);
+                assert_eq!(bucket.acquire_one(&retired, clock), Err(Retired));
+                assert_eq!(retired.load(Ordering::Relaxed), RETIRED);
+            },
+        );
     }
 
     /// The tower layer's path: a grant stores what `decide` stores and says only that it was
@@ -644,49 +660,33 @@ mod tests {
     #[cfg(feature = "tower")]
     #[test]
     fn acquire_one_uncounted_grants_as_decide_and_refuses_with_its_decision() {
-        use crate::clock::FakeClock;
         use crate::sync::Word;
 
-        for bucket in scales() {
-            let clock = FakeClock::new();
-            let token = bucket.token_ticks;
-            let burst = bucket.burst_ticks;
-            for now_nanos in [0, 1, 1 << 40, u64::MAX] {
-                clock.set(Duration::from_nanos(now_nanos));
-                let now = bucket.now_ticks(now_nanos);
-                let tats = [
-                    0,
-                    now,
-                    now + burst - token - 1,
-                    now + burst - token,
-                    now + burst - token + 1,
-                    now + burst,
-                    HORIZON_TICKS + burst,
-                    RETIRED - 1,
-                ];
-                for tat in tats {
-                    let context = format!("{bucket:?}: TAT {tat} at {now_nanos}");
-                    let word = Word::new(tat);
-                    let answer = bucket.acquire_one_uncounted(&word, &clock);
-                    let (decision, stored) = bucket.decide(tat, now_nanos, 1);
-                    if decision.is_allowed() {
-                        let answer = answer.expect(&context);
-                        assert!(answer.is_allowed(), "{context}");
-                        assert_eq!(answer.limit(), decision.limit(), "{context}");
-                    } else {
-                        assert_eq!(answer, Ok(decision), "{context}");
-                    }
-                    assert_eq!(
-                        word.load(Ordering::Relaxed),
-                        stored.unwrap_or(tat),
-                        "{context}"
-                    );
+        at_every_edge(
+            |bucket, clock, now_nanos, tat| {
+                let context = format!("{bucket:?}: TAT {tat} at {now_nanos}");
+                let word = Word::new(tat);
+                let answer = bucket.acquire_one_uncounted(&word, clock);
+                let (decision, stored) = bucket.decide(tat, now_nanos, 1);
+                if decision.is_allowed() {
+                    let answer = answer.expect(&context);
+                    assert!(answer.is_allowed(), "{context}");
+                    assert_eq!(answer.limit(), decision.limit(), "{context}");
+                } else {
+                    assert_eq!(answer, Ok(decision), "{context}");
                 }
+                assert_eq!(
+                    word.load(Ordering::Relaxed),
+                    stored.unwrap_or(tat),
+                    "{context}"
+                );
+            },
+            |bucket, clock| {
                 let retired = Word::new(RETIRED);
-                assert_eq!(bucket.acquire_one_uncounted(&retired, &clock), Err(Retired));
+                assert_eq!(bucket.acquire_one_uncounted(&retired, clock), Err(Retired));
                 assert_eq!(retired.load(Ordering::Relaxed), RETIRED);
-            }
-        }
+            },
+        );
     }
 
     #[test]
