@@ -10,36 +10,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ::redis::AsyncCommands;
-use redis_support::{RedisCluster, RedisServer};
+use redis_support::{RedisCluster, RedisServer, Rng};
 use tollgate::redis::{CircuitBreaker, FailurePolicy, RedisError, RedisRateLimiter, Source};
 use tollgate::tower::RedisClientName;
 use tollgate::{Algorithm, Decision, FakeClock, Limiter, Rule, SlidingWindowLog};
 
 const SECOND_US: u64 = 1_000_000;
-
-/// A small deterministic generator (xorshift64*), so that a failure names its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    /// A number in `0..=max`.
-    fn upto(&mut self, max: u64) -> u64 {
-        if max == u64::MAX {
-            return self.next();
-        }
-        self.next() % (max + 1)
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.upto(99) < percent
-    }
-}
 
 /// One request of a history: at `at_us`, `n` permits, or a peek.
 #[derive(Debug, Clone, Copy)]

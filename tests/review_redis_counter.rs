@@ -34,7 +34,7 @@ mod redis_support;
 use std::time::Duration;
 
 use ::redis::aio::MultiplexedConnection;
-use redis_support::RedisServer;
+use redis_support::{RedisServer, Rng};
 use tollgate::redis::{Answer, RedisRateLimiter};
 use tollgate::{
     Algorithm, Decision, FakeClock, Limiter, RateLimiterService, Rejection, Rule, ServiceBuilder,
@@ -60,30 +60,6 @@ fn rule(limit: u64, window_us: u64) -> Rule {
 
 fn window_us(rule: Rule) -> u64 {
     u64::try_from(rule.window().as_micros()).unwrap()
-}
-
-/// A small deterministic generator (xorshift64*), so that a failure names its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    /// A number in `lo..=hi`.
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        if hi <= lo {
-            return lo;
-        }
-        lo + self.next() % (hi - lo + 1)
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.range(0, 99) < percent
-    }
 }
 
 fn gcd(mut a: u128, mut b: u128) -> u128 {

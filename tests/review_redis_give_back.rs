@@ -24,10 +24,10 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::google::protobuf::UInt64Value;
 use redis::aio::MultiplexedConnection;
-use redis_support::RedisServer;
 use redis_support::grants::{
     Limiter, YEAR, drain, limiter_with, multi_thread_runtime, per_year, reserve, take,
 };
+use redis_support::{RedisServer, Rng};
 use tollgate::envoy::proto::RateLimitRequest;
 use tollgate::envoy::proto::rate_limit_response::Code;
 use tollgate::envoy::{RateLimitServer, RlsConfig, StateStore};
@@ -53,21 +53,6 @@ async fn pexpiretime(connection: &mut MultiplexedConnection, key: &str) -> i64 {
         .query_async(connection)
         .await
         .unwrap()
-}
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        // xorshift64*
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 
 use ::redis::Value;
 use ::redis::aio::MultiplexedConnection;
-use redis_support::{RedisCluster, RedisServer};
+use redis_support::{RedisCluster, RedisServer, Rng};
 use tollgate::redis::{
     Answer, CircuitBreaker, FailurePolicy, GivenBack, RedisError, RedisRateLimiter, Source,
 };
@@ -56,31 +56,6 @@ type Redis = RedisRateLimiter<&'static str>;
 /// An injected clock's start: 2025-01-01 in microseconds since the Unix epoch (to which every
 /// method aligns its windows).
 const EPOCH_2025_US: u64 = 1_735_689_600_000_000;
-
-/// A small deterministic generator (xorshift64*), so that a failure names its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    /// A number in `0..=max`.
-    fn upto(&mut self, max: u64) -> u64 {
-        self.next() % (max + 1)
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.upto(99) < percent
-    }
-
-    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
-        items[self.upto(items.len() as u64 - 1) as usize]
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // The scripts: today's, composed as `src/redis/script.rs` composes them (checked against the

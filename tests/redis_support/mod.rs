@@ -14,6 +14,51 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+/// A small deterministic generator (xorshift64*) for the randomized Redis tests, so that a
+/// failure names its seed.
+#[derive(Debug, Clone)]
+pub(crate) struct Rng(pub(crate) u64);
+
+impl Rng {
+    pub(crate) fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// A number in `0..=max`.
+    pub(crate) fn upto(&mut self, max: u64) -> u64 {
+        if max == u64::MAX {
+            return self.next();
+        }
+        self.next() % (max + 1)
+    }
+
+    /// A number in `0..n`.
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    /// A number in `lo..=hi` (`lo` when `hi` is not above it).
+    pub(crate) fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        if hi <= lo {
+            return lo;
+        }
+        lo + self.next() % (hi - lo + 1)
+    }
+
+    /// True `percent` times in 100.
+    pub(crate) fn chance(&mut self, percent: u64) -> bool {
+        self.upto(99) < percent
+    }
+
+    /// One of `items`.
+    pub(crate) fn pick<T: Copy>(&mut self, items: &[T]) -> T {
+        items[self.upto(items.len() as u64 - 1) as usize]
+    }
+}
+
 /// How long a starting server has to answer PING.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
 
