@@ -405,8 +405,9 @@ impl Method for GcraParams {
     /// [`Method::acquire_one`]'s compare-and-swap, answering a grant with its decision only
     /// (0 permits left, no reset: the caller sends no figures for a grant) and a refusal with
     /// the whole decision `acquire` would give, made from the TAT the refusal read and the same
-    /// reading of the clock. The grant's figures cost a conversion of the clock to ticks and
-    /// back; this is the tower layer's path when allowed responses carry no fields.
+    /// reading of the clock. A grant's figures (the debt, the permits left, the reset) are work
+    /// a response without fields never reads: this is the tower layer's path for a request of
+    /// one permit when allowed responses carry none.
     #[cfg(feature = "tower")]
     #[inline]
     fn acquire_one_uncounted<A: AtomicWord>(
