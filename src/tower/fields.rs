@@ -137,6 +137,20 @@ impl fmt::Write for ValueBuffer {
         }
         Ok(())
     }
+
+    /// One byte for an ASCII character (the digits `write_integer` writes one at a time), where
+    /// the default encodes it and copies a slice of one.
+    #[inline]
+    fn write_char(&mut self, c: char) -> fmt::Result {
+        match self.inline.get_mut(self.len) {
+            Some(free) if c.is_ascii() && self.spilled.is_empty() => {
+                *free = c as u8;
+                self.len += 1;
+                Ok(())
+            }
+            _ => self.write_str(c.encode_utf8(&mut [0; 4])),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -153,5 +167,27 @@ mod tests {
         buffer.write_str("yz").unwrap();
         buffer.write_str("!").unwrap();
         assert_eq!(buffer.as_bytes(), format!("{long}yz!").as_bytes());
+    }
+
+    #[test]
+    fn characters_fill_the_stack_buffer_then_follow_onto_the_heap() {
+        let mut buffer = ValueBuffer::new();
+        let mut expected = String::new();
+        // ASCII one byte each up to the last inline byte, then a character of two bytes that
+        // does not fit, then ASCII again on the heap.
+        for c in "0123456789".chars().cycle().take(ValueBuffer::INLINE - 1) {
+            buffer.write_char(c).unwrap();
+            expected.push(c);
+        }
+        for c in ['é', '7', 'x'] {
+            buffer.write_char(c).unwrap();
+            expected.push(c);
+        }
+        assert_eq!(buffer.as_bytes(), expected.as_bytes());
+        let mut short = ValueBuffer::new();
+        for c in ['1', 'é', '2'] {
+            short.write_char(c).unwrap();
+        }
+        assert_eq!(short.as_bytes(), "1é2".as_bytes());
     }
 }
