@@ -68,7 +68,7 @@ if stored.err ~= nil then
   break
 end
 local w, c, p = tonumber(stored[1]), tonumber(stored[2]), tonumber(stored[3])
-local s = {limit = limit, window = window, index = div(now, window), cur = 0, prev = 0}
+local s = {window = window, index = div(now, window), cur = 0, prev = 0}
 -- A commit to a missing key creates it: it then names its incarnation (see the commit).
 s.created = not stored[1] and not stored[2] and not stored[3]
 if w ~= nil and c ~= nil and p ~= nil then
