@@ -100,15 +100,15 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         ("empty (return 1)", "return 1"),
     ] {
         let script = Script::new(source);
-        let mut invocation = script.key("warm-up");
-        invocation.arg(60_000).arg(60_000).arg(3_600).arg(1);
-        let _: redis::Value = invocation.invoke_async(&mut connection).await?;
+        let _: redis::Value = gcra::allowed_call(&script, "warm-up")
+            .invoke_async(&mut connection)
+            .await?;
         reset_stats(&mut connection).await?;
         for call in 0..CALLS {
             let key = format!("gcra:{run}-{}", call % CLIENTS);
-            let mut invocation = script.key(key);
-            invocation.arg(60_000).arg(60_000).arg(3_600).arg(1);
-            let _: redis::Value = invocation.invoke_async(&mut connection).await?;
+            let _: redis::Value = gcra::allowed_call(&script, &key)
+                .invoke_async(&mut connection)
+                .await?;
         }
         let usec = evalsha_usec_per_call(&mut connection).await?;
         println!("{name:<24} {usec:>6.2} us");

@@ -141,16 +141,10 @@ async fn bare_script_rate(
         let key = format!("bench-gcra-{task}-{run}");
         handles.push(tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
-                let mut invocation = script.prepare_invoke();
-                if bare == Bare::Gcra {
-                    // Far above what a run can take: burst and rate 60,000 an hour, one each.
-                    invocation
-                        .key(&key)
-                        .arg(60_000)
-                        .arg(60_000)
-                        .arg(3_600)
-                        .arg(1);
-                }
+                let invocation = match bare {
+                    Bare::Empty => script.prepare_invoke(),
+                    Bare::Gcra => gcra::allowed_call(&script, &key),
+                };
                 let reply: redis::RedisResult<redis::Value> =
                     invocation.invoke_async(&mut connection).await;
                 if reply.is_ok() {
@@ -181,7 +175,7 @@ async fn paired_one_task(
     limiters: &[(Algorithm, Arc<RedisRateLimiter<&'static str>>)],
 ) -> Result<(), Box<dyn std::error::Error>> {
     let mut connection = redis::Client::open(url)?.get_connection_manager().await?;
-    let (empty, gcra) = (
+    let (empty, gcra_script) = (
         redis::Script::new("return 1"),
         redis::Script::new(gcra::GCRA),
     );
@@ -202,9 +196,9 @@ async fn paired_one_task(
                         let _: i64 = empty.invoke_async(&mut connection).await?;
                     }
                     1 => {
-                        let mut invocation = gcra.key(&key);
-                        invocation.arg(60_000).arg(60_000).arg(3_600).arg(1);
-                        let _: redis::Value = invocation.invoke_async(&mut connection).await?;
+                        let _: redis::Value = gcra::allowed_call(&gcra_script, &key)
+                            .invoke_async(&mut connection)
+                            .await?;
                     }
                     method => {
                         let (algorithm, limiter) = &limiters[method - 2];

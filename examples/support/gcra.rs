@@ -24,3 +24,14 @@ local reset = new_tat - now
 redis.call('SET', KEYS[1], new_tat, 'EX', math.ceil(reset))
 return {cost, diff / interval, '-1', tostring(reset)}
 ";
+
+/// A call of `script` (the GCRA script, or one measured as it is) on `key` under a limit no run
+/// reaches: burst and rate 60,000 an hour, one permit a call.
+pub(crate) fn allowed_call<'a>(
+    script: &'a redis::Script,
+    key: &str,
+) -> redis::ScriptInvocation<'a> {
+    let mut invocation = script.key(key);
+    invocation.arg(60_000).arg(60_000).arg(3_600).arg(1);
+    invocation
+}
