@@ -593,14 +593,18 @@ mod tests {
         }
     }
 
-    /// Every bucket of `scales` at readings around the clock's edges, with a TAT around every
-    /// edge of the bucket: full, room for exactly one token, none, a TAT left by a clock that
-    /// stepped back, and the largest TAT a grant can store. `check` gets each, on a clock set to
-    /// the reading, and a retired word at each reading after.
-    fn at_every_edge(
-        mut check: impl FnMut(&GcraParams, &crate::clock::FakeClock, u64, u64),
-        mut check_retired: impl FnMut(&GcraParams, &crate::clock::FakeClock),
+    /// `take` (a one-permit path) on every bucket of `scales` at readings around the clock's
+    /// edges, from a TAT around every edge of the bucket: full, room for exactly one token,
+    /// none, a TAT left by a clock that stepped back, and the largest TAT a grant can store.
+    /// Each answer goes to `check` with `decide`'s decision for one permit; the word must then
+    /// hold what `decide` stores (the TAT unchanged for a refusal), and a retired word answers
+    /// `Retired` and stays retired.
+    fn at_every_edge<T>(
+        take: impl Fn(&GcraParams, &crate::sync::Word, &crate::clock::FakeClock) -> Result<T, Retired>,
+        check: impl Fn(Result<T, Retired>, &Decision, &str),
     ) {
+        use crate::sync::Word;
+
         for bucket in scales() {
             let clock = crate::clock::FakeClock::new();
             let token = bucket.token_ticks;
@@ -619,39 +623,35 @@ mod tests {
                     RETIRED - 1,
                 ];
                 for tat in tats {
-                    check(&bucket, &clock, now_nanos, tat);
+                    let context = format!("{bucket:?}: TAT {tat} at {now_nanos}");
+                    let word = Word::new(tat);
+                    let answer = take(&bucket, &word, &clock);
+                    let (decision, stored) = bucket.decide(tat, now_nanos, 1);
+                    check(answer, &decision, &context);
+                    assert_eq!(
+                        word.load(Ordering::Relaxed),
+                        stored.unwrap_or(tat),
+                        "{context}"
+                    );
                 }
-                check_retired(&bucket, &clock);
+                let retired = Word::new(RETIRED);
+                assert!(take(&bucket, &retired, &clock).is_err(), "{bucket:?}");
+                assert_eq!(retired.load(Ordering::Relaxed), RETIRED);
             }
         }
     }
 
     #[test]
     fn acquire_one_answers_as_decide_for_one_permit() {
-        use crate::sync::Word;
-
         at_every_edge(
-            |bucket, clock, now_nanos, tat| {
-                let word = Word::new(tat);
-                let answer = bucket.acquire_one(&word, clock);
-                let (decision, stored) = bucket.decide(tat, now_nanos, 1);
+            |bucket, word, clock| bucket.acquire_one(word, clock),
+            |answer, decision, context| {
                 let expected = if decision.is_allowed() {
                     Admit::Granted
                 } else {
                     Admit::Denied
                 };
-                let context = format!("{bucket:?}: TAT {tat} at {now_nanos}");
                 assert_eq!(answer, Ok(expected), "{context}");
-                assert_eq!(
-                    word.load(Ordering::Relaxed),
-                    stored.unwrap_or(tat),
-                    "{context}"
-                );
-            },
-            |bucket, clock| {
-                let retired = Word::new(RETIRED);
-                assert_eq!(bucket.acquire_one(&retired, clock), Err(Retired));
-                assert_eq!(retired.load(Ordering::Relaxed), RETIRED);
             },
         );
     }
@@ -661,31 +661,16 @@ mod tests {
     #[cfg(feature = "tower")]
     #[test]
     fn acquire_one_uncounted_grants_as_decide_and_refuses_with_its_decision() {
-        use crate::sync::Word;
-
         at_every_edge(
-            |bucket, clock, now_nanos, tat| {
-                let context = format!("{bucket:?}: TAT {tat} at {now_nanos}");
-                let word = Word::new(tat);
-                let answer = bucket.acquire_one_uncounted(&word, clock);
-                let (decision, stored) = bucket.decide(tat, now_nanos, 1);
+            |bucket, word, clock| bucket.acquire_one_uncounted(word, clock),
+            |answer, decision, context| {
                 if decision.is_allowed() {
-                    let answer = answer.expect(&context);
+                    let answer = answer.expect(context);
                     assert!(answer.is_allowed(), "{context}");
                     assert_eq!(answer.limit(), decision.limit(), "{context}");
                 } else {
-                    assert_eq!(answer, Ok(decision), "{context}");
+                    assert_eq!(answer, Ok(*decision), "{context}");
                 }
-                assert_eq!(
-                    word.load(Ordering::Relaxed),
-                    stored.unwrap_or(tat),
-                    "{context}"
-                );
-            },
-            |bucket, clock| {
-                let retired = Word::new(RETIRED);
-                assert_eq!(bucket.acquire_one_uncounted(&retired, clock), Err(Retired));
-                assert_eq!(retired.load(Ordering::Relaxed), RETIRED);
             },
         );
     }
