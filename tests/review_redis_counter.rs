@@ -34,7 +34,7 @@ mod redis_support;
 use std::time::Duration;
 
 use ::redis::aio::MultiplexedConnection;
-use redis_support::{RedisServer, Rng};
+use redis_support::{RedisServer, Rng, gcd, inverse_mod};
 use tollgate::redis::{Answer, RedisRateLimiter};
 use tollgate::{
     Algorithm, Decision, FakeClock, Limiter, RateLimiterService, Rejection, Rule, ServiceBuilder,
@@ -60,28 +60,6 @@ fn rule(limit: u64, window_us: u64) -> Rule {
 
 fn window_us(rule: Rule) -> u64 {
     u64::try_from(rule.window().as_micros()).unwrap()
-}
-
-fn gcd(mut a: u128, mut b: u128) -> u128 {
-    while b != 0 {
-        (a, b) = (b, a % b);
-    }
-    a
-}
-
-/// The inverse of `a` modulo `m`, if they are coprime.
-fn inverse_mod(a: u128, m: u128) -> Option<u128> {
-    if m == 1 {
-        return Some(0);
-    }
-    let (mut old_r, mut r) = (a as i128 % m as i128, m as i128);
-    let (mut old_s, mut s) = (1i128, 0i128);
-    while r != 0 {
-        let q = old_r / r;
-        (old_r, r) = (r, old_r - q * r);
-        (old_s, s) = (s, old_s - q * s);
-    }
-    (old_r == 1).then(|| old_s.rem_euclid(m as i128) as u128)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -808,6 +786,19 @@ async fn products_at_and_one_past_2_pow_53_weigh_exactly() {
         .await;
 }
 
+/// A refusal's wait weighed by a count in `limit / 2..=limit` (drawn first) with `fits` permits
+/// to make room for, such that `fits * W` lies past 2^53 with a remainder modulo the count at
+/// which the wait's nanoseconds, floor(1000 * remainder / count), have just stepped up (the
+/// step drawn second); `None` when the draw has no such `fits`.
+fn wait_case(rng: &mut Rng, limit: u64, wide: u128) -> Option<(u64, u64)> {
+    let weighing = rng.range(limit / 2, limit);
+    let j = rng.range(1, 999) as u128;
+    let rem = (j * u128::from(weighing)).div_ceil(1000);
+    let inverse = inverse_mod(wide % u128::from(weighing), u128::from(weighing))?;
+    let fits = (rem * inverse % u128::from(weighing)) as u64;
+    (u128::from(fits) * wide >= TWO_53 && fits != 0).then_some((weighing, fits))
+}
+
 /// A prime window of 2,999,999,929 us and 8,388,607 per window (products up to 2^54.5): the
 /// previous count is chosen so that its product with the time left lies past 2^53 a few
 /// microseconds above a multiple of the window (an odd product, which a double rounds), and
@@ -883,16 +874,9 @@ async fn products_just_past_2_pow_53_weigh_and_wait_exactly() {
             case < 500,
             "too few first-branch products past 2^53: {past:?}"
         );
-        let prev = rng.range(limit / 2, limit);
-        let j = rng.range(1, 999) as u128;
-        let rem = (j * u128::from(prev)).div_ceil(1000);
-        let Some(inverse) = inverse_mod(wide % u128::from(prev), u128::from(prev)) else {
+        let Some((prev, fits)) = wait_case(&mut rng, limit, wide) else {
             continue;
         };
-        let fits = (rem * inverse % u128::from(prev)) as u64;
-        if u128::from(fits) * wide < TWO_53 || fits == 0 {
-            continue;
-        }
         past[1] += 1;
         let k = window_start(w, window);
         window += 3;
@@ -928,16 +912,9 @@ async fn products_just_past_2_pow_53_weigh_and_wait_exactly() {
             case < 500,
             "too few second-branch products past 2^53: {past:?}"
         );
-        let cur = rng.range(limit / 2, limit);
-        let j = rng.range(1, 999) as u128;
-        let rem = (j * u128::from(cur)).div_ceil(1000);
-        let Some(inverse) = inverse_mod(wide % u128::from(cur), u128::from(cur)) else {
+        let Some((cur, fits)) = wait_case(&mut rng, limit, wide) else {
             continue;
         };
-        let fits = (rem * inverse % u128::from(cur)) as u64;
-        if u128::from(fits) * wide < TWO_53 || fits == 0 {
-            continue;
-        }
         past[2] += 1;
         let k = window_start(w, window);
         window += 3;

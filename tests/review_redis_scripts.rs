@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 
 use ::redis::Value;
 use ::redis::aio::MultiplexedConnection;
-use redis_support::{RedisCluster, RedisServer, Rng};
+use redis_support::{RedisCluster, RedisServer, Rng, gcd, inverse_mod};
 use tollgate::redis::{
     Answer, CircuitBreaker, FailurePolicy, GivenBack, RedisError, RedisRateLimiter, Source,
 };
@@ -158,13 +158,6 @@ fn previous_script(algorithm: Algorithm) -> String {
     script
 }
 
-fn gcd(mut a: u64, mut b: u64) -> u64 {
-    while b != 0 {
-        (a, b) = (b, a % b);
-    }
-    a
-}
-
 fn window_us(rule: Rule) -> u64 {
     rule.window().as_micros() as u64
 }
@@ -174,7 +167,7 @@ fn limit_args(algorithm: Algorithm, rule: Rule) -> Vec<u64> {
     let window = window_us(rule);
     match algorithm {
         Algorithm::TokenBucket => {
-            let g = gcd(rule.limit(), window);
+            let g = gcd(u128::from(rule.limit()), u128::from(window)) as u64;
             let tpu = rule.limit() / g;
             vec![tpu, window / g, tpu * window]
         }
@@ -642,7 +635,7 @@ async fn the_counters_products_near_and_past_2_pow_53_are_as_before() {
         2_502_503,
         1_999_993,
     ] {
-        let Some(inverse) = inverse_mod(prev, window_us) else {
+        let Some(inverse) = inverse_mod(u128::from(prev), u128::from(window_us)) else {
             continue;
         };
         for remainder in [
@@ -655,7 +648,7 @@ async fn the_counters_products_near_and_past_2_pow_53_are_as_before() {
             window_us - 600,
         ] {
             // prev * (W - e) = -prev * e = remainder (mod W): e = -remainder / prev.
-            let e = ((window_us - remainder) as u128 * inverse as u128 % window_us as u128) as u64;
+            let e = (u128::from(window_us - remainder) * inverse % u128::from(window_us)) as u64;
             if e == 0 {
                 continue;
             }
@@ -681,18 +674,6 @@ async fn the_counters_products_near_and_past_2_pow_53_are_as_before() {
         }
     }
     assert!(product_cases >= 30, "{product_cases}");
-}
-
-/// The inverse of `a` modulo `m`, if they are coprime.
-fn inverse_mod(a: u64, m: u64) -> Option<u64> {
-    let (mut old_r, mut r) = (i128::from(a), i128::from(m));
-    let (mut old_s, mut s) = (1i128, 0i128);
-    while r != 0 {
-        let q = old_r / r;
-        (old_r, r) = (r, old_r - q * r);
-        (old_s, s) = (s, old_s - q * s);
-    }
-    (old_r == 1).then(|| old_s.rem_euclid(i128::from(m)) as u64)
 }
 
 /// Today's reply against the previous one: the same integers (for a plan of one limit decided

@@ -59,6 +59,29 @@ impl Rng {
     }
 }
 
+/// The greatest common divisor of `a` and `b`.
+pub(crate) fn gcd(mut a: u128, mut b: u128) -> u128 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+/// The inverse of `a` modulo `m`, if they are coprime.
+pub(crate) fn inverse_mod(a: u128, m: u128) -> Option<u128> {
+    if m == 1 {
+        return Some(0);
+    }
+    let (mut old_r, mut r) = (a as i128 % m as i128, m as i128);
+    let (mut old_s, mut s) = (1i128, 0i128);
+    while r != 0 {
+        let q = old_r / r;
+        (old_r, r) = (r, old_r - q * r);
+        (old_s, s) = (s, old_s - q * s);
+    }
+    (old_r == 1).then(|| old_s.rem_euclid(m as i128) as u128)
+}
+
 /// How long a starting server has to answer PING.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
 
