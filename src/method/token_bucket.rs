@@ -204,6 +204,38 @@ impl GcraParams {
         self.scale
     }
 
+    /// The one-permit paths' compare-and-swap at the reading `now_nanos` (one reading per
+    /// attempt, as in `acquire`): a grant answers `granted()`, a TAT too far ahead for one more
+    /// token `refused(TAT)`, a retired word `Retired`.
+    #[inline(always)]
+    fn take_one<A: AtomicWord, T>(
+        &self,
+        tat: &A,
+        now_nanos: u64,
+        granted: impl Fn() -> T,
+        refused: impl Fn(u64) -> T,
+    ) -> Result<T, Retired> {
+        let now = self.now_ticks(now_nanos);
+        // As `decide` for n = 1 (which never exceeds the limit): the debt after the grant,
+        // `max(TAT, now) - now + T`, must fit in a full bucket, `N*T`; that is, the TAT may lie
+        // at most `N*T - T` ahead of `now`. `now <= 2^63` and `N*T <= 2^62`, so no sum wraps.
+        let latest_tat = now + self.max_debt_for_one;
+        // Relaxed: see `word::update`.
+        word::update(tat, tat.load(Ordering::Relaxed), |current| {
+            if current > latest_tat {
+                // A retired word (`u64::MAX`) lies beyond every `latest_tat`, so it is told
+                // apart here, off the granting path.
+                return Step::Answer(if current == RETIRED {
+                    Err(Retired)
+                } else {
+                    Ok(refused(current))
+                });
+            }
+            // The grant moves the TAT one token on from `max(TAT, now)`: at most `now + N*T`.
+            Step::Store(current.max(now) + self.token_ticks, Ok(granted()))
+        })
+    }
+
     /// The pure decision: what taking `n` permits at `now_nanos` from a bucket whose TAT is `tat`
     /// answers, and the TAT to store if it must change.
     #[inline]
@@ -380,26 +412,7 @@ impl Method for GcraParams {
     /// [`Method::acquire`] for `n = 1`, answering only whether (no [`Decision`] is built).
     #[inline]
     fn acquire_one<A: AtomicWord>(&self, tat: &A, clock: &impl Clock) -> Result<Admit, Retired> {
-        // One clock reading per attempt: as in `acquire`.
-        let now = self.now_ticks(clock.now_nanos());
-        // As `decide` for n = 1 (which never exceeds the limit): the debt after the grant,
-        // `max(TAT, now) - now + T`, must fit in a full bucket, `N*T`; that is, the TAT may lie
-        // at most `N*T - T` ahead of `now`. `now <= 2^63` and `N*T <= 2^62`, so no sum wraps.
-        let latest_tat = now + self.max_debt_for_one;
-        // Relaxed: see `word::update`.
-        word::update(tat, tat.load(Ordering::Relaxed), |current| {
-            if current > latest_tat {
-                // A retired word (`u64::MAX`) lies beyond every `latest_tat`, so it is told
-                // apart here, off the granting path.
-                return Step::Answer(if current == RETIRED {
-                    Err(Retired)
-                } else {
-                    Ok(Admit::Denied)
-                });
-            }
-            // The grant moves the TAT one token on from `max(TAT, now)`: at most `now + N*T`.
-            Step::Store(current.max(now) + self.token_ticks, Ok(Admit::Granted))
-        })
+        self.take_one(tat, clock.now_nanos(), || Admit::Granted, |_| Admit::Denied)
     }
 
     /// [`Method::acquire_one`]'s compare-and-swap, answering a grant with its decision only
@@ -415,25 +428,13 @@ impl Method for GcraParams {
         tat: &A,
         clock: &impl Clock,
     ) -> Result<Decision, Retired> {
-        // One clock reading per attempt: as in `acquire`.
         let now_nanos = clock.now_nanos();
-        let now = self.now_ticks(now_nanos);
-        // As in `acquire_one`: a TAT beyond `latest_tat` (or retired) refuses one permit.
-        let latest_tat = now + self.max_debt_for_one;
-        // Relaxed: see `word::update`.
-        word::update(tat, tat.load(Ordering::Relaxed), |current| {
-            if current > latest_tat {
-                return Step::Answer(if current == RETIRED {
-                    Err(Retired)
-                } else {
-                    Ok(self.decide(current, now_nanos, 1).0)
-                });
-            }
-            Step::Store(
-                current.max(now) + self.token_ticks,
-                Ok(Decision::allowed_in(self.rule, self.scale(), 0, 0)),
-            )
-        })
+        self.take_one(
+            tat,
+            now_nanos,
+            || Decision::allowed_in(self.rule, self.scale(), 0, 0),
+            |current| self.decide(current, now_nanos, 1).0,
+        )
     }
 
     /// Undoes the grant that made `reservation` (a reservation across several limits that
