@@ -1,7 +1,7 @@
 //! [`ServiceBuilder`]: a service's plans, hasher, capacity and counting, checked once.
 
 use std::fmt;
-use std::hash::{BuildHasher, Hash, RandomState};
+use std::hash::{BuildHasher, Hash};
 
 use papaya::ResizeMode;
 
@@ -12,7 +12,7 @@ use crate::error::ServiceError;
 use crate::method::any::AnyParams;
 use crate::plans::{Plans, Together, limits_of};
 use crate::sync::Word;
-use crate::{Algorithm, PlanError, Rule};
+use crate::{Algorithm, PlanError, Rule, SipState};
 
 /// Builds a [`RateLimiterService`] with a chosen hasher or capacity.
 ///
@@ -30,7 +30,7 @@ use crate::{Algorithm, PlanError, Rule};
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug)]
-pub struct ServiceBuilder<P, C, S = RandomState> {
+pub struct ServiceBuilder<P, C, S = SipState> {
     algorithm: Algorithm,
     clock: C,
     plans: Vec<(P, Vec<Rule>)>,
@@ -47,7 +47,7 @@ impl<P: Eq + fmt::Debug, C: Clock> ServiceBuilder<P, C> {
             algorithm,
             clock,
             plans: Vec::new(),
-            hasher: RandomState::new(),
+            hasher: SipState::new(),
             capacity: None,
             count_decisions: false,
         }
@@ -105,13 +105,15 @@ impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher + Clone> ServiceBuilder<P, C, 
     /// Hashes client keys with `hasher` instead of the default randomly seeded one. Each plan's
     /// map gets a clone of it.
     ///
-    /// The default, std's `RandomState`, is the one its authors document as resistant to HashDoS
-    /// (keys chosen to collide): keep it wherever clients choose their keys, as they do in a
-    /// proxy (addresses, API keys, header values). Where they cannot (identifiers the server
-    /// assigned), a faster hasher pays: with `foldhash::fast::RandomState`, which its authors
-    /// call "minimally DoS-resistant" and advise against where someone may reverse-engineer the
-    /// seed of a long-running process, a lookup among 10 000 `u64` keys executes roughly 250
-    /// instructions instead of roughly 390 (BENCHMARKS.md, "Instructions per decision").
+    /// The default, [`SipState`], computes what std's `RandomState` does (SipHash-1-3 of the
+    /// key's bytes under random keys, the hash std's authors document as resistant to HashDoS,
+    /// keys chosen to collide), with less work per integer: keep it wherever clients choose
+    /// their keys, as they do in a proxy (addresses, API keys, header values). Where they cannot
+    /// (identifiers the server assigned), a faster hasher pays: with
+    /// `foldhash::fast::RandomState`, which its authors call "minimally DoS-resistant" and
+    /// advise against where someone may reverse-engineer the seed of a long-running process, a
+    /// lookup among 10 000 `u64` keys executes roughly 200 instructions instead of roughly 295
+    /// (350 with std's `RandomState`; BENCHMARKS.md, "Instructions per decision").
     pub fn hasher<T: BuildHasher>(self, hasher: T) -> ServiceBuilder<P, C, T> {
         ServiceBuilder {
             algorithm: self.algorithm,

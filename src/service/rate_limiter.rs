@@ -2,7 +2,7 @@
 
 use std::borrow::Borrow;
 use std::fmt;
-use std::hash::{BuildHasher, Hash, RandomState};
+use std::hash::{BuildHasher, Hash};
 use std::marker::PhantomData;
 
 use super::builder::ServiceBuilder;
@@ -27,7 +27,7 @@ use crate::plans::{Together, limits_of};
 use crate::sync::Word;
 #[cfg(feature = "tower")]
 use crate::verdict::{Figures, Verdict};
-use crate::{Algorithm, Decision, MonotonicClock, PlanStats, Rule};
+use crate::{Algorithm, Decision, MonotonicClock, PlanStats, Rule, SipState};
 
 /// Rate limits many clients, each by the rule of its plan.
 ///
@@ -73,7 +73,7 @@ use crate::{Algorithm, Decision, MonotonicClock, PlanStats, Rule};
 /// assert!(service.allow("bob", &Tier::Pro)?);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub struct RateLimiterService<K, P, C = MonotonicClock, S = RandomState> {
+pub struct RateLimiterService<K, P, C = MonotonicClock, S = SipState> {
     /// Each plan's limits and its own map of clients: a lookup hashes only the client's key,
     /// and each entry stores the key once.
     pub(super) plans: PlanTable<K, P, S>,
