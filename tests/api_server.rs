@@ -1,4 +1,3 @@
-#![cfg(feature = "tower")]
 //! The `api_server` example as its users run it, served on loopback with a fake clock: a plan
 //! comes only with a key of its table, an invented or over-long key is an anonymous client keyed
 //! by address, and its shadow-mode route tells clients nothing and the upstream the truth.

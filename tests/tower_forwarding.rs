@@ -1,4 +1,3 @@
-#![cfg(feature = "tower")]
 //! Forwarding headers behind a trusted proxy: what a client writes cannot choose its key, valid
 //! lists read as valid, and the proxy's own requests never share a limit with its clients'.
 //!

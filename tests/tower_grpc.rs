@@ -1,4 +1,3 @@
-#![cfg(feature = "tonic")]
 //! The layer in front of a real tonic server (the `grpc_health` example's: the standard health
 //! service), keyed by the peer's address as tonic records it, on a fake clock: a real tonic client
 //! gets `ResourceExhausted` at the limit, and calls are told to be gRPC by their media type, in

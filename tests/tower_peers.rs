@@ -1,4 +1,3 @@
-#![cfg(feature = "tower")]
 //! `ClientIp::peer()` finds the peer's address on real servers as they are usually set up, with
 //! no peer source named: axum served with `into_make_service_with_connect_info::<SocketAddr>()`
 //! (feature `axum`) and tonic's server (feature `tonic`), each on a fresh loopback port. (A hyper

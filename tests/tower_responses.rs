@@ -1,4 +1,3 @@
-#![cfg(feature = "tower")]
 //! What the layer's responses say, over loopback: a request let through by shadow mode is told
 //! nothing of the limit it would have met, a shadow mark written by a client never reaches the
 //! upstream, and gRPC (and gRPC-Web) calls are told apart by their media type.

@@ -1,4 +1,3 @@
-#![cfg(feature = "tower")]
 //! What a new user of the layer reaches for: the idle sweep, whichever constructor made the
 //! layer, and plan enums named in the `RateLimit` fields without a hand-written `PolicyName`.
 
