@@ -174,8 +174,16 @@ impl Breaker {
 
     /// Records a successful round trip: the count starts again and the circuit closes.
     pub(super) fn success(&self, probe: bool) {
-        self.failures.store(0, Ordering::Relaxed);
-        self.open_until.store(0, Ordering::Relaxed);
+        // Relaxed: as in `gate_at`. Each word is read before it is cleared: on a healthy server
+        // every round trip succeeds, and storing the 0 already there would still take the cache
+        // line from every core whose `gate` reads it. (A success that reads 0 takes effect at
+        // that read: a store of 0 over 0 would change nothing.)
+        if self.failures.load(Ordering::Relaxed) != 0 {
+            self.failures.store(0, Ordering::Relaxed);
+        }
+        if self.open_until.load(Ordering::Relaxed) != 0 {
+            self.open_until.store(0, Ordering::Relaxed);
+        }
         if probe {
             self.probing.store(false, Ordering::Relaxed);
         }
