@@ -12,8 +12,8 @@ use crate::workload::TryAcquireOne;
 /// source as [`tollgate::MonotonicClock`].
 pub(crate) type GovernorDirect = governor::DefaultDirectRateLimiter;
 
-/// governor's keyed limiter: one GCRA word per key in a `DashMap` with the default, randomly
-/// seeded hasher (the same hasher the service defaults to).
+/// governor's keyed limiter: one GCRA word per key in a `DashMap` with its default hasher,
+/// std's randomly seeded SipHash-1-3 (the function the service's default `SipState` computes).
 pub(crate) type GovernorKeyed = governor::DefaultKeyedRateLimiter<u64>;
 
 /// The quota that enforces `rule`: a burst of the rule's limit, refilled one permit per
