@@ -267,6 +267,19 @@ pub(crate) const CASES: &[Case] = &[
         },
     },
     Case {
+        name: "service_lookup_std_hasher/governor",
+        label: "service lookup, std RandomState",
+        decisions_per_round: 1,
+        rounds: PER_DECISION_ROUNDS,
+        run: |rounds| {
+            drive(
+                Lookup::new(governor_keyed(RandomState::new()), LOOKUP_CLIENTS)?,
+                rounds,
+                Expect::Allowed,
+            )
+        },
+    },
+    Case {
         name: "service_lookup_1m_default_hasher/tollgate",
         label: "service lookup, 1 000 000 clients, default hasher",
         decisions_per_round: 1,

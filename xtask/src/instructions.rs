@@ -174,7 +174,7 @@ pub(crate) fn render(release: &Value, release_lto: &Value) -> Result<String, Err
          *service*: token bucket, `u64` keys, one plan: `RateLimiterService::allow` against \
          governor's keyed limiter (`check_key` on a `DashMap`), each with its default hasher, \
          both SipHash-1-3 of the key's bytes under random keys (tollgate's `SipState`, \
-         governor's std `RandomState`; *std RandomState*: tollgate with governor's; the keys \
+         governor's std `RandomState`; *std RandomState*: both with governor's; the keys \
          move entries and so probe lengths: these rows move by up to about 1% from run to run; \
          every other row is exact), or both with foldhash with a fixed seed. A lookup is a request from one of {} clients \
          (or of 1 000 000) already in the map, taken in turn; a first request makes the \
