@@ -254,8 +254,14 @@ fn little_endian(bytes: &[u8]) -> u64 {
     u64::from_le_bytes(word)
 }
 
+// Shared with the tests of the public API (`tests/review_hasher.rs`).
+#[cfg(test)]
+#[path = "../tests/support/hasher_writes.rs"]
+mod hasher_writes;
+
 #[cfg(test)]
 mod tests {
+    use super::hasher_writes::{Write, any_write, hash};
     use super::*;
     use proptest::prelude::*;
     use std::hash::{DefaultHasher, Hash};
@@ -273,58 +279,6 @@ mod tests {
     #[allow(deprecated)]
     fn std_sip24(k0: u64, k1: u64) -> std::hash::SipHasher {
         std::hash::SipHasher::new_with_keys(k0, k1)
-    }
-
-    /// One call of a `Hasher`, of each kind it has.
-    #[derive(Debug, Clone)]
-    enum Write {
-        Bytes(Vec<u8>),
-        U8(u8),
-        U16(u16),
-        U32(u32),
-        U64(u64),
-        U128(u128),
-        Usize(usize),
-        I8(i8),
-        I16(i16),
-        I32(i32),
-        I64(i64),
-        I128(i128),
-        Isize(isize),
-        Str(String),
-        /// A `finish` between writes, which must change nothing.
-        Finish,
-    }
-
-    impl Write {
-        fn apply(&self, hasher: &mut impl Hasher) {
-            match self {
-                Write::Bytes(bytes) => hasher.write(bytes),
-                Write::U8(value) => hasher.write_u8(*value),
-                Write::U16(value) => hasher.write_u16(*value),
-                Write::U32(value) => hasher.write_u32(*value),
-                Write::U64(value) => hasher.write_u64(*value),
-                Write::U128(value) => hasher.write_u128(*value),
-                Write::Usize(value) => hasher.write_usize(*value),
-                Write::I8(value) => hasher.write_i8(*value),
-                Write::I16(value) => hasher.write_i16(*value),
-                Write::I32(value) => hasher.write_i32(*value),
-                Write::I64(value) => hasher.write_i64(*value),
-                Write::I128(value) => hasher.write_i128(*value),
-                Write::Isize(value) => hasher.write_isize(*value),
-                Write::Str(text) => text.hash(hasher),
-                Write::Finish => {
-                    let _ = hasher.finish();
-                }
-            }
-        }
-    }
-
-    fn hash(mut hasher: impl Hasher, writes: &[Write]) -> u64 {
-        for write in writes {
-            write.apply(&mut hasher);
-        }
-        hasher.finish()
     }
 
     /// One write of each kind, of values with every byte set (sign bits, top bytes) or in
@@ -501,26 +455,6 @@ mod tests {
         }
     }
 
-    fn write_kind() -> impl Strategy<Value = Write> {
-        prop_oneof![
-            proptest::collection::vec(any::<u8>(), 0..300).prop_map(Write::Bytes),
-            any::<u8>().prop_map(Write::U8),
-            any::<u16>().prop_map(Write::U16),
-            any::<u32>().prop_map(Write::U32),
-            any::<u64>().prop_map(Write::U64),
-            any::<u128>().prop_map(Write::U128),
-            any::<usize>().prop_map(Write::Usize),
-            any::<i8>().prop_map(Write::I8),
-            any::<i16>().prop_map(Write::I16),
-            any::<i32>().prop_map(Write::I32),
-            any::<i64>().prop_map(Write::I64),
-            any::<i128>().prop_map(Write::I128),
-            any::<isize>().prop_map(Write::Isize),
-            ".{0,40}".prop_map(Write::Str),
-            Just(Write::Finish),
-        ]
-    }
-
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(2_000))]
 
@@ -530,7 +464,7 @@ mod tests {
         fn siphash_2_4_agrees_with_std(
             k0: u64,
             k1: u64,
-            writes in proptest::collection::vec(write_kind(), 0..40),
+            writes in proptest::collection::vec(any_write(300), 0..40),
         ) {
             prop_assert_eq!(hash(Sip::<2, 4>::new(k0, k1), &writes), hash(std_sip24(k0, k1), &writes));
         }
@@ -538,7 +472,7 @@ mod tests {
         /// Under 1 and 3 rounds, any writes hash as under std's `DefaultHasher::new()`.
         #[test]
         fn siphash_1_3_agrees_with_std_default_hasher(
-            writes in proptest::collection::vec(write_kind(), 0..40),
+            writes in proptest::collection::vec(any_write(300), 0..40),
         ) {
             prop_assert_eq!(hash(ours(), &writes), hash(DefaultHasher::new(), &writes));
         }

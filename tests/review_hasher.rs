@@ -5,13 +5,17 @@
 //! keys, and the keys' independence and secrecy need the fields: `src/hasher.rs`'s tests.)
 
 use std::collections::HashSet;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::{BuildHasher, Hasher};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use proptest::prelude::*;
 use tollgate::{
     Algorithm, FakeClock, RateLimiterService, Rule, ServiceBuilder, SipHasher13, SipState,
 };
+
+#[path = "support/hasher_writes.rs"]
+mod hasher_writes;
+use hasher_writes::{Write, any_write, hash};
 
 /// Records the bytes a sequence of writes stands for: every integer method left to std's
 /// default (`write(&value.to_ne_bytes())`), as std's `DefaultHasher` takes them.
@@ -22,71 +26,10 @@ impl Hasher for Recorder {
     fn write(&mut self, bytes: &[u8]) {
         self.0.extend_from_slice(bytes);
     }
+    /// A `finish` between writes writes nothing.
     fn finish(&self) -> u64 {
-        unreachable!("only recorded")
+        0
     }
-}
-
-#[derive(Debug, Clone)]
-enum Write {
-    Bytes(Vec<u8>),
-    U8(u8),
-    U16(u16),
-    U32(u32),
-    U64(u64),
-    U128(u128),
-    Usize(usize),
-    I8(i8),
-    I16(i16),
-    I32(i32),
-    I64(i64),
-    I128(i128),
-    Isize(isize),
-    Str(String),
-    Ip(IpAddr),
-}
-
-impl Write {
-    fn apply(&self, hasher: &mut impl Hasher) {
-        match self {
-            Write::Bytes(bytes) => hasher.write(bytes),
-            Write::U8(value) => hasher.write_u8(*value),
-            Write::U16(value) => hasher.write_u16(*value),
-            Write::U32(value) => hasher.write_u32(*value),
-            Write::U64(value) => hasher.write_u64(*value),
-            Write::U128(value) => hasher.write_u128(*value),
-            Write::Usize(value) => hasher.write_usize(*value),
-            Write::I8(value) => hasher.write_i8(*value),
-            Write::I16(value) => hasher.write_i16(*value),
-            Write::I32(value) => hasher.write_i32(*value),
-            Write::I64(value) => hasher.write_i64(*value),
-            Write::I128(value) => hasher.write_i128(*value),
-            Write::Isize(value) => hasher.write_isize(*value),
-            Write::Str(text) => text.hash(hasher),
-            Write::Ip(ip) => ip.hash(hasher),
-        }
-    }
-}
-
-fn write() -> impl Strategy<Value = Write> {
-    prop_oneof![
-        proptest::collection::vec(any::<u8>(), 0..70).prop_map(Write::Bytes),
-        any::<u8>().prop_map(Write::U8),
-        any::<u16>().prop_map(Write::U16),
-        any::<u32>().prop_map(Write::U32),
-        any::<u64>().prop_map(Write::U64),
-        any::<u128>().prop_map(Write::U128),
-        any::<usize>().prop_map(Write::Usize),
-        any::<i8>().prop_map(Write::I8),
-        any::<i16>().prop_map(Write::I16),
-        any::<i32>().prop_map(Write::I32),
-        any::<i64>().prop_map(Write::I64),
-        any::<i128>().prop_map(Write::I128),
-        any::<isize>().prop_map(Write::Isize),
-        ".{0,30}".prop_map(Write::Str),
-        any::<[u8; 4]>().prop_map(|octets| Write::Ip(IpAddr::V4(Ipv4Addr::from(octets)))),
-        any::<[u8; 16]>().prop_map(|octets| Write::Ip(IpAddr::V6(Ipv6Addr::from(octets)))),
-    ]
 }
 
 fn bytes_of(writes: &[Write]) -> Vec<u8> {
@@ -98,11 +41,7 @@ fn bytes_of(writes: &[Write]) -> Vec<u8> {
 }
 
 fn hash_writes(state: &SipState, writes: &[Write]) -> u64 {
-    let mut hasher = state.build_hasher();
-    for write in writes {
-        write.apply(&mut hasher);
-    }
-    hasher.finish()
+    hash(state.build_hasher(), writes)
 }
 
 fn hash_pieces<'a>(state: &SipState, pieces: impl IntoIterator<Item = &'a [u8]>) -> u64 {
@@ -120,7 +59,7 @@ proptest! {
     /// at arbitrary points (empty pieces included).
     #[test]
     fn writes_hash_as_their_bytes(
-        writes in proptest::collection::vec(write(), 0..24),
+        writes in proptest::collection::vec(any_write(70), 0..24),
         cuts in proptest::collection::vec(any::<prop::sample::Index>(), 0..8),
     ) {
         let state = SipState::new();
