@@ -261,7 +261,7 @@ mod hasher_writes;
 
 #[cfg(test)]
 mod tests {
-    use super::hasher_writes::{Write, any_write, hash};
+    use super::hasher_writes::{Write, any_write, hash, one_of_each};
     use super::*;
     use proptest::prelude::*;
     use std::hash::{DefaultHasher, Hash};
@@ -279,28 +279,6 @@ mod tests {
     #[allow(deprecated)]
     fn std_sip24(k0: u64, k1: u64) -> std::hash::SipHasher {
         std::hash::SipHasher::new_with_keys(k0, k1)
-    }
-
-    /// One write of each kind, of values with every byte set (sign bits, top bytes) or in
-    /// patterns that show byte order.
-    fn one_of_each(seed: u64) -> Vec<Write> {
-        let wide = (u128::from(seed) << 64) | u128::from(!seed.rotate_left(7));
-        vec![
-            Write::U8(seed as u8),
-            Write::U16(seed as u16),
-            Write::U32(seed as u32),
-            Write::U64(seed),
-            Write::U128(wide),
-            Write::Usize(seed as usize),
-            Write::I8(seed as i8),
-            Write::I16(seed as i16),
-            Write::I32(seed as i32),
-            Write::I64(seed as i64),
-            Write::I128(wide as i128),
-            Write::Isize(seed as isize),
-            Write::Str(String::new()),
-            Write::Str("ab\u{7f}é".into()),
-        ]
     }
 
     const SEEDS: [u64; 5] = [

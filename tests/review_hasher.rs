@@ -15,7 +15,7 @@ use tollgate::{
 
 #[path = "support/hasher_writes.rs"]
 mod hasher_writes;
-use hasher_writes::{Write, any_write, hash};
+use hasher_writes::{Write, any_write, hash, one_of_each};
 
 /// Records the bytes a sequence of writes stands for: every integer method left to std's
 /// default (`write(&value.to_ne_bytes())`), as std's `DefaultHasher` takes them.
@@ -76,7 +76,8 @@ proptest! {
     }
 }
 
-/// Every integer width after every count of pending bytes (0 to 8), deterministic.
+/// Every integer width (and two strings) after every count of pending bytes (0 to 8),
+/// deterministic.
 #[test]
 fn integers_at_every_offset_hash_as_their_bytes() {
     let state = SipState::new();
@@ -88,21 +89,7 @@ fn integers_at_every_offset_hash_as_their_bytes() {
     ];
     for pending in 0..=8_u8 {
         for &value in &values {
-            let kinds = [
-                Write::U8(value as u8),
-                Write::U16(value as u16),
-                Write::U32(value as u32),
-                Write::U64(value),
-                Write::U128(u128::from(value) << 64 | u128::from(!value)),
-                Write::Usize(value as usize),
-                Write::I8(value as i8),
-                Write::I16(value as i16),
-                Write::I32(value as i32),
-                Write::I64(value as i64),
-                Write::I128(-(value as i128)),
-                Write::Isize(value as isize),
-            ];
-            for kind in kinds {
+            for kind in one_of_each(value) {
                 let writes = [
                     Write::Bytes((0..pending).collect()),
                     kind,

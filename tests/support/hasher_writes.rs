@@ -53,6 +53,28 @@ impl Write {
     }
 }
 
+/// One write of each kind, of values with every byte set (sign bits, top bytes) or in
+/// patterns that show byte order.
+pub(crate) fn one_of_each(seed: u64) -> Vec<Write> {
+    let wide = (u128::from(seed) << 64) | u128::from(!seed.rotate_left(7));
+    vec![
+        Write::U8(seed as u8),
+        Write::U16(seed as u16),
+        Write::U32(seed as u32),
+        Write::U64(seed),
+        Write::U128(wide),
+        Write::Usize(seed as usize),
+        Write::I8(seed as i8),
+        Write::I16(seed as i16),
+        Write::I32(seed as i32),
+        Write::I64(seed as i64),
+        Write::I128(wide as i128),
+        Write::Isize(seed as isize),
+        Write::Str(String::new()),
+        Write::Str("ab\u{7f}é".into()),
+    ]
+}
+
 /// `writes` into `hasher`, and its hash.
 pub(crate) fn hash(mut hasher: impl Hasher, writes: &[Write]) -> u64 {
     for write in writes {
