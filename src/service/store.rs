@@ -554,29 +554,19 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
     ) -> Option<(&W, &W, u64)> {
         let _lock = (!self.has_fault(StoreFault::InsertWithoutLock))
             .then(|| InsertLock::take(&self.insert_locks[place.home]));
+        // The key's buckets, home first (the other computed once, for both passes).
+        let home = &self.buckets[place.home];
+        let other = self.other_bucket(place);
         // Another insert of this key may have come first; a live state of an earlier version is
-        // retired here, so that the key never has two live states. The first free slot is
-        // noted on the way.
-        let mut first_free = None;
-        for bucket in self.buckets(place) {
-            for at in 0..B {
-                let (tag, state) = (&bucket.tags[at], &bucket.states[at]);
-                let seen = settled(tag);
-                if seen & FINGERPRINT != place.fingerprint {
-                    if first_free.is_none() && is_free(seen) {
-                        first_free = Some((tag, seen, state));
-                    }
-                    continue;
-                }
-                if version_of(seen) >= head.version {
-                    return Some((tag, state, seen));
-                }
-                self.retire_earlier(head, tag, seen, state);
+        // retired here, so that the key never has two live states.
+        for bucket in std::iter::once(home).chain(other) {
+            if needs_settling(bucket, place.fingerprint)
+                && let Some(found) = self.settle_key_slots(bucket, place, head)
+            {
+                return Some(found);
             }
         }
-        let claimed = first_free
-            .filter(|&(tag, seen, _)| claim(tag, seen))
-            .or_else(|| self.claim_free(place));
+        let claimed = claim_free(home).or_else(|| other.and_then(claim_free));
         let (tag, previous, state) = match claimed {
             Some(slot) => slot,
             None => self.reuse(place, head, now_nanos, evicted_up_to, may_defer)?,
@@ -594,14 +584,29 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
         Some((tag, state, live))
     }
 
-    /// Claims the first free slot of `place`'s buckets: its tag goes from free to `BUSY`.
-    /// Returns the slot's tag, the free tag it held, and its state.
-    fn claim_free(&self, place: Place) -> Option<(&W, u64, &W)> {
-        self.slots(place).find_map(|(tag, state)| {
-            // Relaxed: the exchange in `claim` decides.
-            let seen = tag.load(Ordering::Relaxed);
-            claim(tag, seen).then_some((tag, seen, state))
-        })
+    /// The insert's pass over a bucket that [`needs_settling`]: each slot's tag once no other
+    /// thread is retiring its state (a sweep's freed slot is then free for this insert, which is
+    /// what keeps an insert from evicting an active client for it: see [`ClientStore::reuse`]);
+    /// the key's live state made under `head`'s version or a later one, if there is one; a live
+    /// state of the key's made under an earlier version is retired.
+    #[cold]
+    fn settle_key_slots<'s, L: WordLimit>(
+        &self,
+        bucket: &'s Bucket<W, B>,
+        place: Place,
+        head: &StoreHead<L>,
+    ) -> Option<(&'s W, &'s W, u64)> {
+        for (tag, state) in bucket.tags.iter().zip(&bucket.states) {
+            let seen = settled(tag);
+            if seen & FINGERPRINT != place.fingerprint {
+                continue;
+            }
+            if version_of(seen) >= head.version {
+                return Some((tag, state, seen));
+            }
+            self.retire_earlier(head, tag, seen, state);
+        }
+        None
     }
 
     /// Takes a live slot of `place`'s buckets for reuse: one made under an earlier version, else
@@ -846,9 +851,16 @@ where
     P::Limit: WordLimit,
     R: WordRequest<W, P::Limit>,
 {
-    // Slot by slot: a loop of constant length over the bucket's tags, which compiles to a few
-    // instructions a slot.
-    for at in 0..B {
+    // Where the first slot with the key's fingerprint is, by a loop of constant length that
+    // holds nothing else (unrolled: a few instructions a slot, for a bucket that answers or
+    // not); then slot by slot from there, past a slot that does not answer (a state retired
+    // meanwhile, or another key's of the same fingerprint).
+    let first = (0..B).position(|at| {
+        // Acquire: pairs with the Release that published the tag (a state's, or a freed
+        // slot's), as every read of the probe (the loop below reads again the one it decides on).
+        bucket.tags[at].load(Ordering::Acquire) & FINGERPRINT == place.fingerprint
+    })?;
+    for at in first..B {
         let (tag, state) = (&bucket.tags[at], &bucket.states[at]);
         // Acquire: pairs with the Release that published the tag after its state.
         let seen = tag.load(Ordering::Acquire);
@@ -917,6 +929,37 @@ where
         store.retire_earlier(&head, tag, seen, state);
     }
     None
+}
+
+/// Whether the insert must look at `bucket`'s slots one by one (see
+/// [`ClientStore::settle_key_slots`]): a tag has the key's fingerprint, or another thread is
+/// retiring a slot's state. Most often neither: one read of each tag, with no branch per slot.
+#[inline(always)]
+fn needs_settling<W: AtomicWord, const B: usize>(bucket: &Bucket<W, B>, fingerprint: u64) -> bool {
+    let mut key_found = false;
+    let mut any_retiring = 0;
+    for tag in &bucket.tags {
+        // Acquire: as in `decide` (the state of a tag this finds is read after it).
+        let seen = tag.load(Ordering::Acquire);
+        key_found |= seen & FINGERPRINT == fingerprint;
+        any_retiring |= seen & RETIRING;
+    }
+    key_found || any_retiring != 0
+}
+
+/// Claims the first free slot of `bucket`: its tag goes from free to `BUSY`. Returns the slot's
+/// tag, the free tag it held, and its state.
+#[inline(always)]
+fn claim_free<W: AtomicWord, const B: usize>(bucket: &Bucket<W, B>) -> Option<(&W, u64, &W)> {
+    bucket
+        .tags
+        .iter()
+        .zip(&bucket.states)
+        .find_map(|(tag, state)| {
+            // Relaxed: the exchange in `claim` decides.
+            let seen = tag.load(Ordering::Relaxed);
+            claim(tag, seen).then_some((tag, seen, state))
+        })
 }
 
 /// Claims a slot whose tag read `seen`, if that is a free one: its tag goes from `seen` to
