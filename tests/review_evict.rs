@@ -11,74 +11,23 @@
 //! `REVIEW_EVICT_MILLIS` sets how long each stress shape runs (default 1,500 ms).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use tollgate::{Algorithm, FakeClock, RateLimiterService, Rule, ServiceBuilder, ServiceError};
+use tollgate::{Algorithm, FakeClock, Rule, ServiceError};
 
 #[path = "support/stress.rs"]
 mod stress;
 
-use stress::{Identity, Watchdog, xorshift};
-
-type Service = RateLimiterService<u64, &'static str, FakeClock, Identity>;
-
-const PLAN: &str = "p";
-
-const STORE_METHODS: [Algorithm; 3] = [
-    Algorithm::TokenBucket,
-    Algorithm::FixedWindow,
-    Algorithm::SlidingWindowCounter,
-];
-
-/// One test at a time: each wants both cores.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner)
-}
+use stress::{
+    PLAN, PlacedService as Service, STORE_METHODS, Watchdog, key_at, placed_service as service,
+    serial, xorshift,
+};
 
 fn hammer_for() -> Duration {
     stress::hammer_for("REVIEW_EVICT_MILLIS", 1_500)
-}
-
-/// The store's `bucket_of`.
-fn bucket_of(hash: u64, buckets: usize) -> usize {
-    ((u128::from(hash) * buckets as u128) >> 64) as usize
-}
-
-/// The store's `other_of`.
-fn other_of(hash: u64, buckets: usize) -> usize {
-    let remixed = (hash ^ (hash >> 31)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    bucket_of(remixed, buckets)
-}
-
-/// A key of fingerprint `fingerprint` (below 2^40, not 0) whose home bucket is `home` and whose
-/// other bucket is `other`, in a store of `buckets` buckets.
-fn key_at(fingerprint: u64, home: usize, other: usize, buckets: usize) -> u64 {
-    assert!(fingerprint != 0 && fingerprint < 1 << 40);
-    // The high 24 bits decide the home: start where they give `home`.
-    let first = ((home as u64) << 24).div_ceil(buckets as u64);
-    for high in first..(1u64 << 24) {
-        let key = (high << 40) | fingerprint;
-        if bucket_of(key, buckets) == home && other_of(key, buckets) == other {
-            return key;
-        }
-    }
-    panic!("no key with buckets ({home}, {other}) among {buckets}");
-}
-
-fn service(algorithm: Algorithm, capacity: usize, rule: Rule, clock: &FakeClock) -> Arc<Service> {
-    Arc::new(
-        ServiceBuilder::new(algorithm, clock.clone())
-            .plan(PLAN, rule)
-            .capacity(capacity)
-            .hasher(Identity)
-            .build::<u64>()
-            .expect("a service"),
-    )
 }
 
 /// A thread sweeping `service` until `stop`; how many sweeps and slots freed.

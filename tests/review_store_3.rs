@@ -11,72 +11,22 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Barrier, Mutex, PoisonError};
+use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use tollgate::{Algorithm, FakeClock, RateLimiterService, Rule, ServiceBuilder};
+use tollgate::{Algorithm, FakeClock, Rule, ServiceBuilder};
 
 #[path = "support/stress.rs"]
 mod stress;
 
-use stress::{Identity, Watchdog, xorshift};
-
-type Service = RateLimiterService<u64, &'static str, FakeClock, Identity>;
-
-const PLAN: &str = "p";
-
-const STORE_METHODS: [Algorithm; 3] = [
-    Algorithm::TokenBucket,
-    Algorithm::FixedWindow,
-    Algorithm::SlidingWindowCounter,
-];
-
-/// One test at a time: each wants both cores.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner)
-}
+use stress::{
+    Identity, PLAN, PlacedService as Service, STORE_METHODS, Watchdog, key_at,
+    placed_service as service, serial, xorshift,
+};
 
 fn hammer_for() -> Duration {
     stress::hammer_for("REVIEW_STORE_3_MILLIS", 1_200)
-}
-
-/// The store's `bucket_of`.
-fn bucket_of(hash: u64, buckets: usize) -> usize {
-    ((u128::from(hash) * buckets as u128) >> 64) as usize
-}
-
-/// The store's `other_of`.
-fn other_of(hash: u64, buckets: usize) -> usize {
-    let remixed = (hash ^ (hash >> 31)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    bucket_of(remixed, buckets)
-}
-
-/// A key of fingerprint `fingerprint` (below 2^40, not 0) whose home bucket is `home` and whose
-/// other bucket is `other`, in a store of `buckets` buckets.
-fn key_at(fingerprint: u64, home: usize, other: usize, buckets: usize) -> u64 {
-    assert!(fingerprint != 0 && fingerprint < 1 << 40);
-    let first = ((home as u64) << 24).div_ceil(buckets as u64);
-    for high in first..(1u64 << 24) {
-        let key = (high << 40) | fingerprint;
-        if bucket_of(key, buckets) == home && other_of(key, buckets) == other {
-            return key;
-        }
-    }
-    panic!("no key with buckets ({home}, {other}) among {buckets}");
-}
-
-fn service(algorithm: Algorithm, capacity: usize, rule: Rule, clock: &FakeClock) -> Arc<Service> {
-    Arc::new(
-        ServiceBuilder::new(algorithm, clock.clone())
-            .plan(PLAN, rule)
-            .capacity(capacity)
-            .hasher(Identity)
-            .build::<u64>()
-            .expect("a service"),
-    )
 }
 
 fn hour_rule(limit: u64) -> Rule {
@@ -261,41 +211,26 @@ fn new_keys_take_free_slots_of_either_bucket_before_evicting() {
         let service = service(algorithm, 32, hour_rule(limit), &clock);
         let buckets = 4;
         let mut fingerprint = 0;
-        let mut next = |home, other| {
-            fingerprint += 1;
-            key_at(fingerprint, home, other, buckets)
-        };
         let mut spent = Vec::new();
+        // `count` new keys of buckets `home` and `other`, each spent.
+        let mut spend_new = |count, home, other| {
+            for _ in 0..count {
+                fingerprint += 1;
+                let key = key_at(fingerprint, home, other, buckets);
+                spend(&service, key, limit);
+                spent.push(key);
+            }
+        };
         // Bucket 1 full.
-        for _ in 0..8 {
-            let key = next(1, 1);
-            spend(&service, key, limit);
-            spent.push(key);
-        }
+        spend_new(8, 1, 1);
         // Keys of home 0, other 1: bucket 0's free slots.
-        for _ in 0..8 {
-            let key = next(0, 1);
-            spend(&service, key, limit);
-            spent.push(key);
-        }
+        spend_new(8, 0, 1);
         assert_eq!(service.evictions(), 0, "{algorithm}: home 0 had free slots");
         // Keys of home 3 (empty), other 0 (full) and home 2, other 3.
-        for _ in 0..4 {
-            let key = next(3, 0);
-            spend(&service, key, limit);
-            spent.push(key);
-        }
-        for _ in 0..4 {
-            let key = next(2, 3);
-            spend(&service, key, limit);
-            spent.push(key);
-        }
+        spend_new(4, 3, 0);
+        spend_new(4, 2, 3);
         // Keys of home 2 (4 free), other 3 (4 free): fill both.
-        for _ in 0..8 {
-            let key = next(2, 3);
-            spend(&service, key, limit);
-            spent.push(key);
-        }
+        spend_new(8, 2, 3);
         assert_eq!(service.len(), 32, "{algorithm}");
         assert_eq!(
             service.evictions(),

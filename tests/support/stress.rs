@@ -1,14 +1,16 @@
 //! What the store's stress tests share: a hasher that lets a test place each key (its hash is
-//! the key), a small fast generator of pseudo-random numbers, and a watchdog that fails a run
-//! whose threads hang.
+//! the key), keys placed in chosen buckets, a small fast generator of pseudo-random numbers, a
+//! watchdog that fails a run whose threads hang, and a lock that runs a file's tests one at a time.
 
 #![allow(dead_code)]
 
 use std::hash::{BuildHasher, Hasher};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
+
+use tollgate::{Algorithm, FakeClock, RateLimiterService, Rule, ServiceBuilder};
 
 /// The hash is the `u64` key itself: a test picks each key's fingerprint and buckets.
 #[derive(Debug, Clone, Default)]
@@ -88,4 +90,67 @@ pub(crate) fn hammer_for(variable: &str, default_millis: u64) -> Duration {
         .and_then(|value| value.parse().ok())
         .unwrap_or(default_millis);
     Duration::from_millis(millis)
+}
+
+/// One test of a file at a time, where each wants both cores: each takes this first.
+pub(crate) fn serial() -> MutexGuard<'static, ()> {
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The store's `bucket_of`: the bucket of `hash` among `buckets`.
+pub(crate) fn bucket_of(hash: u64, buckets: usize) -> usize {
+    ((u128::from(hash) * buckets as u128) >> 64) as usize
+}
+
+/// The store's `other_of`: the other bucket of the key whose hash is `hash`.
+pub(crate) fn other_of(hash: u64, buckets: usize) -> usize {
+    let remixed = (hash ^ (hash >> 31)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    bucket_of(remixed, buckets)
+}
+
+/// A key of fingerprint `fingerprint` (below 2^40, not 0) whose home bucket is `home` and whose
+/// other bucket is `other`, in a store of `buckets` buckets (under [`Identity`], the key is its
+/// hash).
+pub(crate) fn key_at(fingerprint: u64, home: usize, other: usize, buckets: usize) -> u64 {
+    assert!(fingerprint != 0 && fingerprint < 1 << 40);
+    // The high 24 bits decide the home: start where they give `home`.
+    let first = ((home as u64) << 24).div_ceil(buckets as u64);
+    for high in first..(1u64 << 24) {
+        let key = (high << 40) | fingerprint;
+        if bucket_of(key, buckets) == home && other_of(key, buckets) == other {
+            return key;
+        }
+    }
+    panic!("no key with buckets ({home}, {other}) among {buckets}");
+}
+
+/// A service of `u64` clients on one plan, whose keys a test places ([`Identity`]).
+pub(crate) type PlacedService = RateLimiterService<u64, &'static str, FakeClock, Identity>;
+
+/// The plan of a [`PlacedService`].
+pub(crate) const PLAN: &str = "p";
+
+/// The methods whose clients the store keeps (one word of state each).
+pub(crate) const STORE_METHODS: [Algorithm; 3] = [
+    Algorithm::TokenBucket,
+    Algorithm::FixedWindow,
+    Algorithm::SlidingWindowCounter,
+];
+
+/// A [`PlacedService`] of `algorithm` and `capacity`, its plan under `rule`, reading `clock`.
+pub(crate) fn placed_service(
+    algorithm: Algorithm,
+    capacity: usize,
+    rule: Rule,
+    clock: &FakeClock,
+) -> Arc<PlacedService> {
+    Arc::new(
+        ServiceBuilder::new(algorithm, clock.clone())
+            .plan(PLAN, rule)
+            .capacity(capacity)
+            .hasher(Identity)
+            .build::<u64>()
+            .expect("a service"),
+    )
 }
