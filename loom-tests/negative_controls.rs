@@ -717,6 +717,12 @@ fn store_evicting_past_retiring_slots_fails_the_sweep_and_insert_model() {
 
 #[test]
 #[should_panic(expected = "evicted an active client")]
+fn store_pass_ignoring_retiring_slots_fails_the_sweep_and_insert_model() {
+    crate::store::check_sweep_racing_an_insert(StoreFault::PassIgnoresRetiring);
+}
+
+#[test]
+#[should_panic(expected = "evicted an active client")]
 fn store_unfenced_look_at_freed_tags_fails_the_sweep_and_insert_model() {
     crate::store::check_sweep_racing_an_insert(StoreFault::FreedTagsUnfenced);
 }

@@ -226,6 +226,10 @@ pub enum StoreFault {
     /// An insert that evicts an active client while another slot of its buckets is being freed
     /// (a sweep's idle one).
     EvictPastRetiring,
+    /// The insert's pass over a bucket looks at its slots one by one only where a tag has the
+    /// key's fingerprint, not where a slot is being retired: a slot a sweep is freeing is not
+    /// waited for, and the insert may evict an active client instead.
+    PassIgnoresRetiring,
     /// The insert's last look at the tags before an eviction without its Acquire fence: a slot
     /// skipped for its state read retired may still read live there.
     FreedTagsUnfenced,
@@ -559,8 +563,14 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
         let other = self.other_bucket(place);
         // Another insert of this key may have come first; a live state of an earlier version is
         // retired here, so that the key never has two live states.
+        // The retiring bit that makes a bucket's pass wait (always, but in a negative control).
+        let retiring = if self.has_fault(StoreFault::PassIgnoresRetiring) {
+            0
+        } else {
+            RETIRING
+        };
         for bucket in std::iter::once(home).chain(other) {
-            if needs_settling(bucket, place.fingerprint)
+            if needs_settling(bucket, place.fingerprint, retiring)
                 && let Some(found) = self.settle_key_slots(bucket, place, head)
             {
                 return Some(found);
@@ -933,16 +943,21 @@ where
 
 /// Whether the insert must look at `bucket`'s slots one by one (see
 /// [`ClientStore::settle_key_slots`]): a tag has the key's fingerprint, or another thread is
-/// retiring a slot's state. Most often neither: one read of each tag, with no branch per slot.
+/// retiring a slot's state (its tag has the bit `retiring`: [`RETIRING`], but in a negative
+/// control). Most often neither: one read of each tag, with no branch per slot.
 #[inline(always)]
-fn needs_settling<W: AtomicWord, const B: usize>(bucket: &Bucket<W, B>, fingerprint: u64) -> bool {
+fn needs_settling<W: AtomicWord, const B: usize>(
+    bucket: &Bucket<W, B>,
+    fingerprint: u64,
+    retiring: u64,
+) -> bool {
     let mut key_found = false;
     let mut any_retiring = 0;
     for tag in &bucket.tags {
         // Acquire: as in `decide` (the state of a tag this finds is read after it).
         let seen = tag.load(Ordering::Acquire);
         key_found |= seen & FINGERPRINT == fingerprint;
-        any_retiring |= seen & RETIRING;
+        any_retiring |= seen & retiring;
     }
     key_found || any_retiring != 0
 }
