@@ -20,8 +20,8 @@
 //! `REVIEW_SALT_MILLIS` sets how long each test hammers (default 2,500 ms).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -30,7 +30,7 @@ use tollgate::{Algorithm, Decision, FakeClock, RateLimiterService, Rule, Service
 #[path = "support/stress.rs"]
 mod stress;
 
-use stress::{Watchdog, xorshift};
+use stress::{Watchdog, serial, xorshift};
 
 type Service = RateLimiterService<u64, &'static str, FakeClock>;
 
@@ -40,9 +40,6 @@ const LIMITS: [u64; 10] = [5, 2, 7, 3, 15, 2, 4, 1, 9, 2];
 const MAX_LIMIT: u64 = 15;
 /// Versions one service goes through (the plan allows 65,535 changes).
 const MAX_VERSIONS: usize = 20_000;
-
-/// One test at a time: each wants both cores.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn hammer_for() -> Duration {
     stress::hammer_for("REVIEW_SALT_MILLIS", 2_500)
@@ -354,7 +351,7 @@ impl NowNanos for FakeClock {
 }
 
 fn check(shape: Shape) {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
+    let _one = serial();
     let outcome = run(shape, hammer_for());
     eprintln!(
         "{:?} cap {} keys {} moving {}: {} versions, {} grants, {} evictions, {} looks, excess {}",
@@ -470,7 +467,7 @@ fn moving_windows_racing_rule_changes_and_sweeps_never_pass_a_window_limit() {
 /// evict no one, and the exhausted clients stay refused.
 #[test]
 fn active_clients_are_not_evicted_while_idle_slots_remain() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
+    let _one = serial();
     let window = Duration::from_secs(10);
     let deadline = Instant::now() + hammer_for();
     let mut rounds = 0;
@@ -561,7 +558,7 @@ fn active_clients_are_not_evicted_while_idle_slots_remain() {
 /// client comes, while two threads sweep without pause.
 #[test]
 fn a_sweep_racing_an_insert_never_makes_it_evict_an_active_client() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
+    let _one = serial();
     let window = Duration::from_secs(10);
     let clock = FakeClock::new();
     let service: Arc<Service> = Arc::new(

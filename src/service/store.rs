@@ -561,14 +561,14 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
         // The key's buckets, home first (the other computed once, for both passes).
         let home = &self.buckets[place.home];
         let other = self.other_bucket(place);
-        // Another insert of this key may have come first; a live state of an earlier version is
-        // retired here, so that the key never has two live states.
         // The retiring bit that makes a bucket's pass wait (always, but in a negative control).
         let retiring = if self.has_fault(StoreFault::PassIgnoresRetiring) {
             0
         } else {
             RETIRING
         };
+        // Another insert of this key may have come first; a live state of an earlier version is
+        // retired here, so that the key never has two live states.
         for bucket in std::iter::once(home).chain(other) {
             if needs_settling(bucket, place.fingerprint, retiring)
                 && let Some(found) = self.settle_key_slots(bucket, place, head)
