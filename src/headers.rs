@@ -254,17 +254,31 @@ fn write_state_parameters(out: &mut impl fmt::Write, limit: &LimitFigures) -> fm
 }
 
 /// Writes `value` in decimal (without the formatting machinery, which the layer would pay for
-/// on every response that carries the fields).
+/// on every response that carries the fields): two digits per division, from a table.
 pub(crate) fn write_integer(out: &mut impl fmt::Write, mut value: u64) -> fmt::Result {
+    /// `00` to `99`, two bytes each.
+    const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+                                2021222324252627282930313233343536373839\
+                                4041424344454647484950515253545556575859\
+                                6061626364656667686970717273747576777879\
+                                8081828384858687888990919293949596979899";
+    // `u64::MAX` has 20 digits.
     let mut digits = [0u8; 20];
     let mut start = digits.len();
-    loop {
+    while value >= 100 {
+        let pair = (value % 100) as usize * 2;
+        value /= 100;
+        start -= 2;
+        digits[start..start + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    }
+    // The leading one or two digits: `value` is below 100.
+    if value >= 10 {
+        let pair = value as usize * 2;
+        start -= 2;
+        digits[start..start + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    } else {
         start -= 1;
-        digits[start] = b'0' + (value % 10) as u8;
-        value /= 10;
-        if value == 0 {
-            break;
-        }
+        digits[start] = b'0' + value as u8;
     }
     // Digit by digit: an ASCII character is one byte to push, where checking the digits as
     // UTF-8 to write them as one string costs more than writing them.
@@ -484,5 +498,40 @@ mod tests {
             assert!(!prepared.append(&mut policy, &mut state, &other));
         }
         assert!(policy.is_empty() && state.is_empty());
+    }
+}
+
+#[cfg(test)]
+mod decimal_tests {
+    use super::write_integer;
+    use proptest::prelude::*;
+
+    fn written(value: u64) -> String {
+        let mut out = String::new();
+        write_integer(&mut out, value).expect("a String takes any text");
+        out
+    }
+
+    /// Every count of digits, at both ends, and each side of every power of ten.
+    #[test]
+    fn write_integer_writes_as_display_does() {
+        let mut values: Vec<u64> = (0..=1_000).collect();
+        let mut power = 1u64;
+        while let Some(next) = power.checked_mul(10) {
+            values.extend([next - 1, next, next + 1]);
+            power = next;
+        }
+        values.extend([u64::MAX - 1, u64::MAX, 1 << 40, (1 << 40) - 1]);
+        for value in values {
+            assert_eq!(written(value), value.to_string());
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2_000))]
+        #[test]
+        fn write_integer_writes_any_value_as_display_does(value in any::<u64>()) {
+            prop_assert_eq!(written(value), value.to_string());
+        }
     }
 }
