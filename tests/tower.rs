@@ -719,6 +719,58 @@ async fn a_backend_that_answers_later_limits_the_same() {
     assert_eq!(layer.stats().enforced, 1);
 }
 
+/// A backend that reports no grant: `Verdict::allowed()` for every request within the limit,
+/// whatever the layer asks, and the decision for a refusal.
+#[derive(Debug, Clone)]
+struct QuietGrants(Backend);
+
+impl tollgate::tower::RateLimitBackend<ClientKey, &'static str> for QuietGrants {
+    type Error = tollgate::ServiceError;
+    type Future = std::future::Ready<Result<tollgate::tower::Verdict, tollgate::ServiceError>>;
+
+    fn check(
+        &self,
+        key: &ClientKey,
+        plan: &&'static str,
+        cost: u64,
+        _: tollgate::tower::Figures,
+    ) -> Self::Future {
+        std::future::ready(self.0.acquire(key, plan, cost).map(|decision| {
+            if decision.is_allowed() {
+                tollgate::tower::Verdict::allowed()
+            } else {
+                decision.into()
+            }
+        }))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_that_reports_nothing_passes_without_fields_and_a_refusal_still_has_them() {
+    let clock = FakeClock::new();
+    let service = Arc::clone(builder(&clock, GlobalKey).build().backend());
+    let layer = RateLimitLayer::builder(QuietGrants(service), GlobalKey, "free")
+        .headers_on_allowed(true)
+        .build();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = app().layer(layer.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let client = client();
+    for _ in 0..FREE_LIMIT {
+        let reply = get_plain(&client, addr).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(reply.header("ratelimit"), None);
+        assert_eq!(reply.header("ratelimit-policy"), None);
+    }
+    let reply = get_plain(&client, addr).await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(reply.header("retry-after"), Some("1"));
+    assert_eq!(reply.header("ratelimit"), Some(r#""free";r=0;t=1"#));
+    let stats = layer.stats();
+    assert_eq!((stats.allowed, stats.enforced), (FREE_LIMIT as u64, 1));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plan_of_several_limits_reports_each_in_the_fields() {
     let settings = Settings::from_toml_str(
@@ -764,8 +816,8 @@ async fn a_plan_of_several_limits_reports_each_in_the_fields() {
     assert_eq!(reply.header("retry-after"), Some("1"));
 }
 
-/// A sliding log's single permits, taken for a response that sends no remaining count: the
-/// limit holds, allowed decisions skip the count (0), and refusals keep their exact figures.
+/// A sliding log's single permits, taken for a response that reports refusals only: the limit
+/// holds, grants report nothing, and refusals keep their exact figures.
 #[test]
 fn a_sliding_log_taken_without_its_remaining_count_keeps_the_limit_and_the_refusal_figures() {
     use std::future::Future;
@@ -793,13 +845,12 @@ fn a_sliding_log_taken_without_its_remaining_count_keeps_the_limit_and_the_refus
     .unwrap();
     for step in 0..3u64 {
         let verdict = now(service.check(&7, &"free", 1, Figures::OnRefusal)).unwrap();
-        let decision = verdict.decision();
-        assert!(decision.is_allowed(), "permit {step}");
-        assert_eq!(decision.remaining(), 0, "not counted");
+        assert!(verdict.is_allowed(), "permit {step}");
+        assert_eq!(verdict.decision(), None, "nothing to report");
         clock.advance(Duration::from_millis(100));
     }
     let verdict = now(service.check(&7, &"free", 1, Figures::OnRefusal)).unwrap();
-    let refusal = verdict.decision();
+    let refusal = verdict.decision().expect("a refusal reports its decision");
     assert!(refusal.is_denied());
     // The first admission, at 0, leaves the window at 1 s; the clock reads 300 ms.
     assert_eq!(refusal.retry_after(), Duration::from_millis(700));
@@ -808,7 +859,6 @@ fn a_sliding_log_taken_without_its_remaining_count_keeps_the_limit_and_the_refus
     assert!(
         now(service.check(&7, &"free", 1, Figures::OnRefusal))
             .unwrap()
-            .decision()
             .is_allowed()
     );
     // The counted path agrees on what is left: the 2nd and 3rd admissions are still in.

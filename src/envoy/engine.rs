@@ -15,7 +15,7 @@ use crate::headers::{LimitFigures, PreparedFields};
 use crate::method::several_limits::SeveralLimits;
 use crate::redis::{FailurePolicy, RedisError, RedisGrant, RedisRateLimiter, Source};
 use crate::service::Grant;
-use crate::verdict::{Figures, Verdict};
+use crate::verdict::Reported;
 use crate::{Algorithm, Decision, MonotonicClock, RateLimiterService, Rule, ServiceBuilder};
 
 /// The Redis key prefix of the service's limits.
@@ -523,10 +523,10 @@ impl Limiter {
     pub(crate) fn acquire_now(&self, client: &str, hits: u64) -> Option<Outcome> {
         match self {
             Limiter::InProcess(service) => {
-                let verdict = service
-                    .acquire_verdict(client, &DescriptorPlan, hits, Figures::Always)
+                let reported = service
+                    .acquire_reported(client, &DescriptorPlan, hits)
                     .expect("the service has its one plan");
-                Some(outcome_of(&verdict))
+                Some(outcome_of(&reported))
             }
             Limiter::Redis { .. } => None,
         }
@@ -538,10 +538,10 @@ impl Limiter {
     pub(crate) fn reserve_now(&self, client: &str, hits: u64) -> Option<(Outcome, Option<Grant>)> {
         match self {
             Limiter::InProcess(service) => {
-                let (verdict, grant) = service
-                    .reserve_verdict(client, &DescriptorPlan, hits)
+                let (reported, grant) = service
+                    .reserve_reported(client, &DescriptorPlan, hits)
                     .expect("the service has its one plan");
-                Some((outcome_of(&verdict), grant))
+                Some((outcome_of(&reported), grant))
             }
             Limiter::Redis { .. } => None,
         }
@@ -677,9 +677,9 @@ fn outcome_of_answer(answer: &crate::redis::Answer) -> Outcome {
     Outcome { decision, figures }
 }
 
-fn outcome_of(verdict: &Verdict) -> Outcome {
+fn outcome_of(reported: &Reported) -> Outcome {
     Outcome {
-        decision: *verdict.decision(),
-        figures: verdict.with_limits(|each| each.iter().copied().collect()),
+        decision: *reported.decision(),
+        figures: reported.with_limits(|each| each.iter().copied().collect()),
     }
 }

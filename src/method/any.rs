@@ -167,15 +167,18 @@ impl AnyParams {
             else Err(Retired))
     }
 
-    /// See [`Method::acquire_one_uncounted`].
+    /// See [`Method::acquire_one_quiet`].
     #[cfg(feature = "tower")]
     #[inline]
-    pub(crate) fn acquire_one_uncounted<'s, A: AtomicWord + 's>(
+    pub(crate) fn acquire_one_quiet<'s, A: AtomicWord + 's, T>(
         &self,
         state: impl Into<StateRef<'s, A>>,
         clock: &impl Clock,
-    ) -> Result<Decision, Retired> {
-        on_state!(self, state, params, state => Method::acquire_one_uncounted(params, state, clock),
+        granted: impl Fn() -> T,
+        refused: impl Fn(Decision) -> T,
+    ) -> Result<T, Retired> {
+        on_state!(self, state, params, state =>
+            Method::acquire_one_quiet(params, state, clock, &granted, &refused),
             else Err(Retired))
     }
 

@@ -95,16 +95,25 @@ pub trait Method: Copy + Sized {
         clock: &impl Clock,
     ) -> Result<Admit, Retired>;
 
-    /// One permit, as `acquire` takes it, except that an allowed decision may report 0 permits
-    /// left where counting them costs more than the decision (the sliding log's search of its
-    /// ring): for callers that send no remaining count.
+    /// One permit, as `acquire` takes it, for a caller that reports refusals only: a grant is
+    /// answered `granted()`, with no figures (none is counted where counting costs work, as the
+    /// sliding log's search of its ring does), and a refusal `refused(decision)`, with the whole
+    /// decision `acquire` would give. Once inlined, a grant builds no [`Decision`].
     #[cfg(feature = "tower")]
-    fn acquire_one_uncounted<A: AtomicWord>(
+    #[inline]
+    fn acquire_one_quiet<A: AtomicWord, T>(
         &self,
         state: &Self::State<A>,
         clock: &impl Clock,
-    ) -> Result<Decision, Retired> {
-        self.acquire(state, 1, clock)
+        granted: impl Fn() -> T,
+        refused: impl Fn(Decision) -> T,
+    ) -> Result<T, Retired> {
+        let decision = self.acquire(state, 1, clock)?;
+        Ok(if decision.is_allowed() {
+            granted()
+        } else {
+            refused(decision)
+        })
     }
 
     /// What one permit would get now, taking nothing.

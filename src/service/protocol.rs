@@ -31,11 +31,12 @@ use crate::method::several_limits::SeveralLimits;
 use crate::method::word::Reservation;
 use crate::sync::{AtomicWord, Ordering, Word};
 #[cfg(feature = "tower")]
-use crate::verdict::Verdict;
+use crate::verdict::{Reported, Verdict};
 
 /// What a service call answers: a whole [`Decision`], only whether one permit was granted
 /// (which builds no figures: `allow` pays for nothing it does not return), or, for the tower
-/// layer, a `Verdict` (`Checked`).
+/// layer, a `Verdict` (`Checked`) or a decision with every figure a response reports
+/// (`Reporting`).
 pub(super) trait Answer: Sized {
     /// Whether the answer keeps its grant to give it back (see `WordRequest::KEEPS_GRANTS`).
     const KEEPS_GRANTS: bool = false;
@@ -127,16 +128,16 @@ impl Answer for Admit {
     }
 }
 
-/// A [`Verdict`]: the decision with, for a plan of several limits, each limit's figures read
-/// in the same lookup. An allowed one has them only if `GRANT_FIGURES`; without, as
-/// [`Figures::OnRefusal`](crate::verdict::Figures::OnRefusal) allows, a grant under several
-/// limits lists none, and a sliding log's single permit is taken without counting the permits
-/// left (a search of its ring, which would cost more than the decision).
+/// A [`Verdict`] for a layer that reports refusals only
+/// ([`Figures::OnRefusal`](crate::verdict::Figures::OnRefusal)): a grant is
+/// [`Verdict::allowed`], which carries nothing; a refusal carries its decision and, for a plan of
+/// several limits, each limit's figures. A sliding log's single permit is taken without counting
+/// the permits left (a search of its ring, which would cost more than the decision).
 #[cfg(feature = "tower")]
-pub(super) struct Checked<const GRANT_FIGURES: bool>(pub(super) Verdict);
+pub(super) struct Checked(pub(super) Verdict);
 
 #[cfg(feature = "tower")]
-impl<const GRANT_FIGURES: bool> Answer for Checked<GRANT_FIGURES> {
+impl Answer for Checked {
     #[inline]
     fn acquire<A: AtomicWord>(
         params: &AnyParams,
@@ -144,12 +145,13 @@ impl<const GRANT_FIGURES: bool> Answer for Checked<GRANT_FIGURES> {
         n: u64,
         clock: &impl Clock,
     ) -> Result<Self, Retired> {
-        let decision = if GRANT_FIGURES || n != 1 {
-            params.acquire(state, n, clock)?
+        if n == 1 {
+            params
+                .acquire_one_quiet(state, clock, Verdict::allowed, Verdict::from)
+                .map(Checked)
         } else {
-            params.acquire_one_uncounted(state, clock)?
-        };
-        Ok(Checked(Verdict::from(decision)))
+            Ok(Checked::from_decision(params.acquire(state, n, clock)?))
+        }
     }
     fn acquire_several(
         several: &SeveralLimits,
@@ -158,15 +160,56 @@ impl<const GRANT_FIGURES: bool> Answer for Checked<GRANT_FIGURES> {
         clock: &impl Clock,
     ) -> Result<Self, Retired> {
         let decision = several.acquire(limits, n, clock)?;
-        Ok(Checked(if GRANT_FIGURES || decision.is_denied() {
-            with_each_limit(decision, several, limits, clock)
+        Ok(Checked(if decision.is_allowed() {
+            Verdict::allowed()
         } else {
-            Verdict::from(decision)
+            Verdict::from(with_each_limit(decision, several, limits, clock))
         }))
     }
     #[inline]
     fn from_decision(decision: Decision) -> Self {
-        Checked(Verdict::from(decision))
+        // A grant's figures are left in the decision, unread: once inlined, a grant builds none.
+        Checked(if decision.is_allowed() {
+            Verdict::allowed()
+        } else {
+            Verdict::from(decision)
+        })
+    }
+    #[inline]
+    fn is_allowed(&self) -> bool {
+        self.0.is_allowed()
+    }
+}
+
+/// A decision with every figure a response reports
+/// ([`Figures::Always`](crate::verdict::Figures::Always), and Envoy's answers): for a plan of
+/// several limits, each limit's figures, read in the same lookup.
+#[cfg(feature = "tower")]
+pub(super) struct Reporting(pub(super) Reported);
+
+#[cfg(feature = "tower")]
+impl Answer for Reporting {
+    #[inline]
+    fn acquire<A: AtomicWord>(
+        params: &AnyParams,
+        state: StateRef<'_, A>,
+        n: u64,
+        clock: &impl Clock,
+    ) -> Result<Self, Retired> {
+        Ok(Reporting(Reported::from(params.acquire(state, n, clock)?)))
+    }
+    fn acquire_several(
+        several: &SeveralLimits,
+        limits: &[AnyParams],
+        n: u64,
+        clock: &impl Clock,
+    ) -> Result<Self, Retired> {
+        let decision = several.acquire(limits, n, clock)?;
+        Ok(Reporting(with_each_limit(decision, several, limits, clock)))
+    }
+    #[inline]
+    fn from_decision(decision: Decision) -> Self {
+        Reporting(Reported::from(decision))
     }
     #[inline]
     fn is_allowed(&self) -> bool {
@@ -174,7 +217,7 @@ impl<const GRANT_FIGURES: bool> Answer for Checked<GRANT_FIGURES> {
     }
 }
 
-/// `decision`'s verdict with each limit's figures, read right after it from the same entry.
+/// `decision` with each limit's figures, read right after it from the same entry.
 /// (Should a sweep retire the entry in between, the decision's own figures stand in for the
 /// list.)
 #[cfg(feature = "tower")]
@@ -183,17 +226,17 @@ fn with_each_limit(
     several: &SeveralLimits,
     limits: &[AnyParams],
     clock: &impl Clock,
-) -> Verdict {
+) -> Reported {
     match several.peek_each(limits, clock) {
-        Ok(each) => Verdict::with_each_limit(decision, each),
-        Err(Retired) => Verdict::from(decision),
+        Ok(each) => Reported::with_each_limit(decision, each),
+        Err(Retired) => Reported::from(decision),
     }
 }
 
-/// A [`Verdict`] (with every limit's figures, as `Checked<true>`), and for a grant of `n > 0`
+/// A decision with every limit's figures (as `Reporting`), and for a grant of `n > 0`
 /// permits by methods that can undo one, the [`Grant`] to give it back with.
 #[cfg(feature = "envoy")]
-pub(super) struct Reserving(pub(super) Verdict, pub(super) Option<Grant>);
+pub(super) struct Reserving(pub(super) Reported, pub(super) Option<Grant>);
 
 /// A grant that [`RateLimiterService::give_back`](crate::RateLimiterService) can undo: what it
 /// took, when, and from which state.
@@ -240,7 +283,7 @@ impl Answer for Reserving {
                 taken: Taken::One(decision, reservation),
                 held: HeldAt::Unknown,
             });
-        Ok(Reserving(Verdict::from(decision), grant))
+        Ok(Reserving(Reported::from(decision), grant))
     }
     fn acquire_several(
         several: &SeveralLimits,
@@ -256,12 +299,12 @@ impl Answer for Reserving {
             taken: Taken::Several(Box::new(reservations)),
             held: HeldAt::Unknown,
         });
-        let verdict = with_each_limit(decision, several, limits, clock);
-        Ok(Reserving(verdict, grant))
+        let reported = with_each_limit(decision, several, limits, clock);
+        Ok(Reserving(reported, grant))
     }
     #[inline]
     fn from_decision(decision: Decision) -> Self {
-        Reserving(Verdict::from(decision), None)
+        Reserving(Reported::from(decision), None)
     }
     #[inline]
     fn is_allowed(&self) -> bool {

@@ -8,9 +8,9 @@ use std::marker::PhantomData;
 use super::builder::ServiceBuilder;
 use super::client_map::ClientMap;
 use super::plan_table::{PinnedPlan, PlanTable, PlanVersion};
-#[cfg(feature = "tower")]
-use super::protocol::Checked;
 use super::protocol::{self, Answer, Asking, MAX_LOOKUP_TRIES};
+#[cfg(feature = "tower")]
+use super::protocol::{Checked, Reporting};
 #[cfg(feature = "envoy")]
 use super::protocol::{Grant, HeldAt, Reserving, Taken};
 use super::store::{self, StorePlan, Stored};
@@ -26,7 +26,7 @@ use crate::method::several_limits::SeveralLimits;
 use crate::plans::{Together, limits_of};
 use crate::sync::Word;
 #[cfg(feature = "tower")]
-use crate::verdict::{Figures, Verdict};
+use crate::verdict::{Figures, Reported, Verdict};
 use crate::{Algorithm, Decision, MonotonicClock, PlanStats, Rule, SipState};
 
 /// Rate limits many clients, each by the rule of its plan.
@@ -442,10 +442,9 @@ where
     }
 
     /// Takes `n` permits for `client` under `plan`, as [`RateLimiterService::acquire`] does, and
-    /// answers with what a response reports of the decision: for a plan of several limits, each
-    /// limit's figures, read in the same lookup (for a refusal always; for a grant only under
-    /// [`Figures::Always`], as an allowed verdict under [`Figures::OnRefusal`] may leave out
-    /// what it costs work to count).
+    /// answers with what a response reports of the decision: under [`Figures::OnRefusal`], a
+    /// grant is [`Verdict::allowed`] and a refusal carries its figures; under [`Figures::Always`],
+    /// every verdict does (for a plan of several limits, each limit's, read in the same lookup).
     #[cfg(feature = "tower")]
     #[inline]
     pub(crate) fn acquire_verdict<Q>(
@@ -460,32 +459,48 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         match figures {
-            Figures::Always => self
-                .decide::<Q, Checked<true>>(client, plan, n)
-                .map(|Checked(verdict)| verdict),
+            Figures::Always => self.acquire_reported(client, plan, n).map(Verdict::from),
             Figures::OnRefusal => self
-                .decide::<Q, Checked<false>>(client, plan, n)
+                .decide::<Q, Checked>(client, plan, n)
                 .map(|Checked(verdict)| verdict),
         }
     }
 
-    /// Takes `n` permits for `client` under `plan`, as [`RateLimiterService::acquire_verdict`]
-    /// does with [`Figures::Always`], and for a grant, what [`RateLimiterService::give_back`]
-    /// needs to undo it: `None` for the sliding log, which cannot, and for a refusal or an
-    /// attempt of 0 permits, which took nothing.
-    #[cfg(feature = "envoy")]
-    pub(crate) fn reserve_verdict<Q>(
+    /// Takes `n` permits for `client` under `plan`, as [`RateLimiterService::acquire`] does, and
+    /// answers with the decision and every figure a response reports of it: for a plan of
+    /// several limits, each limit's, read in the same lookup.
+    #[cfg(feature = "tower")]
+    pub(crate) fn acquire_reported<Q>(
         &self,
         client: &Q,
         plan: &P,
         n: u64,
-    ) -> Result<(Verdict, Option<Grant>), ServiceError>
+    ) -> Result<Reported, ServiceError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.decide::<Q, Reporting>(client, plan, n)
+            .map(|Reporting(reported)| reported)
+    }
+
+    /// Takes `n` permits for `client` under `plan`, as [`RateLimiterService::acquire_reported`]
+    /// does, and for a grant, what [`RateLimiterService::give_back`]
+    /// needs to undo it: `None` for the sliding log, which cannot, and for a refusal or an
+    /// attempt of 0 permits, which took nothing.
+    #[cfg(feature = "envoy")]
+    pub(crate) fn reserve_reported<Q>(
+        &self,
+        client: &Q,
+        plan: &P,
+        n: u64,
+    ) -> Result<(Reported, Option<Grant>), ServiceError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         self.decide::<Q, Reserving>(client, plan, n)
-            .map(|Reserving(verdict, grant)| (verdict, grant))
+            .map(|Reserving(reported, grant)| (reported, grant))
     }
 
     /// Gives `n` permits back to `client` under `plan` (a refund of permits its requests took
@@ -536,7 +551,7 @@ where
         (entry.state.version() == limits.version()).then_some((entry, limits))
     }
 
-    /// Undoes `grant` (made by [`RateLimiterService::reserve_verdict`] for `client` under
+    /// Undoes `grant` (made by [`RateLimiterService::reserve_reported`] for `client` under
     /// `plan`): on the very state it was decided on, while that state is still the client's
     /// under the same limits, by each method's own undo (`Method::undo`): exactly while no other
     /// decision has landed on the state since, and otherwise never by more than leaves the state
@@ -798,7 +813,7 @@ mod give_back {
                 .plan("plan", Rule::per_hour(5).expect("a rule"))
                 .build::<u64>()
                 .expect("a service");
-            let (_, grant) = service.reserve_verdict(&1, &"plan", 3).expect("a plan");
+            let (_, grant) = service.reserve_reported(&1, &"plan", 3).expect("a plan");
             let grant = grant.expect("a grant of a method that can give back");
             assert_eq!(remaining(&service, 1), 2, "{method:?}");
             assert!(service.give_back(&1, &"plan", &grant), "{method:?}");
@@ -819,7 +834,7 @@ mod give_back {
                 .plan("plan", Rule::per_hour(5).expect("a rule"))
                 .build::<u64>()
                 .expect("a service");
-            let (_, grant) = service.reserve_verdict(&1, &"plan", 3).expect("a plan");
+            let (_, grant) = service.reserve_reported(&1, &"plan", 3).expect("a plan");
             let grant = grant.expect("a grant");
             assert!(service.allow(&1, &"plan").expect("a plan"));
             assert!(service.give_back(&1, &"plan", &grant), "{method:?}");
@@ -838,7 +853,7 @@ mod give_back {
         let grants: Vec<_> = (0..8_u64)
             .map(|client| {
                 let (_, grant) = service
-                    .reserve_verdict(&client, &"plan", 2)
+                    .reserve_reported(&client, &"plan", 2)
                     .expect("a plan");
                 (client, grant.expect("a grant"))
             })
@@ -880,14 +895,14 @@ mod give_back {
             );
         }
         assert_eq!(service.evictions(), 1);
-        let (_, grant) = service.reserve_verdict(&8, &"plan", 0).expect("a plan");
+        let (_, grant) = service.reserve_reported(&8, &"plan", 0).expect("a plan");
         assert!(
             grant.is_none(),
             "an attempt of 0 permits takes nothing to give back"
         );
         // A first request that evicts to make room: its own eviction comes before its grant,
         // which is given back.
-        let (_, grant) = service.reserve_verdict(&100, &"plan", 1).expect("a plan");
+        let (_, grant) = service.reserve_reported(&100, &"plan", 1).expect("a plan");
         let grant = grant.expect("a grant");
         assert_eq!(service.evictions(), 2);
         assert!(
@@ -896,7 +911,7 @@ mod give_back {
         );
         assert_eq!(remaining(&service, 100), 2);
         // A grant made before another eviction is not.
-        let (_, grant) = service.reserve_verdict(&100, &"plan", 1).expect("a plan");
+        let (_, grant) = service.reserve_reported(&100, &"plan", 1).expect("a plan");
         let grant = grant.expect("a grant");
         assert!(
             service
@@ -917,7 +932,7 @@ mod give_back {
             .plan("plan", Rule::per_hour(5).expect("a rule"))
             .build::<u64>()
             .expect("a service");
-        let (_, grant) = service.reserve_verdict(&1, &"plan", 3).expect("a plan");
+        let (_, grant) = service.reserve_reported(&1, &"plan", 3).expect("a plan");
         let grant = grant.expect("a grant");
         service
             .set_rule(&"plan", Rule::per_hour(4).expect("a rule"))
@@ -949,7 +964,7 @@ mod give_back {
             )
             .build::<u64>()
             .expect("a service");
-        let (_, grant) = service.reserve_verdict(&1, &"plan", 3).expect("a plan");
+        let (_, grant) = service.reserve_reported(&1, &"plan", 3).expect("a plan");
         let grant = grant.expect("a grant");
         assert!(service.give_back(&1, &"plan", &grant));
         let each = service.peek_each_limit(&1, &"plan").expect("a plan");
@@ -963,8 +978,8 @@ mod give_back {
             .plan("plan", Rule::per_hour(5).expect("a rule"))
             .build::<u64>()
             .expect("a service");
-        let (verdict, grant) = service.reserve_verdict(&1, &"plan", 2).expect("a plan");
-        assert!(verdict.decision().is_allowed());
+        let (reported, grant) = service.reserve_reported(&1, &"plan", 2).expect("a plan");
+        assert!(reported.decision().is_allowed());
         assert!(grant.is_none());
     }
 }

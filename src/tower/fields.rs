@@ -1,4 +1,4 @@
-//! The rate-limit header values the layer sends, each written once from a [`Verdict`]:
+//! The rate-limit header values the layer sends, each written once from a reported decision:
 //! `Retry-After`, and the `RateLimit-Policy` and `RateLimit` fields of
 //! draft-ietf-httpapi-ratelimit-headers-11 (`RateLimit-Policy: "free";q=5;w=1`, `RateLimit:
 //! "free";r=0;t=1`; for a plan of several limits, one list item per limit). Their text is
@@ -11,7 +11,7 @@ use http::header::RETRY_AFTER;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::headers::{RateLimitFields, write_integer};
-use crate::verdict::Verdict;
+use crate::verdict::Reported;
 
 /// `RateLimit-Policy` (the plan's quota and window).
 pub(crate) const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -20,9 +20,9 @@ pub(crate) const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 /// `Retry-After` (for a denial that waiting can cure), `RateLimit-Policy` and `RateLimit` (unless
 /// the policy's name cannot be sent: empty, or not printable ASCII).
-pub(crate) fn limit_headers(verdict: &Verdict, policy: &str) -> HeaderMap {
+pub(crate) fn limit_headers(reported: &Reported, policy: &str) -> HeaderMap {
     let mut headers = HeaderMap::with_capacity(3);
-    LimitFields::of(verdict, policy).insert_into(&mut headers);
+    LimitFields::of(reported, policy).insert_into(&mut headers);
     headers
 }
 
@@ -34,12 +34,12 @@ pub(crate) struct LimitFields {
 }
 
 impl LimitFields {
-    pub(crate) fn of(verdict: &Verdict, policy: &str) -> Self {
-        let retry_after = verdict
+    pub(crate) fn of(reported: &Reported, policy: &str) -> Self {
+        let retry_after = reported
             .decision()
             .retry_after_seconds()
             .and_then(|seconds| value(|out| write_integer(out, seconds)));
-        let policy_and_state = verdict.with_limits(|limits| {
+        let policy_and_state = reported.with_limits(|limits| {
             let fields = RateLimitFields::new(policy, limits).ok()?;
             Some((
                 value(|out| fields.write_policy(out))?,
@@ -67,8 +67,8 @@ impl LimitFields {
 
 /// The `RateLimit` value alone (what shadow mode marks a request with), unless the policy's
 /// name cannot be sent.
-pub(crate) fn ratelimit_value(verdict: &Verdict, policy: &str) -> Option<HeaderValue> {
-    verdict.with_limits(|limits| {
+pub(crate) fn ratelimit_value(reported: &Reported, policy: &str) -> Option<HeaderValue> {
+    reported.with_limits(|limits| {
         let fields = RateLimitFields::new(policy, limits).ok()?;
         value(|out| fields.write_state(out))
     })

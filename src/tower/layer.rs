@@ -297,7 +297,8 @@ impl<Bk, X, P> RateLimitLayerBuilder<Bk, X, P> {
     }
 
     /// Also sends `RateLimit-Policy` and `RateLimit` on responses within the limit (default: only
-    /// on refusals). Costs two small allocations per request. A request let through by shadow
+    /// on refusals). Costs a few small allocations per request: the decision the fields are
+    /// written from, and the fields. A request let through by shadow
     /// mode although over its limit gets neither, nor `Retry-After`: its response says what the
     /// client may do, and it was not refused.
     pub fn headers_on_allowed(mut self, on: bool) -> Self {

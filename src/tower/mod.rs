@@ -10,9 +10,10 @@
 //!    address behind trusted proxies, an API key header, a closure, one global key);
 //! 2. picks the plan ([`plan_fn`](RateLimitLayerBuilder::plan_fn), else the default) and the cost
 //!    ([`cost_fn`](RateLimitLayerBuilder::cost_fn), else 1 permit);
-//! 3. asks its [`RateLimitBackend`], once: the [`Verdict`] holds the decision and, for a plan of
-//!    several limits, each limit's figures for the header fields (the in-process service answers
-//!    at once, from one lookup, and for a plan of one limit without allocating);
+//! 3. asks its [`RateLimitBackend`], once: the [`Verdict`] says whether the request is allowed
+//!    and, where the response reports it, holds the decision and, for a plan of several limits,
+//!    each limit's figures for the header fields (the in-process service answers at once, from one
+//!    lookup, and for a grant that reports nothing without allocating);
 //! 4. within the limit, calls the inner service; over it, answers `429 Too Many Requests` with
 //!    `Retry-After` (whole seconds rounded up, never 0) and the `RateLimit-Policy` / `RateLimit`
 //!    fields of draft-ietf-httpapi-ratelimit-headers-11, or, for a gRPC call, HTTP 200 with

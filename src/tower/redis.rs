@@ -11,7 +11,7 @@ use std::sync::Arc;
 use super::backend::RateLimitBackend;
 use super::key::ClientKey;
 use crate::redis::{RedisError, RedisRateLimiter};
-use crate::verdict::{Figures, Verdict};
+use crate::verdict::{Figures, Reported, Verdict};
 
 /// A [`RateLimitBackend`] over a shared [`RedisRateLimiter`]: give it to
 /// [`RateLimitLayer::builder`](super::RateLimitLayer::builder) as an in-process service is
@@ -133,17 +133,22 @@ where
     type Future = Check;
 
     /// One [`RedisRateLimiter::decide`] for the client named by `key` (see
-    /// [`RedisClientName`]). Every figure comes with the decision, so `figures` changes nothing.
-    fn check(&self, key: &K, plan: &P, cost: u64, _figures: Figures) -> Check {
+    /// [`RedisClientName`]). Every figure comes with the decision; under
+    /// [`Figures::OnRefusal`] a grant's are dropped ([`Verdict::allowed`]).
+    fn check(&self, key: &K, plan: &P, cost: u64, figures: Figures) -> Check {
         let limiter = Arc::clone(&self.limiter);
         let client = key.client_name();
         let plan = plan.clone();
         Box::pin(async move {
             let answer = limiter.decide(&client, &plan, cost).await?;
-            Ok(match answer.each_limit() {
-                [] => Verdict::from(answer.decision()),
-                each => Verdict::with_each_limit(answer.decision(), each.iter().copied()),
-            })
+            let decision = answer.decision();
+            if figures == Figures::OnRefusal && decision.is_allowed() {
+                return Ok(Verdict::allowed());
+            }
+            Ok(Verdict::from(match answer.each_limit() {
+                [] => Reported::from(decision),
+                each => Reported::with_each_limit(decision, each.iter().copied()),
+            }))
         })
     }
 }

@@ -16,7 +16,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use super::fields::{LimitFields, ValueBuffer, limit_headers};
 use crate::Decision;
 use crate::headers::write_integer;
-use crate::verdict::Verdict;
+use crate::verdict::Reported;
 /// gRPC's status, sent in the headers of a trailers-only response.
 const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
@@ -214,25 +214,25 @@ fn strip_prefix_ignore_case<'v>(value: &'v [u8], prefix: &[u8]) -> Option<&'v [u
 /// A request over its limit, as the response hook sees it.
 #[derive(Debug)]
 pub struct Limited<'a> {
-    verdict: &'a Verdict,
+    reported: &'a Reported,
     policy: &'a str,
     protocol: Protocol,
     headers: HeaderMap,
 }
 
 impl<'a> Limited<'a> {
-    pub(crate) fn new(verdict: &'a Verdict, policy: &'a str, protocol: Protocol) -> Self {
+    pub(crate) fn new(reported: &'a Reported, policy: &'a str, protocol: Protocol) -> Self {
         Limited {
-            verdict,
+            reported,
             policy,
             protocol,
-            headers: limit_headers(verdict, policy),
+            headers: limit_headers(reported, policy),
         }
     }
 
     /// The decision that refused the request.
     pub fn decision(&self) -> &Decision {
-        self.verdict.decision()
+        self.reported.decision()
     }
 
     /// The policy's (plan's) name.
@@ -264,7 +264,7 @@ impl<'a> Limited<'a> {
     /// the headers, in the request's grpc-web media type for a gRPC-Web call), else 429 with a
     /// body in `format`, each with [`Limited::headers`].
     pub fn default_response(&self, format: BodyFormat) -> Response<Bytes> {
-        let mut response = bare_response(self.verdict, self.policy, &self.protocol, format);
+        let mut response = bare_response(self.reported, self.policy, &self.protocol, format);
         response.headers_mut().extend(self.headers.clone());
         response
     }
@@ -273,19 +273,19 @@ impl<'a> Limited<'a> {
 /// [`Limited::default_response`] without a [`Limited`]: the fields written straight into the
 /// response's own map, as the layer answers when no hook replaces its answer.
 pub(crate) fn default_response(
-    verdict: &Verdict,
+    reported: &Reported,
     policy: &str,
     protocol: &Protocol,
     format: BodyFormat,
 ) -> Response<Bytes> {
-    let mut response = bare_response(verdict, policy, protocol, format);
-    LimitFields::of(verdict, policy).insert_into(response.headers_mut());
+    let mut response = bare_response(reported, policy, protocol, format);
+    LimitFields::of(reported, policy).insert_into(response.headers_mut());
     response
 }
 
 /// The over-limit answer without its rate-limit fields.
 fn bare_response(
-    verdict: &Verdict,
+    reported: &Reported,
     policy: &str,
     protocol: &Protocol,
     format: BodyFormat,
@@ -294,7 +294,7 @@ fn bare_response(
         return grpc_response(protocol, 8, "rate limit exceeded");
     }
     let (content_type, body) = match format {
-        BodyFormat::Text => ("text/plain; charset=utf-8", text_body(verdict.decision())),
+        BodyFormat::Text => ("text/plain; charset=utf-8", text_body(reported.decision())),
         BodyFormat::ProblemJson => (
             "application/problem+json",
             Bytes::from(problem_body(policy)),

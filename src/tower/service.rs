@@ -110,19 +110,23 @@ impl<Bk, X, P> Config<Bk, X, P> {
                 return self.fall_back(self.on_error, request, "rate limit check failed");
             }
         };
-        if verdict.decision().is_allowed() {
-            self.counters.add(Count::Allowed);
-            return Action::Pass(
-                self.headers_on_allowed
-                    .then(|| Box::new(LimitFields::of(&verdict, policy))),
-            );
-        }
+        let reported = match verdict.reported() {
+            Some(reported) if reported.decision().is_denied() => reported,
+            allowed => {
+                self.counters.add(Count::Allowed);
+                return Action::Pass(
+                    allowed
+                        .filter(|_| self.headers_on_allowed)
+                        .map(|reported| Box::new(LimitFields::of(reported, policy))),
+                );
+            }
+        };
         if self.sampler.enforce_next() {
             self.counters.add(Count::Enforced);
             let protocol = Protocol::of(request.headers());
             let response = match &self.on_limited {
-                Some(on_limited) => on_limited(&Limited::new(&verdict, policy, protocol)),
-                None => default_response(&verdict, policy, &protocol, self.body_format),
+                Some(on_limited) => on_limited(&Limited::new(reported, policy, protocol)),
+                None => default_response(reported, policy, &protocol, self.body_format),
             };
             return Action::Answer(Box::new(response));
         }
@@ -131,7 +135,7 @@ impl<Bk, X, P> Config<Bk, X, P> {
         // told. The client is told nothing: its response carries no `Retry-After` and no
         // `RateLimit` fields, which would announce a refusal it did not get (and make a
         // well-behaved client back off from a limit that is not enforced).
-        let mark = ratelimit_value(&verdict, policy).unwrap_or(HeaderValue::from_static("1"));
+        let mark = ratelimit_value(reported, policy).unwrap_or(HeaderValue::from_static("1"));
         request
             .headers_mut()
             .insert(self.shadow_header.clone(), mark);
@@ -205,7 +209,7 @@ where
             // The common case, kept inline: allowed, nothing to add.
             if !config.headers_on_allowed
                 && let Ok(verdict) = &checked
-                && verdict.decision().is_allowed()
+                && verdict.is_allowed()
             {
                 config.counters.add(Count::Allowed);
                 return ResponseFuture::inner(self.inner.call(request), None);

@@ -535,13 +535,21 @@ impl Method for LogParams {
         }
     }
 
+    /// A grant's permits left are not counted (`decide_one` without its search of the ring).
     #[cfg(feature = "tower")]
-    fn acquire_one_uncounted<A: AtomicWord>(
+    fn acquire_one_quiet<A: AtomicWord, T>(
         &self,
         ring: &LogRing<A>,
         clock: &impl Clock,
-    ) -> Result<Decision, Retired> {
-        self.decide_one(ring, self.elapsed(clock.now_nanos()), false)
+        granted: impl Fn() -> T,
+        refused: impl Fn(Decision) -> T,
+    ) -> Result<T, Retired> {
+        let decision = self.decide_one(ring, self.elapsed(clock.now_nanos()), false)?;
+        Ok(if decision.is_allowed() {
+            granted()
+        } else {
+            refused(decision)
+        })
     }
 
     #[inline]
