@@ -83,7 +83,7 @@ impl WordRequest<AtomicU64, ModelLimit> for ModelRequest {
 /// A grant kept to give back: where it landed, and what it took.
 pub(crate) type Grant = (Holding, Decision, Reservation);
 
-/// One permit at a fixed reading, keeping its grant (see `RateLimiterService::reserve_verdict`).
+/// One permit at a fixed reading, keeping its grant (see `RateLimiterService::reserve_reported`).
 pub(crate) struct ReservingRequest {
     pub(crate) now: u64,
 }

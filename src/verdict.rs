@@ -14,10 +14,14 @@ use crate::method::several_limits::SeveralLimits;
 /// of a layer that reports only refusals, an allowed request, then moves no more than a word on
 /// its way from the backend's future to the layer, where an inline decision would be copied, 72
 /// bytes at a time, at every step (about 80 instructions of an allowed request, counted by
-/// callgrind). A refusal pays one allocation, beside the several its response makes.
+/// callgrind). A refusal pays one allocation (two for a plan of several limits, whose figures are
+/// boxed apart), beside the several its response makes.
 ///
 /// A backend whose plans have one limit makes a reported verdict from its decision, which says
 /// all: `Verdict::from(decision)`.
+///
+/// Verdicts are equal when they report the same: [`Verdict::allowed`] is not equal to a grant
+/// that reports its decision, though the layer answers both alike.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verdict {
     /// `None` for [`Verdict::allowed`].

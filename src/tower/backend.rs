@@ -23,12 +23,11 @@ pub trait RateLimitBackend<K, P> {
     /// The verdict to come.
     type Future: Future<Output = Result<Verdict, Self::Error>> + Unpin;
 
-    /// Takes `cost` permits for `key` under `plan`'s limits, all or nothing. The verdict carries
+    /// Takes `cost` permits for `key` under `plan`'s limits, all or nothing. `figures` says which
+    /// verdicts the response reports: under [`Figures::OnRefusal`] a grant may answer
+    /// [`Verdict::allowed`], which reports nothing and costs nothing. A reported verdict carries
     /// the decision and, for a plan of several limits, each limit's figures as they stand after
-    /// it (`Verdict::from(decision)` where the decision says all). `figures` says which verdicts'
-    /// figures the response will report: under [`Figures::OnRefusal`] a grant may answer
-    /// [`Verdict::allowed`], which reports nothing and costs nothing; a refusal carries
-    /// its decision (`Verdict::from`).
+    /// it (`Verdict::from(decision)` where the decision says all); a refusal is always reported.
     fn check(&self, key: &K, plan: &P, cost: u64, figures: Figures) -> Self::Future;
 
     /// Starts sweeping idle clients out of the backend every `interval`, for a backend that keeps
