@@ -108,12 +108,7 @@ pub trait Method: Copy + Sized {
         granted: impl Fn() -> T,
         refused: impl Fn(Decision) -> T,
     ) -> Result<T, Retired> {
-        let decision = self.acquire(state, 1, clock)?;
-        Ok(if decision.is_allowed() {
-            granted()
-        } else {
-            refused(decision)
-        })
+        Ok(quiet(self.acquire(state, 1, clock)?, granted, refused))
     }
 
     /// What one permit would get now, taking nothing.
@@ -182,6 +177,22 @@ pub trait Method: Copy + Sized {
     /// Retires `state` if it is indistinguishable from a fresh one at `now_nanos`; returns
     /// whether it did.
     fn retire_if_idle<A: AtomicWord>(&self, state: &Self::State<A>, now_nanos: u64) -> bool;
+}
+
+/// A quiet answer ([`Method::acquire_one_quiet`]) made from a whole `decision`: `granted()` for
+/// a grant, whose figures go unread, and `refused(decision)` for a refusal.
+#[cfg(feature = "tower")]
+#[inline]
+pub(crate) fn quiet<T>(
+    decision: Decision,
+    granted: impl FnOnce() -> T,
+    refused: impl FnOnce(Decision) -> T,
+) -> T {
+    if decision.is_allowed() {
+        granted()
+    } else {
+        refused(decision)
+    }
 }
 
 /// The answer of a state that no one retires: a public limiter's (only a service's sweep or

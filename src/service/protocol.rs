@@ -169,11 +169,11 @@ impl Answer for Checked {
     #[inline]
     fn from_decision(decision: Decision) -> Self {
         // A grant's figures are left in the decision, unread: once inlined, a grant builds none.
-        Checked(if decision.is_allowed() {
-            Verdict::allowed()
-        } else {
-            Verdict::from(decision)
-        })
+        Checked(crate::method::quiet(
+            decision,
+            Verdict::allowed,
+            Verdict::from,
+        ))
     }
     #[inline]
     fn is_allowed(&self) -> bool {

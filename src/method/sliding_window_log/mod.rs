@@ -545,11 +545,7 @@ impl Method for LogParams {
         refused: impl Fn(Decision) -> T,
     ) -> Result<T, Retired> {
         let decision = self.decide_one(ring, self.elapsed(clock.now_nanos()), false)?;
-        Ok(if decision.is_allowed() {
-            granted()
-        } else {
-            refused(decision)
-        })
+        Ok(crate::method::quiet(decision, granted, refused))
     }
 
     #[inline]
