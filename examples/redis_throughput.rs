@@ -8,6 +8,9 @@
 //! cargo run --release --features redis --example redis_throughput -- --redis redis://127.0.0.1:6399
 //! ```
 //!
+//! `--batch N` sends up to N waiting decisions in one script call
+//! (`RedisRateLimiterBuilder::batch_size`; a single server only).
+//!
 //! `--redis` takes any URL the builder does: `redis+cluster://host:port` for a Redis Cluster
 //! (any of its nodes), `rediss://` for TLS (feature `redis-tls`). The empty script's floor is
 //! measured on a single server's connection managers, as many as the limiter's connections.
@@ -245,6 +248,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let mut url = "redis://127.0.0.1:6379".to_owned();
     let mut connections = 1;
+    let mut batch_size = 1;
     while let Some(flag) = args.next() {
         match (flag.as_str(), args.next()) {
             ("--redis", Some(value)) => url = value,
@@ -255,15 +259,23 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
                     .filter(|&n| n >= 1)
                     .ok_or_else(|| format!("--connections {value:?}: expected 1 or more"))?;
             }
+            ("--batch", Some(value)) => {
+                batch_size = value
+                    .parse()
+                    .map_err(|_| format!("--batch {value:?}: expected a batch size"))?;
+            }
             _ => {
                 return Err(format!(
-                    "usage: redis_throughput [--redis URL] [--connections N], not {flag}"
+                    "usage: redis_throughput [--redis URL] [--connections N] [--batch N], not {flag}"
                 )
                 .into());
             }
         }
     }
-    println!("{connections} connection(s) for the limiter and for the empty script\n");
+    println!(
+        "{connections} connection(s) for the limiter and for the empty script; batches of up to \
+         {batch_size} decisions\n"
+    );
 
     println!(
         "allow-heavy (a client per task, never limited): decisions/s (round trips per decision)"
@@ -293,6 +305,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             RedisRateLimiter::builder(url.clone(), algorithm)
                 .plan("bench", rule)
                 .connections(connections)
+                .batch_size(batch_size)
                 .build()
                 .await?,
         );
@@ -348,6 +361,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
                 .plan("bench", Rule::per_hour(1)?)
                 .deny_cache(capacity)
                 .connections(connections)
+                .batch_size(batch_size)
                 .build()
                 .await?,
         );

@@ -2,12 +2,14 @@
 //! checked once.
 
 use std::fmt;
+use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 use ::redis::Value;
 
 use super::RedisError;
+use super::batch::Batcher;
 use super::connection::{Connection, ConnectionSettings, first_node_error, is_cluster_url};
 use super::deny_cache::DenyCache;
 use super::fallback::LocalFallback;
@@ -42,6 +44,7 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
             deny_cache: Some(RedisRateLimiterBuilder::<P>::DEFAULT_DENY_CACHE_CAPACITY),
             root_certificate: None,
             connections: 1,
+            batch_size: 1,
         }
     }
 }
@@ -61,6 +64,7 @@ pub struct RedisRateLimiterBuilder<P> {
     /// PEM, under feature `redis-tls` only.
     root_certificate: Option<Vec<u8>>,
     connections: usize,
+    batch_size: usize,
 }
 
 impl<P> RedisRateLimiterBuilder<P> {
@@ -138,6 +142,26 @@ impl<P: Eq + fmt::Debug> RedisRateLimiterBuilder<P> {
         self
     }
 
+    /// The largest batch [`RedisRateLimiterBuilder::batch_size`] takes: a batch of this many
+    /// decisions keeps the server busy for well under a millisecond (about 0.3 ms for the
+    /// token bucket's, measured on loopback), so that no other client waits longer for it.
+    pub const MAX_BATCH_SIZE: usize = 8;
+
+    /// Sends the decisions that wait for the server together, up to `size` in one script call
+    /// (default 1: each decision a call of its own). Each decision is made exactly as a call of
+    /// its own would make it at the batch's instant, in one atomic step with the others, and
+    /// fails alone if its own decision fails; a call that fails fails each of its decisions
+    /// alike. A lone request is sent at once, as a call of its own; under load each call
+    /// carries the decisions that came while the last ones were on their way, which saves the
+    /// server a call's fixed cost per decision (most of a token bucket's). A single server
+    /// only: from 1 to [`Self::MAX_BATCH_SIZE`], and 1 for a cluster, where different clients'
+    /// keys live in different hash slots, which no one script call may span. Reserving calls
+    /// ([`RedisRateLimiter::reserve`]) are never batched.
+    pub fn batch_size(mut self, size: usize) -> Self {
+        self.batch_size = size;
+        self
+    }
+
     /// What to answer when Redis fails (default [`FailurePolicy::Error`]).
     pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
         self.policy = policy;
@@ -184,6 +208,7 @@ impl<P: Eq + fmt::Debug> RedisRateLimiterBuilder<P> {
         let (connect_timeout, response_timeout) = (self.connect_timeout, self.timeout);
         let root_certificate = self.root_certificate.clone();
         let limiter = self.build_lazy()?;
+        let batching = limiter.batcher.is_some();
         let mut connection = limiter.connections[0].clone();
         let url = limiter.url.clone();
         let connect = async {
@@ -195,6 +220,11 @@ impl<P: Eq + fmt::Debug> RedisRateLimiterBuilder<P> {
                 script::script_for(algorithm)
                     .load_async(&mut connection)
                     .await?;
+                if batching {
+                    script::batch_script_for(algorithm)
+                        .load_async(&mut connection)
+                        .await?;
+                }
             }
             script::GIVE_BACK.load_async(&mut connection).await?;
             script::REFUND.load_async(&mut connection).await?;
@@ -262,6 +292,29 @@ impl<P: Eq + fmt::Debug> RedisRateLimiterBuilder<P> {
                 bound: "1 for a cluster, whose client keeps one connection to each node",
             });
         }
+        if !(1..=Self::MAX_BATCH_SIZE).contains(&self.batch_size) {
+            return Err(RedisError::InvalidSetting {
+                field: "batch size",
+                value: self.batch_size.to_string(),
+                bound: "from 1 to RedisRateLimiterBuilder::MAX_BATCH_SIZE (8)",
+            });
+        }
+        if self.batch_size > 1 && is_cluster_url(&self.url) {
+            return Err(RedisError::InvalidSetting {
+                field: "batch size",
+                value: self.batch_size.to_string(),
+                bound: "1 for a cluster, where different clients' keys live in different hash \
+                        slots, which one script call cannot span",
+            });
+        }
+        if self.batch_size > 1 && tokio::runtime::Handle::try_current().is_err() {
+            return Err(RedisError::InvalidSetting {
+                field: "batch size",
+                value: self.batch_size.to_string(),
+                bound: "1 outside a tokio runtime: batching starts a task on the runtime the \
+                        limiter is built in",
+            });
+        }
         if self.breaker.failures == 0 {
             return Err(RedisError::InvalidSetting {
                 field: "circuit breaker failures",
@@ -313,6 +366,16 @@ impl<P: Eq + fmt::Debug> RedisRateLimiterBuilder<P> {
                 _ => connect_error(url.clone(), source),
             })?;
 
+        let counters = Arc::new(Counters::default());
+        let batcher = (self.batch_size > 1).then(|| {
+            Batcher::start(
+                connections.clone(),
+                self.algorithm,
+                self.batch_size,
+                self.timeout,
+                Arc::clone(&counters),
+            )
+        });
         Ok(RedisRateLimiter {
             algorithm: self.algorithm,
             plans,
@@ -325,8 +388,10 @@ impl<P: Eq + fmt::Debug> RedisRateLimiterBuilder<P> {
             breaker: Breakers::new(self.breaker, is_cluster_url(&self.url)),
             deny_cache: self.deny_cache.map(DenyCache::new),
             local,
-            counters: Counters::default(),
+            counters,
             grant_names: GrantNames::new(),
+            batch_size: self.batch_size,
+            batcher,
         })
     }
 }
@@ -410,6 +475,17 @@ impl<P> RedisRateLimiter<P> {
             FailurePolicy::Local { share } => Some(LocalFallback::new(algorithm, &plans, share)?),
             _ => None,
         };
+        // Made while serving, so within the runtime the parent's batches run on.
+        let counters = Arc::new(Counters::default());
+        let batcher = self.batcher.is_some().then(|| {
+            Batcher::start(
+                self.connections.clone(),
+                algorithm,
+                self.batch_size,
+                self.timeout,
+                Arc::clone(&counters),
+            )
+        });
         Ok(RedisRateLimiter {
             algorithm,
             plans,
@@ -423,8 +499,10 @@ impl<P> RedisRateLimiter<P> {
             breaker: self.breaker.clone(),
             deny_cache: (deny_cache > 0).then(|| DenyCache::new(deny_cache)),
             local,
-            counters: Counters::default(),
+            counters,
             grant_names: GrantNames::new(),
+            batch_size: self.batch_size,
+            batcher,
         })
     }
 }

@@ -264,8 +264,14 @@ impl RedisError {
     /// keys, not a failure to reach or use Redis: a server out of memory (`OOM`), read-only,
     /// busy or loading says so with its own code, and stays a failure.
     pub(super) fn is_script_failure(source: &::redis::RedisError) -> bool {
+        Self::is_script_error_code(source) && source.to_string().contains("user_script")
+    }
+
+    /// Whether an error a script raised is one of reading a value: a command's own error
+    /// (`WRONGTYPE`) or the script's (`ERR`). For a batched request's error, which the batch
+    /// script hands back without the `user_script` frame a failed call's error has.
+    pub(super) fn is_script_error_code(source: &::redis::RedisError) -> bool {
         matches!(source.code(), Some("ERR" | "WRONGTYPE"))
-            && source.to_string().contains("user_script")
     }
 
     /// This error, or [`RedisError::ReadOnlyReplica`] naming `url` if it is a server's

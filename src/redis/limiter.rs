@@ -1,10 +1,12 @@
 //! [`RedisRateLimiter`]: the per-client service, with its state in Redis.
 
 use std::fmt;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use super::RedisError;
+use super::batch::{self, Batcher, Failed};
 use super::connection::Connection;
 use super::deny_cache::DenyCache;
 use super::fallback::LocalFallback;
@@ -122,8 +124,12 @@ pub struct RedisRateLimiter<P> {
     pub(super) deny_cache: Option<DenyCache>,
     /// Under [`FailurePolicy::Local`] only.
     pub(super) local: Option<LocalFallback>,
-    pub(super) counters: Counters,
+    pub(super) counters: Arc<Counters>,
     pub(super) grant_names: GrantNames,
+    /// The most decisions one call carries (1: no batching).
+    pub(super) batch_size: usize,
+    /// The queue of batched decisions, when `batch_size` is above 1.
+    pub(super) batcher: Option<Batcher>,
 }
 
 /// Names the records of the grants a limiter reserves: unique to the limiter (a random seed)
@@ -298,6 +304,12 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
     /// The policy applied when Redis fails.
     pub fn failure_policy(&self) -> FailurePolicy {
         self.policy
+    }
+
+    /// The most decisions one script call carries (see
+    /// [`RedisRateLimiterBuilder::batch_size`](super::RedisRateLimiterBuilder::batch_size)).
+    pub fn batch_size(&self) -> usize {
+        self.batch_size
     }
 
     /// How the limiter's decisions were made so far.
@@ -762,9 +774,24 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
                     });
                     Ok(reply)
                 })
+                .map_err(Failed::Call)
+        } else if let Some(batcher) = &self.batcher {
+            let request = batch::Request {
+                keys: keys.clone(),
+                n,
+                mode: mode.arg(),
+                now_us,
+                params: entry
+                    .limits
+                    .iter()
+                    .flat_map(|(spec, _)| spec.params())
+                    .collect(),
+            };
+            batcher.decide(request, self.timeout).await
         } else {
             self.round_trip::<Vec<i64>>(entry, &keys, n, mode, now_us)
                 .await
+                .map_err(Failed::Call)
         };
         let is_probe = probe.is_probe();
         probe.disarm();
@@ -773,14 +800,28 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
                 breaker.success(is_probe);
                 reply
             }
-            Err(RedisError::Command { source }) if RedisError::is_script_failure(&source) => {
+            Err(Failed::Call(RedisError::Command { source }))
+                if RedisError::is_script_failure(&source) =>
+            {
                 // Redis answered: this client's keys hold what the script cannot read. Its own
                 // error, under every policy; nothing an outage is made of.
                 breaker.success(is_probe);
                 Counters::bump(&self.counters.errors);
                 return Err(RedisError::UnreadableValue { keys, source });
             }
-            Err(error) => {
+            Err(Failed::Script(source)) if RedisError::is_script_error_code(&source) => {
+                // The same, from the request's own decision in a batch.
+                breaker.success(is_probe);
+                Counters::bump(&self.counters.errors);
+                return Err(RedisError::UnreadableValue { keys, source });
+            }
+            Err(failed) => {
+                let error = match failed {
+                    Failed::Call(error) => error,
+                    // Another error of the request's own decision (say, a full server's
+                    // refusal of its write): as the call's error it would have been.
+                    Failed::Script(source) => RedisError::Command { source },
+                };
                 let error = error.naming_replica(&self.url);
                 Counters::bump(&self.counters.errors);
                 if matches!(error, RedisError::Timeout { .. }) {

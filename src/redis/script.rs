@@ -61,6 +61,32 @@ pub(super) static SLIDING_WINDOW_COUNTER: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 
+/// The batch scripts (see [`compose_batch`]), one per method.
+pub(super) static TOKEN_BUCKET_BATCH: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&compose_batch(
+        &[],
+        include_str!("scripts/token_bucket.lua"),
+    ))
+});
+pub(super) static FIXED_WINDOW_BATCH: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&compose_batch(
+        &[],
+        include_str!("scripts/fixed_window.lua"),
+    ))
+});
+pub(super) static SLIDING_WINDOW_LOG_BATCH: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&compose_batch(
+        &[],
+        include_str!("scripts/sliding_window_log.lua"),
+    ))
+});
+pub(super) static SLIDING_WINDOW_COUNTER_BATCH: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&compose_batch(
+        &[include_str!("scripts/div.lua")],
+        include_str!("scripts/sliding_window_counter.lua"),
+    ))
+});
+
 /// A method's script: `shared` (the prelude, and the window scripts' `div.lua`), the method's
 /// own definitions (what comes before its `-- @decide` line), then `scripts/plan.lua` with the
 /// method's decision (its `-- @decide` section) written in at each `-- @decide` line of the
@@ -69,6 +95,52 @@ pub(super) static SLIDING_WINDOW_COUNTER: LazyLock<Script> = LazyLock::new(|| {
 /// a function in a script is a closure made and collected on every call, about 2,000 server
 /// instructions each.
 fn compose(shared: &[&str], method: &str) -> String {
+    let (definitions, plan) = method_plan(method);
+    let mut script = shared.concat();
+    script.push_str(&definitions);
+    script.push('\n');
+    script.push_str(&plan);
+    script
+}
+
+/// A method's batch script (see `scripts/batch.lua`): the frame's `-- @definitions` line
+/// replaced by `extra` (the window scripts' `div.lua`) and the method's definitions, made once
+/// per call; its `-- @request` line by the prelude and the plan as [`compose`] writes them, the
+/// body of a function called once per request. In that body every `KEYS[` reads
+/// `KEYS[ko + `, every `ARGV[` reads `ARGV[ao + ` and `#KEYS` reads `limit_count` (the request's
+/// own keys and arguments), and the prelude's read of the server's clock is the batch's one.
+fn compose_batch(extra: &[&str], method: &str) -> String {
+    let (definitions, plan) = method_plan(method);
+    let prelude = include_str!("scripts/prelude.lua").replace("\r\n", "\n");
+    let clock_read = "local time = redis.call('TIME')";
+    debug_assert_eq!(prelude.matches(clock_read).count(), 1);
+    let request = [prelude.replace(clock_read, "local time = batch_time"), plan]
+        .concat()
+        .replace("KEYS[", "KEYS[ko + ")
+        .replace("ARGV[", "ARGV[ao + ")
+        .replace("#KEYS", "limit_count");
+    let frame = include_str!("scripts/batch.lua").replace("\r\n", "\n");
+    let mut script = String::with_capacity(frame.len() + request.len() + definitions.len());
+    for line in frame.lines() {
+        match line.trim() {
+            "-- @definitions" => {
+                script.push_str(&extra.concat());
+                script.push_str(&definitions);
+                script.push('\n');
+            }
+            "-- @request" => script.push_str(&request),
+            _ => {
+                script.push_str(line);
+                script.push('\n');
+            }
+        }
+    }
+    script
+}
+
+/// A method's definitions (what its file holds before its `-- @decide` line), and
+/// `scripts/plan.lua` with the method's decision and commit written in (see [`compose`]).
+fn method_plan(method: &str) -> (String, String) {
     // A checkout may have written the files with CRLF line ends.
     let method = method.replace("\r\n", "\n");
     let (definitions, sections) = method
@@ -77,24 +149,22 @@ fn compose(shared: &[&str], method: &str) -> String {
     let (decide, commit) = sections
         .split_once("\n-- @commit\n")
         .expect("a method's script has a `-- @commit` section after its decision");
-    let mut script = shared.concat();
-    script.push_str(definitions);
-    script.push('\n');
+    let mut plan = String::new();
     for line in include_str!("scripts/plan.lua").lines() {
         let (open, section, close) = match line.trim() {
             "-- @decide" => ("repeat\n", decide, "\nuntil true\n"),
             "-- @commit" => ("do\n", commit, "\nend\n"),
             _ => {
-                script.push_str(line);
-                script.push('\n');
+                plan.push_str(line);
+                plan.push('\n');
                 continue;
             }
         };
-        script.push_str(open);
-        script.push_str(section);
-        script.push_str(close);
+        plan.push_str(open);
+        plan.push_str(section);
+        plan.push_str(close);
     }
-    script
+    (definitions.to_owned(), plan)
 }
 
 /// The script giving back a reserving call's grant (for every method: it names its own).
@@ -118,6 +188,16 @@ pub(super) fn script_for(algorithm: Algorithm) -> &'static Script {
         Algorithm::FixedWindow => &FIXED_WINDOW,
         Algorithm::SlidingWindowLog => &SLIDING_WINDOW_LOG,
         Algorithm::SlidingWindowCounter => &SLIDING_WINDOW_COUNTER,
+    }
+}
+
+/// The batch script deciding for `algorithm` (see `scripts/batch.lua`).
+pub(super) fn batch_script_for(algorithm: Algorithm) -> &'static Script {
+    match algorithm {
+        Algorithm::TokenBucket => &TOKEN_BUCKET_BATCH,
+        Algorithm::FixedWindow => &FIXED_WINDOW_BATCH,
+        Algorithm::SlidingWindowLog => &SLIDING_WINDOW_LOG_BATCH,
+        Algorithm::SlidingWindowCounter => &SLIDING_WINDOW_COUNTER_BATCH,
     }
 }
 
@@ -313,24 +393,28 @@ impl LimitSpec {
 
     /// Appends this limit's parameters to `invocation`.
     pub(super) fn push_args(&self, invocation: &mut ScriptInvocation<'_>) {
-        match *self {
+        for param in self.params() {
+            invocation.arg(param);
+        }
+    }
+
+    /// This limit's parameters, as its script takes them: the bucket's ticks per microsecond,
+    /// ticks per permit and ticks of a full bucket; a window's limit and length in microseconds.
+    pub(super) fn params(&self) -> impl Iterator<Item = u64> + use<> {
+        let (params, len) = match *self {
             LimitSpec::TokenBucket {
                 ticks_per_us,
                 token_ticks,
                 burst_ticks,
                 ..
-            } => {
-                invocation
-                    .arg(ticks_per_us)
-                    .arg(token_ticks)
-                    .arg(burst_ticks);
-            }
+            } => ([ticks_per_us, token_ticks, burst_ticks], 3),
             LimitSpec::FixedWindow { rule, window_us }
             | LimitSpec::SlidingWindowLog { rule, window_us }
             | LimitSpec::SlidingWindowCounter { rule, window_us } => {
-                invocation.arg(rule.limit()).arg(window_us);
+                ([rule.limit(), window_us, 0], 2)
             }
-        }
+        };
+        params.into_iter().take(len)
     }
 
     /// The decision this limit's reply integers say ([`LimitSpec::figure_count`] of them; a
@@ -419,6 +503,56 @@ mod tests {
             assert_eq!(script.matches("\nrepeat\n").count(), 2);
             assert_eq!(script.matches("\nuntil true\n").count(), 2);
             assert_eq!(compose(&[], &method.replace('\n', "\r\n")), script);
+        }
+    }
+
+    /// A batch script holds each method's definitions once, outside the function a request is
+    /// decided by, and they read no request's keys or arguments (those are the function's,
+    /// offset to its request); inside it, every read of `KEYS` and `ARGV` is offset and the
+    /// prelude's read of the clock is the batch's.
+    #[test]
+    fn a_batch_script_offsets_every_read_of_a_request() {
+        for method in METHODS {
+            let script = compose_batch(&[], method);
+            let (outside, inside) = script
+                .split_once("local function decide_one(ko, ao, limit_count)\n")
+                .expect("the request's function");
+            let (inside, after) = inside
+                .split_once("\nend\nlocal replies = {}\n")
+                .expect("its end, then the loop over the requests");
+            let code = |text: &str| -> String {
+                text.lines()
+                    .map(|line| line.split("--").next().unwrap_or(""))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            };
+            for part in [code(outside), code(after)] {
+                assert!(!part.contains("KEYS"), "{part}");
+                assert!(
+                    !part
+                        .replace("ARGV[ao + 1]", "")
+                        .replace("ARGV[ao + 2]", "")
+                        .replace("ARGV[1]", "")
+                        .contains("ARGV"),
+                    "{part}"
+                );
+            }
+            let inside = code(inside);
+            assert_eq!(
+                inside.matches("KEYS[").count(),
+                inside.matches("KEYS[ko + ").count()
+            );
+            assert_eq!(
+                inside.matches("ARGV[").count(),
+                inside.matches("ARGV[ao + ").count()
+            );
+            assert!(!inside.contains("#KEYS") && !inside.contains("redis.call('TIME')\n  now"));
+            assert!(inside.contains("local time = batch_time"));
+            assert!(!script.lines().any(|line| matches!(
+                line.trim(),
+                "-- @decide" | "-- @commit" | "-- @definitions" | "-- @request"
+            )));
+            assert_eq!(compose_batch(&[], &method.replace('\n', "\r\n")), script);
         }
     }
 }

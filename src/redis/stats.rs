@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RedisStats {
-    /// Scripts sent to Redis (one per decision that needed Redis).
+    /// Scripts sent to Redis (one per decision that needed Redis, or one per batch of them:
+    /// see [`RedisRateLimiterBuilder::batch_size`](super::RedisRateLimiterBuilder::batch_size)).
     pub round_trips: u64,
     /// Decisions Redis answered.
     pub redis_decisions: u64,
