@@ -15,10 +15,13 @@
 //! the batch script runs each request through the very text of the one-request script, in
 //! order, in one atomic step (compared, reply by reply and key by key, with calls of the
 //! one-request script in `tests/redis_batch.rs`). A request whose own decision raises an error
-//! gets that error; the others are decided all the same. A call that fails (a timeout, a lost
-//! connection) fails each of its requests, which then meet the failure policy as a failed call
-//! of their own would. A request whose caller stopped waiting (its timeout, or its future
-//! dropped) before its batch left is not sent.
+//! gets that error, as a call of its own would have (an unreadable value is the client's own
+//! error under every policy); the others are decided all the same. A call that fails (a
+//! timeout, a lost connection) fails each of its requests, which then meet the failure policy
+//! as a failed call of their own would; to the circuit breaker it is one failure, as calls on
+//! their way together are (see `CircuitBreaker`), where its requests sent one by one to a
+//! server that refuses connections at once would each have been one. A request whose caller
+//! stopped waiting (its timeout, or its future dropped) before its batch left is not sent.
 //!
 //! Only a single server batches: a script's keys must share one hash slot, and on a cluster
 //! different clients' keys do not.

@@ -154,7 +154,7 @@ impl<P: Eq + fmt::Debug> RedisRateLimiterBuilder<P> {
     /// (default 1: each decision a call of its own). Each decision is made exactly as a call of
     /// its own would make it at the batch's instant, in one atomic step with the others, and
     /// fails alone if its own decision fails; a call that fails fails each of its decisions
-    /// alike. A lone request is sent at once, as a call of its own; under load each call
+    /// alike, and is one failure to the circuit breaker. A lone request is sent at once, as a call of its own; under load each call
     /// carries the decisions that came while the last ones were on their way (at most 8 calls
     /// are on their way at once), which saves the server a call's fixed cost per decision:
     /// about 9k of a token bucket's 72k instructions (see BENCHMARKS.md). For a server whose

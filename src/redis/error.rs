@@ -268,8 +268,10 @@ impl RedisError {
     }
 
     /// Whether an error a script raised is one of reading a value: a command's own error
-    /// (`WRONGTYPE`) or the script's (`ERR`). For a batched request's error, which the batch
-    /// script hands back without the `user_script` frame a failed call's error has.
+    /// (`WRONGTYPE`), or the script's (`ERR`: a command's refusal of its arguments, or Lua's
+    /// own error, such as arithmetic on a value that is no number, to which the batch script
+    /// gives that code as Redis does). For a batched request's error, which the batch script
+    /// hands back without the `user_script` frame a failed call's error has.
     pub(super) fn is_script_error_code(source: &::redis::RedisError) -> bool {
         matches!(source.code(), Some("ERR" | "WRONGTYPE"))
     }

@@ -34,7 +34,8 @@
 //!   wait while earlier calls are on their way leave together, up to that many in one script
 //!   call, which decides each in turn by the very text of the one-request script, in one atomic
 //!   step, at one reading of the server's clock: each gets exactly what a call of its own
-//!   would have got at that instant, and a request whose own decision fails fails alone. The
+//!   would have got at that instant, and a request whose own decision fails fails alone (a
+//!   failed call fails each of its requests, and is one failure to the breaker). The
 //!   server is spared a call's fixed cost per decision (about an eighth of a token bucket's
 //!   work); a lone request still goes at once, in a call of its own.
 //! - **The in-process decisions, exactly.** The token bucket is the same exact GCRA as

@@ -29,11 +29,18 @@ for r = 1, ARGV[1] + 0 do
   local args, keys = ARGV[ao + 1] + 0, ARGV[ao + 2] + 0
   local ok, reply = pcall(decide_one, ko, ao + 2, keys)
   if not ok then
-    -- A command's error is a table {err = message}; an error of the script's own, a string.
+    -- A command's error (a table {err = message}, or its message) is led by its code, as
+    -- `OOM ...` or `WRONGTYPE ...`; Lua's own error (such as arithmetic on a value that is no
+    -- number) is led by its place in the script, `user_script:LINE: ...`, to which Redis would
+    -- give the code ERR in the reply to a call of its own.
     if type(reply) == 'table' then
       reply = reply.err
     end
-    reply = {-2, tostring(reply)}
+    reply = tostring(reply)
+    if not string.find(reply, '^[A-Z]+ ') then
+      reply = 'ERR ' .. reply
+    end
+    reply = {-2, reply}
   end
   replies[r] = reply
   ko, ao = ko + keys, ao + 2 + args
