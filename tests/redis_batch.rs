@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ::redis::Value;
-use redis_support::{RedisServer, Rng};
+use redis_support::{RedisServer, Rng, join_all};
 use tollgate::redis::{Answer, RedisError, RedisRateLimiter, RedisRateLimiterBuilder};
 use tollgate::{Algorithm, Rule};
 
@@ -48,31 +48,6 @@ async fn limiter(server: &RedisServer, algorithm: Algorithm, prefix: &str, batch
         builder = builder.plan_limits(plan, rules);
     }
     builder.build().await.unwrap()
-}
-
-/// Every future's output, each polled in turn, first to last, on every wake: requests asked
-/// together so reach the queue in their order (on the test's one thread), as a batch's order.
-async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
-    let mut futures: Vec<_> = futures.into_iter().map(Box::pin).collect();
-    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
-    std::future::poll_fn(|context| {
-        let mut pending = false;
-        for (future, output) in futures.iter_mut().zip(&mut outputs) {
-            if output.is_none() {
-                match future.as_mut().poll(context) {
-                    std::task::Poll::Ready(value) => *output = Some(value),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    outputs.into_iter().map(Option::unwrap).collect()
 }
 
 /// One request of a history.

@@ -59,6 +59,32 @@ impl Rng {
     }
 }
 
+/// Every future's output, each polled in turn, first to last, on every wake: requests asked
+/// together so reach a limiter's batch queue in their order (on a test's one thread), as a
+/// batch's order.
+pub(crate) async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    let mut futures: Vec<_> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|context| {
+        let mut pending = false;
+        for (future, output) in futures.iter_mut().zip(&mut outputs) {
+            if output.is_none() {
+                match future.as_mut().poll(context) {
+                    std::task::Poll::Ready(value) => *output = Some(value),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    outputs.into_iter().map(Option::unwrap).collect()
+}
+
 /// The greatest common divisor of `a` and `b`.
 pub(crate) fn gcd(mut a: u128, mut b: u128) -> u128 {
     while b != 0 {
