@@ -148,6 +148,7 @@ impl ModelStore {
             &self.plan,
             &ModelRequest { now },
             &self.evicted_up_to,
+            || {},
             || now,
         ) {
             Stored::Answer(granted) => granted,
@@ -163,6 +164,7 @@ impl ModelStore {
             &self.plan,
             &ReservingRequest { now },
             &self.evicted_up_to,
+            || {},
             || now,
         ) {
             Stored::Answer(grant) => grant,

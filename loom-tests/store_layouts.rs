@@ -81,6 +81,7 @@ impl Model {
             &self.plan,
             &CounterRequest,
             &self.evicted_up_to,
+            || {},
             || 0,
         ) {
             Stored::Answer(granted) => granted,

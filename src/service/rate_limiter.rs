@@ -268,17 +268,14 @@ where
         for _ in 0..MAX_LOOKUP_TRIES {
             if let Some(stored) = self.plans.stored(index) {
                 let place = stored.store.place(self.hasher.hash_one(client));
-                let insert_reading = || {
-                    self.retire_in_map(index, client);
-                    self.clock.now_nanos()
-                };
                 match store::decide(
                     stored.store,
                     place,
                     &stored,
                     &request,
                     &self.evicted_up_to,
-                    insert_reading,
+                    || self.retire_in_map(index, client),
+                    || self.clock.now_nanos(),
                 ) {
                     Stored::Answer(answer) => return Ok(answer),
                     Stored::GaveUp => return Err(Self::unstable_key(plan)),

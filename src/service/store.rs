@@ -543,8 +543,9 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
 
     /// Puts a fresh state for the key at `place` under `head` (made as of `evicted_up_to`, read
     /// after any retirement this call makes) unless a live one made under `head`'s version or a
-    /// later one is there; `now_nanos` decides which states are idle. Publishes `now_nanos` in
-    /// `evicted_up_to` before it retires a state to reuse its slot. Returns the slot of the
+    /// later one is there. Only where no slot is free does it read `now_nanos` (most inserts
+    /// take a free slot and need no reading), which decides which states are idle, and which
+    /// it publishes in `evicted_up_to` before it retires a state to reuse its slot. Returns the slot of the
     /// key's state, put or found, with its tag; `None` when every state it tried to take for
     /// reuse changed first, or when `may_defer` and it put back the state it was to evict for a
     /// slot another thread is freeing (the decision inserts again).
@@ -552,7 +553,7 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
         &self,
         place: Place,
         head: &StoreHead<L>,
-        now_nanos: u64,
+        now_nanos: impl FnOnce() -> u64,
         evicted_up_to: &W,
         may_defer: bool,
     ) -> Option<(&W, &W, u64)> {
@@ -579,7 +580,7 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
         let claimed = claim_free(home).or_else(|| other.and_then(claim_free));
         let (tag, previous, state) = match claimed {
             Some(slot) => slot,
-            None => self.reuse(place, head, now_nanos, evicted_up_to, may_defer)?,
+            None => self.reuse(place, head, now_nanos(), evicted_up_to, may_defer)?,
         };
         let live = live_tag(head.version, place.fingerprint, previous);
         // Release: a request whose exchange lands on this state or a later one (an Acquire
@@ -764,8 +765,8 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
 
 /// A decision for the key at `place` under `plan`: finds its state (or inserts a fresh one)
 /// and decides on it with `request`, only under the plan's limits read after the lookup.
-/// `now_nanos` reads the clock for an insert; `evicted_up_to` is the service's (see
-/// `protocol::made_as_of`).
+/// `before_insert` runs before each insert; `now_nanos` reads the clock for an insert that
+/// must reuse a slot; `evicted_up_to` is the service's (see `protocol::made_as_of`).
 #[doc(hidden)]
 #[inline(always)]
 pub fn decide<W, const B: usize, P, R>(
@@ -774,6 +775,7 @@ pub fn decide<W, const B: usize, P, R>(
     plan: &P,
     request: &R,
     evicted_up_to: &W,
+    before_insert: impl Fn(),
     now_nanos: impl Fn() -> u64,
 ) -> Stored<R::Answer>
 where
@@ -787,7 +789,15 @@ where
     // (The order of the probe is the one `decide_further` goes on with: home, then other.)
     match decide_in_bucket(store, &store.buckets[place.home], place, plan, request) {
         Some(answer) => Stored::Answer(answer),
-        None => decide_further(store, place, plan, request, evicted_up_to, now_nanos),
+        None => decide_further(
+            store,
+            place,
+            plan,
+            request,
+            evicted_up_to,
+            before_insert,
+            now_nanos,
+        ),
     }
 }
 
@@ -800,6 +810,7 @@ fn decide_further<W, const B: usize, P, R>(
     plan: &P,
     request: &R,
     evicted_up_to: &W,
+    before_insert: impl Fn(),
     now_nanos: impl Fn() -> u64,
 ) -> Stored<R::Answer>
 where
@@ -836,8 +847,9 @@ where
         // The slot the insert put (or found) the key's state in, decided on at once; the key's
         // buckets are looked up again only if that does not answer.
         let may_defer = inserts <= EVICTION_DEFERRALS;
+        before_insert();
         if let Some((tag, state, seen)) =
-            store.insert(place, &head, now_nanos(), evicted_up_to, may_defer)
+            store.insert(place, &head, &now_nanos, evicted_up_to, may_defer)
             && let Some(answer) = decide_on_slot(store, plan, request, tag, state, seen)
         {
             return Stored::Answer(answer);
