@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ::redis::{AsyncCommands, Value};
-use redis_support::{RedisServer, Rng, join_all};
+use redis_support::{RedisServer, Rng, join_all, ttls_within};
 use tollgate::redis::{
     Answer, CircuitBreaker, FailurePolicy, RedisError, RedisRateLimiter, RedisRateLimiterBuilder,
     RedisStats, Source,
@@ -158,11 +158,7 @@ async fn key_state(
 /// Whether twins' times to live agree to the second: the twins are written moments apart (more
 /// under load), but an expiry a second off is a different answer.
 fn ttls_match(batched: i64, alone: i64) -> bool {
-    if batched < 0 || alone < 0 {
-        batched == alone
-    } else {
-        batched.abs_diff(alone) < 1_000
-    }
+    ttls_within(batched, alone, 999)
 }
 
 async fn compare_keys(server: &RedisServer, batched: &Redis, alone: &Redis, context: &str) {

@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 
 use ::redis::Value;
 use ::redis::aio::MultiplexedConnection;
-use redis_support::{RedisCluster, RedisServer, Rng, gcd, inverse_mod};
+use redis_support::{RedisCluster, RedisServer, Rng, gcd, inverse_mod, ttls_within};
 use tollgate::redis::{
     Answer, CircuitBreaker, FailurePolicy, GivenBack, RedisError, RedisRateLimiter, Source,
 };
@@ -290,13 +290,9 @@ async fn key_state(connection: &mut MultiplexedConnection, key: &str) -> (KeyVal
     (value, ttl)
 }
 
-/// Time to live, in milliseconds, read at different moments of the two scripts' calls.
+/// Times to live, in milliseconds, read at different moments of the two scripts' calls.
 fn ttls_match(a: i64, b: i64) -> bool {
-    if a < 0 || b < 0 {
-        a == b
-    } else {
-        a.abs_diff(b) <= 500
-    }
+    ttls_within(a, b, 500)
 }
 
 /// Puts a value of another program under `key`: of another type than the method's, or (for the

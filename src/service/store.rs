@@ -545,10 +545,10 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
     /// after any retirement this call makes) unless a live one made under `head`'s version or a
     /// later one is there. Only where no slot is free does it read `now_nanos` (most inserts
     /// take a free slot and need no reading), which decides which states are idle, and which
-    /// it publishes in `evicted_up_to` before it retires a state to reuse its slot. Returns the slot of the
-    /// key's state, put or found, with its tag; `None` when every state it tried to take for
-    /// reuse changed first, or when `may_defer` and it put back the state it was to evict for a
-    /// slot another thread is freeing (the decision inserts again).
+    /// it publishes in `evicted_up_to` before it retires a state to reuse its slot. Returns
+    /// the slot of the key's state, put or found, with its tag; `None` when every state it
+    /// tried to take for reuse changed first, or when `may_defer` and it put back the state it
+    /// was to evict for a slot another thread is freeing (the decision inserts again).
     pub fn insert<L: WordLimit>(
         &self,
         place: Place,

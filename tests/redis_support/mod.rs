@@ -85,6 +85,17 @@ pub(crate) async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) ->
     outputs.into_iter().map(Option::unwrap).collect()
 }
 
+/// Whether two keys' times to live (`PTTL`, in milliseconds; negative: no expiry, or no key)
+/// agree within `tolerance_ms`: twin keys are written moments apart, so their expiries differ
+/// by that much, but no more.
+pub(crate) fn ttls_within(a: i64, b: i64, tolerance_ms: u64) -> bool {
+    if a < 0 || b < 0 {
+        a == b
+    } else {
+        a.abs_diff(b) <= tolerance_ms
+    }
+}
+
 /// The greatest common divisor of `a` and `b`.
 pub(crate) fn gcd(mut a: u128, mut b: u128) -> u128 {
     while b != 0 {
