@@ -154,6 +154,68 @@ fn requests_in_flight_across_a_rule_change_and_a_sweep_never_start_the_client_af
     }
 }
 
+/// A service of one plan, "free" at 5 per second, with one other client known; for the one-word
+/// methods, the plan has had two limits for a while, so that a first request's insert is preceded
+/// by a lookup of the client in the plan's map (the retirement of a state made while the plan had
+/// several limits), which hashes the key: the point at which the tests below park it.
+fn service_with_a_known_client(
+    algorithm: Algorithm,
+) -> Arc<RateLimiterService<ParkingKey, &'static str, ParkingClock>> {
+    let old = Rule::per_second(5).unwrap();
+    let service: Arc<RateLimiterService<ParkingKey, &str, ParkingClock>> = Arc::new(
+        RateLimiterService::new(algorithm, [("free", old)], ParkingClock::default()).unwrap(),
+    );
+    if algorithm != Algorithm::SlidingWindowLog {
+        service
+            .set_limits(&"free", [old, Rule::per_minute(100).unwrap()])
+            .unwrap();
+    }
+    // Another client first, so that the map has a table and its lookups hash.
+    assert!(service.allow(&ParkingKey(1), &"free").unwrap());
+    service.set_rule(&"free", old).unwrap();
+    service
+}
+
+/// Client 9's first request, parked where `park` says; then the rule changes to 3 per second,
+/// and (if `others_while_parked`) ten of the client's requests are made; then the parked one
+/// resumes, and ten more are made, all at one instant. Returns how many were granted.
+fn granted_to_a_first_request_parked_across_a_change(
+    algorithm: Algorithm,
+    park: fn(Algorithm) -> (Receiver<()>, Sender<()>),
+    others_while_parked: bool,
+) -> usize {
+    let service = service_with_a_known_client(algorithm);
+    let client = ParkingKey(9);
+    let (ready_tx, ready_rx) = channel();
+    let first = {
+        let service = Arc::clone(&service);
+        let client = client.clone();
+        std::thread::spawn(move || {
+            ready_tx.send(park(algorithm)).unwrap();
+            service.allow(&client, &"free").unwrap()
+        })
+    };
+    let (parked, resume) = ready_rx.recv().unwrap();
+    parked
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the first request parks");
+    service
+        .set_rule(&"free", Rule::per_second(3).unwrap())
+        .unwrap();
+    let mut granted = 0;
+    if others_while_parked {
+        granted += (0..10)
+            .filter(|_| service.allow(&client, &"free").unwrap())
+            .count();
+    }
+    resume.send(()).unwrap();
+    granted += usize::from(first.join().unwrap());
+    granted += (0..10)
+        .filter(|_| service.allow(&client, &"free").unwrap())
+        .count();
+    granted
+}
+
 /// A client that appears during a change: a first request preempted between its read of the
 /// plan and its insert, while the rule changes (and, in one variant, other requests make the
 /// client under the new rule), never adds a second fresh start nor grants under the old rule.
@@ -161,54 +223,41 @@ fn requests_in_flight_across_a_rule_change_and_a_sweep_never_start_the_client_af
 fn a_first_request_preempted_before_its_insert_does_not_start_a_second_limiter() {
     for algorithm in Algorithm::ALL {
         for others_while_parked in [false, true] {
-            let clock = ParkingClock::default();
-            let old = Rule::per_second(5).unwrap();
-            let service: Arc<RateLimiterService<ParkingKey, &str, ParkingClock>> =
-                Arc::new(RateLimiterService::new(algorithm, [("free", old)], clock).unwrap());
-            // Another client first, so that the map has a table and the lookup hashes.
-            assert!(service.allow(&ParkingKey(1), &"free").unwrap());
-            let client = ParkingKey(9);
-            let (ready_tx, ready_rx) = channel();
-            let first = {
-                let service = Arc::clone(&service);
-                let client = client.clone();
-                std::thread::spawn(move || {
-                    let (parked, resume) = if algorithm == Algorithm::SlidingWindowLog {
-                        // The sliding log's map: hash 1, the lookup (finds nothing); hash 2,
-                        // the insert.
-                        park_at_hash(2)
-                    } else {
-                        // The store of one-word states: its lookup finds nothing, then the
-                        // insert reads the clock, after the plan's limits and before the slot
-                        // is taken.
-                        park_at_reading(1)
-                    };
-                    ready_tx.send((parked, resume)).unwrap();
-                    service.allow(&client, &"free").unwrap()
-                })
-            };
-            let (parked, resume) = ready_rx.recv().unwrap();
-            parked
-                .recv_timeout(Duration::from_secs(10))
-                .expect("the first request parks at its insert");
-            service
-                .set_rule(&"free", Rule::per_second(3).unwrap())
-                .unwrap();
-            let mut granted = 0;
-            if others_while_parked {
-                granted += (0..10)
-                    .filter(|_| service.allow(&client, &"free").unwrap())
-                    .count();
-            }
-            resume.send(()).unwrap();
-            granted += usize::from(first.join().unwrap());
-            granted += (0..10)
-                .filter(|_| service.allow(&client, &"free").unwrap())
-                .count();
+            let granted = granted_to_a_first_request_parked_across_a_change(
+                algorithm,
+                // The one-word store: hash 1, the store's place; hash 2, the plan map's lookup
+                // that precedes the insert. The sliding log's map: hash 1, the lookup (finds
+                // nothing); hash 2, the insert.
+                |_| park_at_hash(2),
+                others_while_parked,
+            );
             assert_eq!(
                 granted, 3,
                 "{algorithm}, others while parked: {others_while_parked}: one window of the \
                  new rule in one instant"
+            );
+        }
+    }
+}
+
+/// A first request preempted later, at its decision's reading of the clock (after its state was
+/// made under the old rule, before it is decided on), may be granted under the old rule: its
+/// lookup came before the change. Then the change grants one window of the new rule beyond
+/// that, and no more: never a second fresh start, even where other requests made the client
+/// under the new rule while it was parked.
+#[test]
+fn a_first_request_preempted_at_its_decision_is_granted_at_most_once_beyond_the_new_window() {
+    for algorithm in Algorithm::ALL {
+        for others_while_parked in [false, true] {
+            let granted = granted_to_a_first_request_parked_across_a_change(
+                algorithm,
+                |_| park_at_reading(1),
+                others_while_parked,
+            );
+            assert!(
+                (3..=4).contains(&granted),
+                "{algorithm}, others while parked: {others_while_parked}: {granted} granted; \
+                 one window of the new rule, and at most the one request decided under the old"
             );
         }
     }
