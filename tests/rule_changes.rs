@@ -263,6 +263,59 @@ fn a_first_request_preempted_at_its_decision_is_granted_at_most_once_beyond_the_
     }
 }
 
+/// A client moving from a plan's map back to its store: its plan has two limits, and a request
+/// that found the client's state in the map (and read the plan) is preempted before it decides;
+/// the plan changes back to one limit, and the client's next requests are decided in the store,
+/// on a fresh state. The parked request must then not be granted on the map's state: it was
+/// retired before the fresh one was made. (One window of the new rule beyond the four already
+/// used, as a change promises: nine in all.)
+#[test]
+fn a_request_holding_the_map_state_across_a_change_to_one_limit_is_not_granted_on_it() {
+    for algorithm in Algorithm::ALL {
+        if algorithm == Algorithm::SlidingWindowLog {
+            // Its plans have one limit (and live in the map) whatever their changes.
+            continue;
+        }
+        let five = Rule::per_second(5).unwrap();
+        let service: Arc<RateLimiterService<ParkingKey, &str, ParkingClock>> = Arc::new(
+            RateLimiterService::new(algorithm, [("free", five)], ParkingClock::default()).unwrap(),
+        );
+        service
+            .set_limits(&"free", [five, Rule::per_minute(100).unwrap()])
+            .unwrap();
+        let client = ParkingKey(3);
+        let mut granted = (0..4)
+            .filter(|_| service.allow(&client, &"free").unwrap())
+            .count();
+        let (ready_tx, ready_rx) = channel();
+        let holding = {
+            let service = Arc::clone(&service);
+            let client = client.clone();
+            std::thread::spawn(move || {
+                // The map's decision reads the clock once it has found the state and read the
+                // plan, before it takes from the state.
+                ready_tx.send(park_at_reading(1)).unwrap();
+                service.allow(&client, &"free").unwrap()
+            })
+        };
+        let (parked, resume) = ready_rx.recv().unwrap();
+        parked
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the request parks at its decision");
+        service.set_rule(&"free", five).unwrap();
+        granted += (0..10)
+            .filter(|_| service.allow(&client, &"free").unwrap())
+            .count();
+        resume.send(()).unwrap();
+        granted += usize::from(holding.join().unwrap());
+        assert_eq!(
+            granted, 9,
+            "{algorithm}: four before the change, then one window of the new rule; the \
+             request holding the retired map state is not granted on it"
+        );
+    }
+}
+
 /// The review's panic: readers of a sliding-log plan racing bursts of rule changes (limits 1, 64
 /// and 8) must never see one version's number with another's constants (the ring would be
 /// indexed past its end). Real time, real threads, half a second.
