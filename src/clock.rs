@@ -21,6 +21,10 @@ use crate::sync::{Ordering, Word};
 /// A source of monotonic time: nanoseconds since the clock's origin.
 ///
 /// Clones of one clock share its origin, so limiters made from them agree on window alignment.
+///
+/// The service reads its clock holding none of its own locks (a first request's insert lets its
+/// bucket's lock go before it reads), so a clock that takes long delays only the request that
+/// reads it, and a clock may itself call the service that reads it.
 pub trait Clock: Send + Sync {
     /// Nanoseconds since this clock's origin.
     fn now_nanos(&self) -> u64;

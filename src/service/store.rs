@@ -553,13 +553,11 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
         &self,
         place: Place,
         head: &StoreHead<L>,
-        now_nanos: impl FnOnce() -> u64,
+        now_nanos: impl Fn() -> u64,
         evicted_up_to: &W,
         may_defer: bool,
     ) -> Option<(&W, &W, u64)> {
-        let _lock = (!self.has_fault(StoreFault::InsertWithoutLock))
-            .then(|| InsertLock::take(&self.insert_locks[place.home]));
-        // The key's buckets, home first (the other computed once, for both passes).
+        // The key's buckets, home first (the other computed once, for every pass).
         let home = &self.buckets[place.home];
         let other = self.other_bucket(place);
         // The retiring bit that makes a bucket's pass wait (always, but in a negative control).
@@ -568,31 +566,48 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
         } else {
             RETIRING
         };
-        // Another insert of this key may have come first; a live state of an earlier version is
-        // retired here, so that the key never has two live states.
-        for bucket in std::iter::once(home).chain(other) {
-            if needs_settling(bucket, place.fingerprint, retiring)
-                && let Some(found) = self.settle_key_slots(bucket, place, head)
-            {
-                return Some(found);
+        // The reading a reuse decides by, taken the first time no slot is free.
+        let mut reading = None;
+        loop {
+            let lock = (!self.has_fault(StoreFault::InsertWithoutLock))
+                .then(|| InsertLock::take(&self.insert_locks[place.home]));
+            // Another insert of this key may have come first; a live state of an earlier
+            // version is retired here, so that the key never has two live states.
+            for bucket in std::iter::once(home).chain(other) {
+                if needs_settling(bucket, place.fingerprint, retiring)
+                    && let Some(found) = self.settle_key_slots(bucket, place, head)
+                {
+                    return Some(found);
+                }
             }
+            let claimed = claim_free(home).or_else(|| other.and_then(claim_free));
+            let (tag, previous, state) = match (claimed, reading) {
+                (Some(slot), _) => slot,
+                (None, Some(now_nanos)) => {
+                    self.reuse(place, head, now_nanos, evicted_up_to, may_defer)?
+                }
+                (None, None) => {
+                    // The clock is the user's (it may take long, or ask this service for a
+                    // decision that inserts into these buckets): it is read with the lock let
+                    // go, and the passes above are made again under the lock, as the buckets
+                    // may have changed meanwhile.
+                    drop(lock);
+                    reading = Some(now_nanos());
+                    continue;
+                }
+            };
+            let live = live_tag(head.version, place.fingerprint, previous);
+            // Release: a request whose exchange lands on this state or a later one (an Acquire
+            // fence follows it) then sees the slot's tag no earlier than `BUSY`, so it knows the
+            // slot changed hands (see `decide`).
+            self.salted(state, live).store(
+                head.limit.fresh(evicted_up_to.load(Ordering::Relaxed)),
+                Ordering::Release,
+            );
+            // Release: a reader that finds the tag (Acquire) sees the state.
+            tag.store(live, Ordering::Release);
+            return Some((tag, state, live));
         }
-        let claimed = claim_free(home).or_else(|| other.and_then(claim_free));
-        let (tag, previous, state) = match claimed {
-            Some(slot) => slot,
-            None => self.reuse(place, head, now_nanos(), evicted_up_to, may_defer)?,
-        };
-        let live = live_tag(head.version, place.fingerprint, previous);
-        // Release: a request whose exchange lands on this state or a later one (an Acquire
-        // fence follows it) then sees the slot's tag no earlier than `BUSY`, so it knows the slot
-        // changed hands (see `decide`).
-        self.salted(state, live).store(
-            head.limit.fresh(evicted_up_to.load(Ordering::Relaxed)),
-            Ordering::Release,
-        );
-        // Release: a reader that finds the tag (Acquire) sees the state.
-        tag.store(live, Ordering::Release);
-        Some((tag, state, live))
     }
 
     /// The insert's pass over a bucket that [`needs_settling`]: each slot's tag once no other
