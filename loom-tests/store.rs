@@ -3,7 +3,8 @@
 //! table of one bucket of two slots (every key of the model shares it, so slots are fought over
 //! and reused).
 //!
-//! - A lookup racing an insert of the same key: first requests of one client make one state.
+//! - A lookup racing an insert of the same key: first requests of one client make one state,
+//!   also into a full bucket, where each insert reads the clock with its lock let go.
 //! - A rule change racing requests: the client starts afresh once across the change.
 //! - An eviction racing a decision on the state being evicted, and a slot reused for another
 //!   client while a stale request holds it: no grant is made but from a fresh state's permits.
@@ -13,8 +14,9 @@
 //!   permit once.
 //!
 //! `negative_controls` runs each checker on a broken variant of the store and shows that it is
-//! caught: an insert without its lock, a tag taken twice, a sweep that retires active states, and
-//! an eviction that is not counted (a fresh state the eviction model cannot account for).
+//! caught: an insert without its lock, an insert that does not look again after its reading,
+//! a tag taken twice, a sweep that retires active states, and an eviction that is not counted
+//! (a fresh state the eviction model cannot account for).
 
 use loom::sync::Arc;
 use loom::sync::atomic::{AtomicU64, Ordering};
@@ -205,6 +207,31 @@ pub(crate) fn check_first_requests(fault: StoreFault) {
         let model = Arc::new(ModelStore::new([bucket(1), bucket(1)], fault));
         // Every racing request on a thread of its own (not the model's main thread), so that
         // loom interleaves them.
+        let [here, there] = [0, 1].map(|_| {
+            let model = Arc::clone(&model);
+            thread::spawn(move || model.request(ALICE, 0))
+        });
+        let here = here.join().expect("a request panicked");
+        let there = there.join().expect("a request panicked");
+        assert!(
+            !(here && there),
+            "more than one state for one client: both first requests granted"
+        );
+        assert!(here || there, "one of the first requests is granted");
+    });
+}
+
+/// Two first requests of one client race into a full bucket (two other clients, each with its
+/// one permit used): each must read the clock with its insert lock let go before it may evict,
+/// and one of them finds, back under the lock, the state the other put meanwhile. One state is
+/// made, so the client is granted once. Panics with "more than one state" otherwise.
+pub(crate) fn check_first_requests_into_a_full_bucket(fault: StoreFault) {
+    explore(2, move || {
+        let model = Arc::new(ModelStore::new([bucket(1), bucket(1)], fault));
+        assert!(
+            model.request(BOB, 0) && model.request(CAROL, 0),
+            "the prefill"
+        );
         let [here, there] = [0, 1].map(|_| {
             let model = Arc::clone(&model);
             thread::spawn(move || model.request(ALICE, 0))
@@ -413,6 +440,11 @@ fn store_give_back_racing_a_decision_returns_the_permit_once() {
 #[test]
 fn store_first_requests_make_one_state() {
     check_first_requests(StoreFault::None);
+}
+
+#[test]
+fn store_first_requests_into_a_full_bucket_make_one_state() {
+    check_first_requests_into_a_full_bucket(StoreFault::None);
 }
 
 #[test]
