@@ -556,62 +556,113 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
         &self,
         place: Place,
         head: &StoreHead<L>,
-        now_nanos: impl Fn() -> u64,
+        now_nanos: impl FnOnce() -> u64,
         evicted_up_to: &W,
         may_defer: bool,
     ) -> Option<(&W, &W, u64)> {
-        // The key's buckets, home first (the other computed once, for every pass).
+        // The key's buckets, home first (the other computed once, for both passes).
         let home = &self.buckets[place.home];
         let other = self.other_bucket(place);
+        let lock = self.insert_lock(place);
+        if let Some(found) = self.find_settled(place, head, home, other) {
+            return Some(found);
+        }
+        let Some((tag, previous, state)) = claim_free(home).or_else(|| other.and_then(claim_free))
+        else {
+            // The clock is the user's (it may take long, or ask this service for a decision
+            // that inserts into these buckets): it is read with the lock let go.
+            drop(lock);
+            return self.insert_reusing(place, head, now_nanos(), evicted_up_to, may_defer);
+        };
+        Some(self.put_fresh(place, head, evicted_up_to, tag, previous, state))
+    }
+
+    /// [`ClientStore::insert`] once it found no free slot and read the clock (`now_nanos`): its
+    /// passes made again under the lock (the buckets may have changed meanwhile), then a free
+    /// slot if one is there now, else one taken by [`ClientStore::reuse`].
+    #[cold]
+    #[inline(never)]
+    fn insert_reusing<L: WordLimit>(
+        &self,
+        place: Place,
+        head: &StoreHead<L>,
+        now_nanos: u64,
+        evicted_up_to: &W,
+        may_defer: bool,
+    ) -> Option<(&W, &W, u64)> {
+        let home = &self.buckets[place.home];
+        let other = self.other_bucket(place);
+        let _lock = self.insert_lock(place);
+        if !self.has_fault(StoreFault::ReadingSkipsSettling)
+            && let Some(found) = self.find_settled(place, head, home, other)
+        {
+            return Some(found);
+        }
+        let (tag, previous, state) = match claim_free(home).or_else(|| other.and_then(claim_free)) {
+            Some(slot) => slot,
+            None => self.reuse(place, head, now_nanos, evicted_up_to, may_defer)?,
+        };
+        Some(self.put_fresh(place, head, evicted_up_to, tag, previous, state))
+    }
+
+    /// The insert lock of `place`'s home bucket, taken (but in a negative control).
+    #[inline(always)]
+    fn insert_lock(&self, place: Place) -> Option<InsertLock<'_, W>> {
+        (!self.has_fault(StoreFault::InsertWithoutLock))
+            .then(|| InsertLock::take(&self.insert_locks[place.home]))
+    }
+
+    /// The insert's passes over the key's buckets (`home`, then `other`), under the insert
+    /// lock: another insert of this key may have come first (its live state made under
+    /// `head`'s version or a later one is returned); a live state of an earlier version is
+    /// retired, so that the key never has two live states.
+    #[inline(always)]
+    fn find_settled<'s, L: WordLimit>(
+        &self,
+        place: Place,
+        head: &StoreHead<L>,
+        home: &'s Bucket<W, B>,
+        other: Option<&'s Bucket<W, B>>,
+    ) -> Option<(&'s W, &'s W, u64)> {
         // The retiring bit that makes a bucket's pass wait (always, but in a negative control).
         let retiring = if self.has_fault(StoreFault::PassIgnoresRetiring) {
             0
         } else {
             RETIRING
         };
-        // The reading a reuse decides by, taken the first time no slot is free.
-        let mut reading = None;
-        loop {
-            let lock = (!self.has_fault(StoreFault::InsertWithoutLock))
-                .then(|| InsertLock::take(&self.insert_locks[place.home]));
-            // Another insert of this key may have come first; a live state of an earlier
-            // version is retired here, so that the key never has two live states.
-            let settles = reading.is_none() || !self.has_fault(StoreFault::ReadingSkipsSettling);
-            for bucket in std::iter::once(home).chain(other).filter(|_| settles) {
-                if needs_settling(bucket, place.fingerprint, retiring)
-                    && let Some(found) = self.settle_key_slots(bucket, place, head)
-                {
-                    return Some(found);
-                }
+        for bucket in std::iter::once(home).chain(other) {
+            if needs_settling(bucket, place.fingerprint, retiring)
+                && let Some(found) = self.settle_key_slots(bucket, place, head)
+            {
+                return Some(found);
             }
-            let claimed = claim_free(home).or_else(|| other.and_then(claim_free));
-            let (tag, previous, state) = match (claimed, reading) {
-                (Some(slot), _) => slot,
-                (None, Some(now_nanos)) => {
-                    self.reuse(place, head, now_nanos, evicted_up_to, may_defer)?
-                }
-                (None, None) => {
-                    // The clock is the user's (it may take long, or ask this service for a
-                    // decision that inserts into these buckets): it is read with the lock let
-                    // go, and the passes above are made again under the lock, as the buckets
-                    // may have changed meanwhile.
-                    drop(lock);
-                    reading = Some(now_nanos());
-                    continue;
-                }
-            };
-            let live = live_tag(head.version, place.fingerprint, previous);
-            // Release: a request whose exchange lands on this state or a later one (an Acquire
-            // fence follows it) then sees the slot's tag no earlier than `BUSY`, so it knows the
-            // slot changed hands (see `decide`).
-            self.salted(state, live).store(
-                head.limit.fresh(evicted_up_to.load(Ordering::Relaxed)),
-                Ordering::Release,
-            );
-            // Release: a reader that finds the tag (Acquire) sees the state.
-            tag.store(live, Ordering::Release);
-            return Some((tag, state, live));
         }
+        None
+    }
+
+    /// Puts a fresh state for the key at `place` in the slot this insert took (`tag`, which
+    /// held `previous`, and `state`), made as of `evicted_up_to`; the slot, with its new tag.
+    #[inline(always)]
+    fn put_fresh<'s, L: WordLimit>(
+        &self,
+        place: Place,
+        head: &StoreHead<L>,
+        evicted_up_to: &W,
+        tag: &'s W,
+        previous: u64,
+        state: &'s W,
+    ) -> (&'s W, &'s W, u64) {
+        let live = live_tag(head.version, place.fingerprint, previous);
+        // Release: a request whose exchange lands on this state or a later one (an Acquire
+        // fence follows it) then sees the slot's tag no earlier than `BUSY`, so it knows the
+        // slot changed hands (see `decide`).
+        self.salted(state, live).store(
+            head.limit.fresh(evicted_up_to.load(Ordering::Relaxed)),
+            Ordering::Release,
+        );
+        // Release: a reader that finds the tag (Acquire) sees the state.
+        tag.store(live, Ordering::Release);
+        (tag, state, live)
     }
 
     /// The insert's pass over a bucket that [`needs_settling`]: each slot's tag once no other
