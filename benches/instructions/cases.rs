@@ -57,6 +57,15 @@ fn service_capacity(clients: u64) -> usize {
     usize::try_from(4 * clients).expect("the clients fit in memory")
 }
 
+/// The capacity of the full store's case: every slot is held by an idle client before the count,
+/// so that each first request reuses one (the path of a flood of new keys through a service at
+/// its capacity).
+const FULL_STORE_CAPACITY: usize = 8_192;
+
+/// First requests that fill the full store's case: eight per slot, so that every bucket has been
+/// some key's home many times over.
+const FULL_STORE_FILL: u64 = 8 * FULL_STORE_CAPACITY as u64;
+
 /// First requests per round, each round into a fresh map (as the criterion suite's batches):
 /// the cost includes the map's growth from empty.
 pub(crate) const FIRST_REQUEST_BATCH: u64 = 10_000;
@@ -359,6 +368,18 @@ pub(crate) const CASES: &[Case] = &[
         },
     },
     Case {
+        name: "service_first_request_full_store/tollgate",
+        label: "service first request into a full store (an idle client's slot reused), default \
+                hasher",
+        decisions_per_round: 1,
+        rounds: PER_DECISION_ROUNDS,
+        run: |rounds| {
+            let service =
+                tollgate_service_of_capacity(FullStoreHasher::default(), FULL_STORE_CAPACITY);
+            drive(FullStore::new(service)?, rounds, Expect::Allowed)
+        },
+    },
+    Case {
         name: "service_first_request_foldhash/tollgate",
         label: "service first request, foldhash",
         decisions_per_round: FIRST_REQUEST_BATCH,
@@ -571,10 +592,17 @@ enum Plan {
 type TollgateService<S> = RateLimiterService<u64, Plan, MonotonicClock, S>;
 
 fn tollgate_service<S: BuildHasher + Clone>(hasher: S, clients: u64) -> TollgateService<S> {
+    tollgate_service_of_capacity(hasher, service_capacity(clients))
+}
+
+fn tollgate_service_of_capacity<S: BuildHasher + Clone>(
+    hasher: S,
+    capacity: usize,
+) -> TollgateService<S> {
     ServiceBuilder::new(Algorithm::TokenBucket, MonotonicClock::new())
         .plan(Plan::Standard, refilling_rule())
         .hasher(hasher)
-        .capacity(service_capacity(clients))
+        .capacity(capacity)
         .build()
         .expect("the rule is valid for the token bucket")
 }
@@ -658,6 +686,63 @@ impl<M: Keyed> Round for Lookup<M> {
             client + 1
         };
         u64::from(black_box(black_box(&self.map).allow(black_box(client))))
+    }
+}
+
+/// The default hasher under a type of its own: the full store's case is then an instance of the
+/// service's generic code of its own, and the other cases' instances are compiled (and inlined)
+/// as they are without it.
+#[derive(Debug, Clone, Default)]
+struct FullStoreHasher(SipState);
+
+impl BuildHasher for FullStoreHasher {
+    type Hasher = <SipState as BuildHasher>::Hasher;
+
+    #[inline]
+    fn build_hasher(&self) -> Self::Hasher {
+        self.0.build_hasher()
+    }
+}
+
+/// A request from a client the service has never seen, into a store whose every slot is held
+/// by an idle client: each takes an idle client's slot (no eviction: that changes no answer).
+struct FullStore<S: BuildHasher> {
+    service: TollgateService<S>,
+    next_client: u64,
+}
+
+impl<S: BuildHasher + Clone> FullStore<S> {
+    /// `service`, of capacity [`FULL_STORE_CAPACITY`], filled by [`FULL_STORE_FILL`] first
+    /// requests of new clients; checked to hold a client in every slot, none evicted.
+    fn new(service: TollgateService<S>) -> Result<Self, String> {
+        for client in 0..FULL_STORE_FILL {
+            if !Keyed::allow(&service, client) {
+                return Err(format!("client {client}'s first request denied"));
+            }
+        }
+        let (held, evicted) = service.held_and_evicted();
+        if held != FULL_STORE_CAPACITY || evicted != 0 {
+            return Err(format!(
+                "{held} of {FULL_STORE_CAPACITY} slots held, {evicted} evicted: the store did \
+                 not fill with idle clients"
+            ));
+        }
+        Ok(FullStore {
+            service,
+            next_client: FULL_STORE_FILL,
+        })
+    }
+}
+
+impl<S: BuildHasher> Round for FullStore<S> {
+    #[inline]
+    fn round(&mut self) -> u64 {
+        let client = self.next_client;
+        self.next_client += 1;
+        u64::from(black_box(Keyed::allow(
+            black_box(&self.service),
+            black_box(client),
+        )))
     }
 }
 

@@ -182,8 +182,11 @@ pub(crate) fn render(release: &Value, release_lto: &Value) -> Result<String, Err
          first: governor's default-sized (its growth included), tollgate's of capacity four \
          times the clients (allocated when the service is built, not counted; a capacity of \
          exactly the clients would not hold them all, and a lookup of a client that lost its \
-         slot would count an insert). A ratio above 1.00x is a case where tollgate executes more \
-         instructions than governor.\n",
+         slot would count an insert). *Into a full store*: a first request into a service of \
+         capacity 8 192 whose every slot holds an idle client, so that it reuses one (the path \
+         of a flood of new keys through a service at its capacity; governor's map has no \
+         capacity, and grows instead). A ratio above 1.00x is a case where tollgate executes \
+         more instructions than governor.\n",
         section::INSTRUCTIONS.begin,
         text("source")?,
         text("valgrind")?,
