@@ -205,20 +205,24 @@ pub(crate) const CAROL: u64 = 3;
 pub(crate) fn check_first_requests(fault: StoreFault) {
     explore(3, move || {
         let model = Arc::new(ModelStore::new([bucket(1), bucket(1)], fault));
-        // Every racing request on a thread of its own (not the model's main thread), so that
-        // loom interleaves them.
-        let [here, there] = [0, 1].map(|_| {
-            let model = Arc::clone(&model);
-            thread::spawn(move || model.request(ALICE, 0))
-        });
-        let here = here.join().expect("a request panicked");
-        let there = there.join().expect("a request panicked");
-        assert!(
-            !(here && there),
-            "more than one state for one client: both first requests granted"
-        );
-        assert!(here || there, "one of the first requests is granted");
+        race_two_first_requests(&model);
     });
+}
+
+/// Two first requests of Alice (a bucket of one permit) racing, each on a thread of its own (not
+/// the model's main thread), so that loom interleaves them: exactly one is granted.
+fn race_two_first_requests(model: &Arc<ModelStore>) {
+    let [here, there] = [0, 1].map(|_| {
+        let model = Arc::clone(model);
+        thread::spawn(move || model.request(ALICE, 0))
+    });
+    let here = here.join().expect("a request panicked");
+    let there = there.join().expect("a request panicked");
+    assert!(
+        !(here && there),
+        "more than one state for one client: both first requests granted"
+    );
+    assert!(here || there, "one of the first requests is granted");
 }
 
 /// Two first requests of one client race into a full bucket (two other clients, each with its
@@ -232,17 +236,7 @@ pub(crate) fn check_first_requests_into_a_full_bucket(fault: StoreFault) {
             model.request(BOB, 0) && model.request(CAROL, 0),
             "the prefill"
         );
-        let [here, there] = [0, 1].map(|_| {
-            let model = Arc::clone(&model);
-            thread::spawn(move || model.request(ALICE, 0))
-        });
-        let here = here.join().expect("a request panicked");
-        let there = there.join().expect("a request panicked");
-        assert!(
-            !(here && there),
-            "more than one state for one client: both first requests granted"
-        );
-        assert!(here || there, "one of the first requests is granted");
+        race_two_first_requests(&model);
     });
 }
 
