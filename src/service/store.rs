@@ -546,17 +546,19 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
 
     /// Puts a fresh state for the key at `place` under `head` (made as of `evicted_up_to`, read
     /// after any retirement this call makes) unless a live one made under `head`'s version or a
-    /// later one is there. Only where no slot is free does it read `now_nanos` (most inserts
-    /// take a free slot and need no reading), which decides which states are idle, and which
-    /// it publishes in `evicted_up_to` before it retires a state to reuse its slot. Returns
-    /// the slot of the key's state, put or found, with its tag; `None` when every state it
-    /// tried to take for reuse changed first, or when `may_defer` and it put back the state it
-    /// was to evict for a slot another thread is freeing (the decision inserts again).
+    /// later one is there. Only where no slot is free does it call `reading` (most inserts
+    /// take a free slot and need none): the clock's reading, which decides which states are
+    /// idle, and which it publishes in `evicted_up_to` before it retires a state to reuse its
+    /// slot; or `None` where `head` is no longer the plan's (the limits changed while the clock
+    /// was read). Returns the slot of the key's state, put or found, with its tag; `None` when
+    /// the limits changed so, when every state it tried to take for reuse changed first, or
+    /// when `may_defer` and it put back the state it was to evict for a slot another thread is
+    /// freeing (the decision looks again, under the plan's limits as they are then).
     pub fn insert<L: WordLimit>(
         &self,
         place: Place,
         head: &StoreHead<L>,
-        now_nanos: impl FnOnce() -> u64,
+        reading: impl FnOnce() -> Option<u64>,
         evicted_up_to: &W,
         may_defer: bool,
     ) -> Option<(&W, &W, u64)> {
@@ -572,7 +574,7 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
             // The clock is the user's (it may take long, or ask this service for a decision
             // that inserts into these buckets): it is read with the lock let go.
             drop(lock);
-            return self.insert_reusing(place, head, now_nanos(), evicted_up_to, may_defer);
+            return self.insert_reusing(place, head, reading()?, evicted_up_to, may_defer);
         };
         Some(self.put_fresh(place, head, evicted_up_to, tag, previous, state))
     }
@@ -918,8 +920,16 @@ where
         // buckets are looked up again only if that does not answer.
         let may_defer = inserts <= EVICTION_DEFERRALS;
         before_insert();
+        // The reading of an insert that must reuse a slot, taken with its lock let go. A reuse
+        // under limits replaced meanwhile would take states made under them for current ones,
+        // and evict one (counted) where it could take it freely: it is made only under the
+        // limits still in force after the reading.
+        let reading = || {
+            let now = now_nanos();
+            (plan.head().version == head.version).then_some(now)
+        };
         if let Some((tag, state, seen)) =
-            store.insert(place, &head, &now_nanos, evicted_up_to, may_defer)
+            store.insert(place, &head, reading, evicted_up_to, may_defer)
             && let Some(answer) = decide_on_slot(store, plan, request, tag, state, seen)
         {
             return Stored::Answer(answer);
