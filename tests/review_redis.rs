@@ -15,6 +15,10 @@ use tollgate::redis::{CircuitBreaker, FailurePolicy, RedisError, RedisRateLimite
 use tollgate::tower::RedisClientName;
 use tollgate::{Algorithm, Decision, FakeClock, Limiter, Rule, SlidingWindowLog};
 
+/// The timeout of the limiters whose decisions these tests compare: their figures are checked,
+/// not their latency, and a call on a loaded machine may take longer than the default (50 ms).
+const DECISION_TIMEOUT: Duration = Duration::from_secs(5);
+
 const SECOND_US: u64 = 1_000_000;
 
 /// One request of a history: at `at_us`, `n` permits, or a peek.
@@ -75,6 +79,7 @@ async fn play(
     requests: &[Request],
 ) -> Result<(), String> {
     let redis = RedisRateLimiter::builder(server.url(), Algorithm::SlidingWindowLog)
+        .timeout(DECISION_TIMEOUT)
         .plan_limits("plan", rules.iter().copied())
         .build()
         .await
@@ -334,6 +339,7 @@ async fn a_foreign_key_anywhere_in_a_plan_is_named_and_nothing_is_written() {
     let mut connection = server.connection().await;
     for algorithm in Algorithm::ALL {
         let redis = RedisRateLimiter::builder(server.url(), algorithm)
+            .timeout(DECISION_TIMEOUT)
             .plan_limits(
                 "plan",
                 [
@@ -460,6 +466,7 @@ async fn the_deny_cache_answers_only_what_was_denied() {
     for algorithm in Algorithm::ALL {
         for capacity in [1, 4, 100_000] {
             let redis = RedisRateLimiter::builder(server.url(), algorithm)
+                .timeout(DECISION_TIMEOUT)
                 .plan("a", Rule::per_minute(3).unwrap())
                 .plan("b", Rule::per_minute(3).unwrap())
                 .deny_cache(capacity)
@@ -582,6 +589,7 @@ async fn cluster_plans_of_several_limits_for_clients_named_with_braces() {
     let cluster = RedisCluster::start();
     for algorithm in Algorithm::ALL {
         let redis = RedisRateLimiter::builder(cluster.url(), algorithm)
+            .timeout(DECISION_TIMEOUT)
             .plan_limits(
                 "plan",
                 [
@@ -612,6 +620,7 @@ async fn cluster_plans_of_several_limits_for_clients_named_with_braces() {
 async fn tower_client_names_keep_distinct_keys_distinct_limits() {
     let server = RedisServer::start();
     let redis = RedisRateLimiter::builder(server.url(), Algorithm::FixedWindow)
+        .timeout(DECISION_TIMEOUT)
         .plan("free", Rule::per_minute(1).unwrap())
         .build()
         .await
@@ -687,6 +696,7 @@ async fn a_log_key_expires_with_its_newest_batch() {
     let mut connection = server.connection().await;
     let window = Duration::from_millis(300);
     let redis = RedisRateLimiter::builder(server.url(), Algorithm::SlidingWindowLog)
+        .timeout(DECISION_TIMEOUT)
         .plan("free", Rule::new(5, window).unwrap())
         .build()
         .await
@@ -714,6 +724,7 @@ async fn a_step_back_joins_the_newest_batch_and_the_key_lives_until_it_leaves() 
     let mut connection = server.connection().await;
     let window_us = 2 * SECOND_US;
     let redis = RedisRateLimiter::builder(server.url(), Algorithm::SlidingWindowLog)
+        .timeout(DECISION_TIMEOUT)
         .plan(
             "free",
             Rule::new(4, Duration::from_micros(window_us)).unwrap(),
