@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use ::redis::AsyncCommands;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use redis_support::RedisServer;
+use redis_support::{DECISION_TIMEOUT, RedisServer};
 use tollgate::redis::{
     CircuitBreaker, FailurePolicy, RedisError, RedisRateLimiter, RedisRateLimiterBuilder, Source,
 };
@@ -39,7 +39,7 @@ async fn limiter(
         .plan("free", rule)
         // These tests check decisions, not failures: a round trip slowed by a loaded machine
         // must not fail them (the fault tests below set their own timeouts).
-        .timeout(Duration::from_secs(2))
+        .timeout(DECISION_TIMEOUT)
         .build()
         .await
         .unwrap()
@@ -351,6 +351,7 @@ async fn round_trips_spread_over_several_connections_keep_the_limit() {
     let clients_before = client_count(&mut inspect).await;
     let redis = Arc::new(
         RedisRateLimiter::builder(server.url(), Algorithm::SlidingWindowLog)
+            .timeout(DECISION_TIMEOUT)
             .plan("free", Rule::per_hour(40).unwrap())
             .connections(4)
             .deny_cache(0)
@@ -461,6 +462,7 @@ async fn a_denial_writes_nothing() {
     for algorithm in ALGORITHMS {
         let rule = Rule::per_hour(2).unwrap();
         let redis = RedisRateLimiter::builder(server.url(), algorithm)
+            .timeout(DECISION_TIMEOUT)
             .plan("free", rule)
             .deny_cache(0)
             .build()
@@ -496,6 +498,7 @@ async fn a_plan_with_several_limits_takes_from_all_or_none() {
         let per_second = Rule::per_second(3).unwrap();
         let per_minute = Rule::per_minute(5).unwrap();
         let redis = RedisRateLimiter::builder(server.url(), algorithm)
+            .timeout(DECISION_TIMEOUT)
             .plan_limits("free", [per_second, per_minute])
             .build()
             .await
@@ -775,6 +778,7 @@ async fn a_wrong_password_is_an_authentication_error_that_hides_the_password() {
     assert!(message.contains("password"), "{message}");
     let url = format!("redis://:right-one@127.0.0.1:{}", server.port());
     let redis = RedisRateLimiter::builder(url, Algorithm::TokenBucket)
+        .timeout(DECISION_TIMEOUT)
         .plan("free", Rule::per_second(5).unwrap())
         .build()
         .await
@@ -1095,6 +1099,7 @@ async fn a_plans_keys_share_one_cluster_slot_so_its_script_runs_on_a_cluster() {
     );
     for algorithm in ALGORITHMS {
         let redis = RedisRateLimiter::builder(server.url(), algorithm)
+            .timeout(DECISION_TIMEOUT)
             .plan_limits(
                 "free",
                 [Rule::per_second(3).unwrap(), Rule::per_minute(5).unwrap()],

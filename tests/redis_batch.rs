@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ::redis::Value;
-use redis_support::{RedisServer, Rng, join_all};
+use redis_support::{DECISION_TIMEOUT, RedisServer, Rng, join_all};
 use tollgate::redis::{Answer, RedisError, RedisRateLimiter, RedisRateLimiterBuilder};
 use tollgate::{Algorithm, Rule};
 
@@ -43,7 +43,7 @@ async fn limiter(server: &RedisServer, algorithm: Algorithm, prefix: &str, batch
     let mut builder = RedisRateLimiter::builder(server.url(), algorithm)
         .key_prefix(prefix)
         .batch_size(batch)
-        .timeout(Duration::from_secs(5));
+        .timeout(DECISION_TIMEOUT);
     for (plan, rules) in plans() {
         builder = builder.plan_limits(plan, rules);
     }
@@ -285,7 +285,7 @@ async fn concurrent_tasks_are_admitted_exactly_the_limit() {
                 .plan("hour", Rule::new(100, Duration::from_secs(3600)).unwrap())
                 .batch_size(RedisRateLimiterBuilder::<&str>::MAX_BATCH_SIZE)
                 .deny_cache(0)
-                .timeout(Duration::from_secs(5))
+                .timeout(DECISION_TIMEOUT)
                 .build()
                 .await
                 .unwrap(),

@@ -9,7 +9,7 @@ mod redis_support;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use redis_support::{RedisCluster, RedisServer};
+use redis_support::{DECISION_TIMEOUT, RedisCluster, RedisServer};
 use tollgate::redis::{
     CircuitBreaker, FailurePolicy, GivenBack, RedisError, RedisRateLimiter, Source,
 };
@@ -27,6 +27,7 @@ async fn limiter(
     prefix: &str,
 ) -> RedisRateLimiter<&'static str> {
     RedisRateLimiter::builder(cluster.url(), algorithm)
+        .timeout(DECISION_TIMEOUT)
         .plan_limits(
             "free",
             [Rule::per_hour(5).unwrap(), Rule::per_minute(4).unwrap()],

@@ -21,7 +21,7 @@ mod redis_support;
 
 use std::time::Duration;
 
-use redis_support::RedisServer;
+use redis_support::{DECISION_TIMEOUT, RedisServer};
 use tollgate::redis::{GivenBack, RedisRateLimiter};
 use tollgate::{Algorithm, Decision, Rule};
 
@@ -115,7 +115,7 @@ async fn limiter(
     }
     RedisRateLimiter::builder(server.url(), algorithm)
         .plan_limits("p", rules)
-        .timeout(Duration::from_secs(5))
+        .timeout(DECISION_TIMEOUT)
         .build()
         .await
         .expect("the limiter builds")
@@ -357,6 +357,7 @@ fn a_give_back_forgets_the_nodes_cached_denial_of_the_client() {
     runtime().block_on(async {
         for algorithm in Algorithm::ALL {
             let limiter = RedisRateLimiter::builder(server.url(), algorithm)
+                .timeout(DECISION_TIMEOUT)
                 .plan("p", Rule::per_hour(5).unwrap())
                 .key_prefix(format!("cache-{algorithm}"))
                 .build()
@@ -393,7 +394,7 @@ fn a_grant_on_a_log_of_the_largest_limit_is_given_back_exactly() {
         let limit = 65_536;
         let limiter = RedisRateLimiter::builder(server.url(), Algorithm::SlidingWindowLog)
             .plan("p", Rule::new(limit, Duration::from_secs(3_600)).unwrap())
-            .timeout(Duration::from_secs(5))
+            .timeout(DECISION_TIMEOUT)
             .build()
             .await
             .unwrap();

@@ -4,7 +4,7 @@
 
 mod redis_support;
 
-use redis_support::RedisServer;
+use redis_support::{DECISION_TIMEOUT, RedisServer};
 use tollgate::redis::{RedisError, RedisRateLimiter, Source};
 use tollgate::{Algorithm, Rule};
 
@@ -56,6 +56,7 @@ async fn a_replicas_url_is_refused_at_build_and_named_at_the_first_grant_when_la
 
     // The primary is fine.
     let redis = RedisRateLimiter::builder(primary.url(), Algorithm::TokenBucket)
+        .timeout(DECISION_TIMEOUT)
         .plan("free", Rule::per_second(5).unwrap())
         .build()
         .await
@@ -72,7 +73,7 @@ mod tls {
     use tollgate::redis::{RedisError, RedisRateLimiter, Source};
     use tollgate::{Algorithm, Rule};
 
-    use super::redis_support::{RedisCluster, RedisServer, ScratchDir};
+    use super::redis_support::{DECISION_TIMEOUT, RedisCluster, RedisServer, ScratchDir};
 
     /// A certificate authority: its certificate in PEM, and the issuer to sign with.
     fn authority(name: &str) -> CertifiedIssuer<'static, KeyPair> {
@@ -129,6 +130,7 @@ mod tls {
 
         for algorithm in Algorithm::ALL {
             let redis = RedisRateLimiter::builder(url.clone(), algorithm)
+                .timeout(DECISION_TIMEOUT)
                 .plan("free", Rule::per_hour(2).unwrap())
                 .tls_root_certificate(ca.pem())
                 .build()

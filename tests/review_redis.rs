@@ -10,14 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ::redis::AsyncCommands;
-use redis_support::{RedisCluster, RedisServer, Rng};
+use redis_support::{DECISION_TIMEOUT, RedisCluster, RedisServer, Rng};
 use tollgate::redis::{CircuitBreaker, FailurePolicy, RedisError, RedisRateLimiter, Source};
 use tollgate::tower::RedisClientName;
 use tollgate::{Algorithm, Decision, FakeClock, Limiter, Rule, SlidingWindowLog};
-
-/// The timeout of the limiters whose decisions these tests compare: their figures are checked,
-/// not their latency, and a call on a loaded machine may take longer than the default (50 ms).
-const DECISION_TIMEOUT: Duration = Duration::from_secs(5);
 
 const SECOND_US: u64 = 1_000_000;
 
@@ -429,6 +425,7 @@ async fn one_clients_unreadable_log_is_its_own_error_and_opens_no_circuit() {
     let server = RedisServer::start();
     let mut connection = server.connection().await;
     let redis = RedisRateLimiter::builder(server.url(), Algorithm::SlidingWindowLog)
+        .timeout(DECISION_TIMEOUT)
         .plan("free", Rule::per_minute(1).unwrap())
         .failure_policy(FailurePolicy::FailOpen)
         .build()

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ::redis::{AsyncCommands, Value};
-use redis_support::{RedisServer, Rng, join_all, ttls_within};
+use redis_support::{DECISION_TIMEOUT, RedisServer, Rng, join_all, ttls_within};
 use tollgate::redis::{
     Answer, CircuitBreaker, FailurePolicy, RedisError, RedisRateLimiter, RedisRateLimiterBuilder,
     RedisStats, Source,
@@ -63,7 +63,7 @@ fn builder(
     let mut builder = RedisRateLimiter::builder(server.url(), algorithm)
         .key_prefix(prefix)
         .batch_size(batch)
-        .timeout(Duration::from_secs(5));
+        .timeout(DECISION_TIMEOUT);
     for (plan, rules) in plans() {
         builder = builder.plan_limits(plan, rules);
     }
@@ -287,7 +287,7 @@ async fn an_unreadable_log_in_a_batch_is_the_clients_own_error() {
                 .plan("free", Rule::per_minute(100).unwrap())
                 .failure_policy(policy)
                 .batch_size(batch)
-                .timeout(Duration::from_secs(5))
+                .timeout(DECISION_TIMEOUT)
                 .build()
         };
         let batched: Redis = make("batched", MAX_BATCH).await.unwrap();

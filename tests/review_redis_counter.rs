@@ -34,7 +34,7 @@ mod redis_support;
 use std::time::Duration;
 
 use ::redis::aio::MultiplexedConnection;
-use redis_support::{RedisServer, Rng, gcd, inverse_mod};
+use redis_support::{DECISION_TIMEOUT, RedisServer, Rng, gcd, inverse_mod};
 use tollgate::redis::{Answer, RedisRateLimiter};
 use tollgate::{
     Algorithm, Decision, FakeClock, Limiter, RateLimiterService, Rejection, Rule, ServiceBuilder,
@@ -363,7 +363,7 @@ struct Harness {
 async fn limiter(server: &RedisServer, rules: &[Rule]) -> Redis {
     RedisRateLimiter::builder(server.url(), Algorithm::SlidingWindowCounter)
         .plan_limits("p", rules.iter().copied())
-        .timeout(Duration::from_secs(5))
+        .timeout(DECISION_TIMEOUT)
         .build()
         .await
         .unwrap()

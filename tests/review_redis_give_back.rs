@@ -27,7 +27,7 @@ use redis::aio::MultiplexedConnection;
 use redis_support::grants::{
     Limiter, YEAR, drain, limiter_with, multi_thread_runtime, per_year, reserve, take,
 };
-use redis_support::{RedisServer, Rng};
+use redis_support::{DECISION_TIMEOUT, RedisServer, Rng};
 use tollgate::envoy::proto::RateLimitRequest;
 use tollgate::envoy::proto::rate_limit_response::Code;
 use tollgate::envoy::{RateLimitServer, RlsConfig, StateStore};
@@ -1146,7 +1146,7 @@ fn a_denial_cached_before_a_give_back_does_not_outlive_it() {
             // The default deny cache.
             let limiter = RedisRateLimiter::builder(server.url(), algorithm)
                 .plan_limits("p", vec![per_year(3)])
-                .timeout(Duration::from_secs(5))
+                .timeout(DECISION_TIMEOUT)
                 .build()
                 .await
                 .unwrap();
@@ -1230,7 +1230,7 @@ fn envoy_on_redis_a_give_back_elsewhere_is_seen_within_the_deny_caches_hold() {
         let other = RedisRateLimiter::builder(redis.url(), Algorithm::FixedWindow)
             .key_prefix("tollgate-rls")
             .plan_limits(plan.clone(), vec![per_year(3)])
-            .timeout(Duration::from_secs(5))
+            .timeout(DECISION_TIMEOUT)
             .build()
             .await
             .unwrap();

@@ -13,7 +13,7 @@ use redis::aio::MultiplexedConnection;
 use redis_support::grants::{
     Limiter, YEAR, drain, limiter_on, multi_thread_runtime as runtime, per_year, reserve, take,
 };
-use redis_support::{RedisCluster, RedisServer};
+use redis_support::{DECISION_TIMEOUT, RedisCluster, RedisServer};
 use tollgate::redis::{GivenBack, RedisGrant, RedisRateLimiter};
 use tollgate::{Algorithm, Rule};
 
@@ -161,6 +161,7 @@ fn only_a_committed_reservation_leaves_a_record_and_it_expires() {
             )
             .await;
             let single = RedisRateLimiter::builder(server.url(), algorithm)
+                .timeout(DECISION_TIMEOUT)
                 .deny_cache(0)
                 .plan("p", per_year(1))
                 .build()

@@ -39,7 +39,9 @@ use std::time::{Duration, Instant};
 
 use ::redis::Value;
 use ::redis::aio::MultiplexedConnection;
-use redis_support::{RedisCluster, RedisServer, Rng, gcd, inverse_mod, ttls_within};
+use redis_support::{
+    DECISION_TIMEOUT, RedisCluster, RedisServer, Rng, gcd, inverse_mod, ttls_within,
+};
 use tollgate::redis::{
     Answer, CircuitBreaker, FailurePolicy, GivenBack, RedisError, RedisRateLimiter, Source,
 };
@@ -327,6 +329,7 @@ async fn plant_foreign(
 async fn the_composed_scripts_here_are_the_ones_the_limiter_loads() {
     let server = RedisServer::start();
     let _redis: Redis = RedisRateLimiter::builder(server.url(), Algorithm::TokenBucket)
+        .timeout(DECISION_TIMEOUT)
         .plan("p", Rule::per_second(1).unwrap())
         .build()
         .await
@@ -863,7 +866,7 @@ async fn limiter(server: &RedisServer, algorithm: Algorithm, rules: &[Rule]) -> 
     RedisRateLimiter::builder(server.url(), algorithm)
         .plan_limits("p", rules.iter().copied())
         .deny_cache(0)
-        .timeout(Duration::from_secs(5))
+        .timeout(DECISION_TIMEOUT)
         .build()
         .await
         .unwrap()

@@ -20,7 +20,7 @@ use http_body_util::{BodyExt, Empty, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use redis_support::RedisServer;
+use redis_support::{DECISION_TIMEOUT, RedisServer};
 use tollgate::redis::{FailurePolicy, RedisRateLimiter};
 use tollgate::tower::{RateLimitLayer, RedisBackend, key_fn};
 use tollgate::{Algorithm, Rule};
@@ -41,6 +41,7 @@ const LIMIT: u64 = 3;
 
 async fn limiter(url: &str, policy: FailurePolicy) -> Arc<RedisRateLimiter<&'static str>> {
     let limiter = RedisRateLimiter::builder(url, Algorithm::SlidingWindowLog)
+        .timeout(DECISION_TIMEOUT)
         .plan("free", Rule::new(LIMIT, Duration::from_secs(60)).unwrap())
         .failure_policy(policy)
         .build()
@@ -441,6 +442,7 @@ async fn api_servers_whose_redis_is_down_answer_as_their_failure_policies_say() 
 async fn the_layer_over_redis_lists_each_limit_of_a_plan_of_several() {
     let server = RedisServer::start();
     let limiter = RedisRateLimiter::builder(server.url(), Algorithm::FixedWindow)
+        .timeout(DECISION_TIMEOUT)
         .plan_limits(
             "free",
             [

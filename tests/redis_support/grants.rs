@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use super::DECISION_TIMEOUT;
 use tollgate::redis::{RedisGrant, RedisRateLimiter};
 use tollgate::{Algorithm, Rule};
 
@@ -31,7 +32,7 @@ pub(crate) async fn limiter_with(
     plans: &[(&'static str, Vec<Rule>)],
 ) -> Limiter {
     let mut builder = RedisRateLimiter::builder(url.to_owned(), algorithm)
-        .timeout(Duration::from_secs(5))
+        .timeout(DECISION_TIMEOUT)
         .deny_cache(0);
     for (plan, rules) in plans {
         builder = builder.plan_limits(*plan, rules.clone());

@@ -14,6 +14,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+/// The round-trip timeout of a limiter whose decisions a test checks: its answers are checked,
+/// not its latency, and on a loaded machine a call can take longer than the default (50 ms),
+/// which would turn an answer into the failure policy's. Tests of failures set their own.
+pub(crate) const DECISION_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// A small deterministic generator (xorshift64*) for the randomized Redis tests, so that a
 /// failure names its seed.
 #[derive(Debug, Clone)]
