@@ -687,6 +687,12 @@ fn store_inserting_without_the_lock_fails_first_requests_model() {
 
 #[test]
 #[should_panic(expected = "more than one state for one client")]
+fn store_holdings_read_after_the_look_fail_first_requests_model() {
+    crate::store::check_first_requests(StoreFault::HoldingsReadAfterTheLook);
+}
+
+#[test]
+#[should_panic(expected = "more than one state for one client")]
 fn store_insert_not_settling_again_after_its_reading_fails_full_bucket_model() {
     crate::store::check_first_requests_into_a_full_bucket(StoreFault::ReadingSkipsSettling);
 }

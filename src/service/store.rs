@@ -20,8 +20,8 @@
 //! anew, or (when an idle state turned out active) puts the tag back. Decisions change only the
 //! state, by the method's own exchange, so a retirement never lands on a state other than the
 //! one whose tag it won. One lock word per bucket serializes the inserts of the keys whose
-//! home the bucket is; decisions never take it. A one-word client costs 16 bytes, and the locks
-//! one more per client.
+//! home the bucket is, and counts its holdings; decisions never take it. A one-word client
+//! costs 16 bytes, and the locks one more per client.
 //!
 //! Keys are not stored: a key is its fingerprint and its two buckets (its *home*, from the
 //! hash's high bits, and another from a remix of it). Two keys share a state only if they share
@@ -40,7 +40,10 @@
 //!   made under an earlier version is retired and its slot freed; a retired state (evicted,
 //!   swept or being replaced) makes the probe go on, and then insert.
 //! - **Insert** ([`ClientStore::insert`]), under the home bucket's lock: a live state for the
-//!   key put meanwhile is used; otherwise the first free slot of the two buckets is claimed
+//!   key put meanwhile is used (looked for only where the decision's look at the buckets saw
+//!   a tag with the key's fingerprint, or where the lock was held between the decision's
+//!   reading of its count of holdings, before that look, and this insert: see
+//!   [`ClientStore::holdings`]); otherwise the first free slot of the two buckets is claimed
 //!   (compare-and-swap of its tag from free to `BUSY`); otherwise a slot is *reused*: one made
 //!   under an earlier version, else one whose state is indistinguishable from fresh (retired by
 //!   one exchange on its state, so a state that is admitting is never taken), else the state
@@ -242,6 +245,10 @@ pub enum StoreFault {
     /// An insert back under its lock after reading the clock does not make its passes again: a
     /// state another insert put for the key meanwhile is not found, and the key gets two.
     ReadingSkipsSettling,
+    /// A decision reads its home lock's count of holdings after its look at the buckets, not
+    /// before: an insert of the key between the look and the count goes unseen, the decision's
+    /// insert skips its passes, and the key gets two states.
+    HoldingsReadAfterTheLook,
 }
 
 /// What one limit of a plan does to a state word, as the store needs it (the method's own
@@ -550,9 +557,12 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
     /// take a free slot and need none): the clock's reading, which decides which states are
     /// idle, and which it publishes in `evicted_up_to` before it retires a state to reuse its
     /// slot; or `None` where `head` is no longer the plan's (the limits changed while the clock
-    /// was read). Returns the slot of the key's state, put or found, with its tag; `None` when
-    /// the limits changed so, when every state it tried to take for reuse changed first, or
-    /// when `may_defer` and it put back the state it was to evict for a slot another thread is
+    /// was read). `absent_as_of` is the home lock's count of holdings ([`ClientStore::holdings`])
+    /// before a look that found no tag of the key's in either bucket, if there was one: where
+    /// the lock is taken at that count, the insert skips its passes over the buckets.
+    /// Returns the slot of the key's state, put or found, with its tag; `None` when the limits
+    /// changed so, when every state it tried to take for reuse changed first, or when
+    /// `may_defer` and it put back the state it was to evict for a slot another thread is
     /// freeing (the decision looks again, under the plan's limits as they are then).
     pub fn insert<L: WordLimit>(
         &self,
@@ -561,12 +571,18 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
         reading: impl FnOnce() -> Option<u64>,
         evicted_up_to: &W,
         may_defer: bool,
+        absent_as_of: Option<u64>,
     ) -> Option<(&W, &W, u64)> {
         // The key's buckets, home first (the other computed once, for both passes).
         let home = &self.buckets[place.home];
         let other = self.other_bucket(place);
-        let lock = self.insert_lock(place);
-        if let Some(found) = self.find_settled(place, head, home, other) {
+        let lock = self.insert_lock(place, absent_as_of);
+        // No insert since the look that found no state of the key's: none is there now (see
+        // `holdings`), and no slot needs waiting for (a free one is claimed below; where none
+        // is, `insert_reusing` makes its passes).
+        let absent =
+            matches!((&lock, absent_as_of), (Some(lock), Some(count)) if lock.holdings() == count);
+        if !absent && let Some(found) = self.find_settled(place, head, home, other) {
             return Some(found);
         }
         let Some((tag, previous, state)) = claim_free(home).or_else(|| other.and_then(claim_free))
@@ -594,7 +610,7 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
     ) -> Option<(&W, &W, u64)> {
         let home = &self.buckets[place.home];
         let other = self.other_bucket(place);
-        let _lock = self.insert_lock(place);
+        let _lock = self.insert_lock(place, None);
         if !self.has_fault(StoreFault::ReadingSkipsSettling)
             && let Some(found) = self.find_settled(place, head, home, other)
         {
@@ -607,11 +623,30 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
         Some(self.put_fresh(place, head, evicted_up_to, tag, previous, state))
     }
 
-    /// The insert lock of `place`'s home bucket, taken (but in a negative control).
+    /// The word of `place`'s home insert lock, if no insert holds it: the count of its
+    /// holdings so far. A decision reads it before it looks for the key; if its insert then
+    /// takes the lock at the same count, no state was put for the key in between (a key's
+    /// states are put only under its home's lock), so what that look found still stands.
+    ///
+    /// Why it stands: the Acquire load here reads the count the last holding released
+    /// (Release), so every tag put under the lock until then is seen by the look's (Acquire)
+    /// loads of the tags that follow, as put or as changed since. A tag changed since is still
+    /// the key's while it is being retired (its fingerprint stays until it is freed), and is
+    /// no longer the key's once freed or taken by another key: a state of the key that the
+    /// look missed could only come from a holding after this load, which the count shows.
     #[inline(always)]
-    fn insert_lock(&self, place: Place) -> Option<InsertLock<'_, W>> {
+    pub fn holdings(&self, place: Place) -> Option<u64> {
+        // Acquire: see above.
+        let word = self.insert_locks[place.home].load(Ordering::Acquire);
+        (word & HELD == 0).then_some(word)
+    }
+
+    /// The insert lock of `place`'s home bucket, taken (but in a negative control); first tried
+    /// from the word `expected` (a count of holdings read earlier), if any.
+    #[inline(always)]
+    fn insert_lock(&self, place: Place, expected: Option<u64>) -> Option<InsertLock<'_, W>> {
         (!self.has_fault(StoreFault::InsertWithoutLock))
-            .then(|| InsertLock::take(&self.insert_locks[place.home]))
+            .then(|| InsertLock::take(&self.insert_locks[place.home], expected))
     }
 
     /// The insert's passes over the key's buckets (`home`, then `other`), under the insert
@@ -892,16 +927,28 @@ where
     R: WordRequest<W, P::Limit>,
 {
     let mut inserts = 0;
-    // The home bucket was looked up already, for the first pass.
-    let mut from_home = false;
     loop {
-        let home = from_home.then(|| &store.buckets[place.home]);
-        for bucket in home.into_iter().chain(store.other_bucket(place)) {
-            if let Some(answer) = decide_in_bucket(store, bucket, place, plan, request) {
-                return Stored::Answer(answer);
+        // The home lock's count of holdings, read before this look at both buckets (the home
+        // one again: the count must come first): if the look finds no tag of the key's and the
+        // insert takes the lock at this count, the insert skips its passes (see `holdings`).
+        let count_first = !store.has_fault(StoreFault::HoldingsReadAfterTheLook);
+        let mut holdings = if count_first {
+            store.holdings(place)
+        } else {
+            None
+        };
+        let mut key_seen = false;
+        for bucket in store.buckets(place) {
+            match probe(store, bucket, place, plan, request) {
+                Probed::Answer(answer) => return Stored::Answer(answer),
+                Probed::KeySeen => key_seen = true,
+                Probed::KeyAbsent => {}
             }
         }
-        from_home = true;
+        if !count_first {
+            holdings = store.holdings(place);
+        }
+        let absent_as_of = holdings.filter(|_| !key_seen);
         let head = plan.head();
         if !head.kept {
             return Stored::Elsewhere;
@@ -928,9 +975,14 @@ where
             let now = now_nanos();
             (plan.head().version == head.version).then_some(now)
         };
-        if let Some((tag, state, seen)) =
-            store.insert(place, &head, reading, evicted_up_to, may_defer)
-            && let Some(answer) = decide_on_slot(store, plan, request, tag, state, seen)
+        if let Some((tag, state, seen)) = store.insert(
+            place,
+            &head,
+            reading,
+            evicted_up_to,
+            may_defer,
+            absent_as_of,
+        ) && let Some(answer) = decide_on_slot(store, plan, request, tag, state, seen)
         {
             return Stored::Answer(answer);
         }
@@ -953,15 +1005,49 @@ where
     P::Limit: WordLimit,
     R: WordRequest<W, P::Limit>,
 {
+    match probe(store, bucket, place, plan, request) {
+        Probed::Answer(answer) => Some(answer),
+        Probed::KeySeen | Probed::KeyAbsent => None,
+    }
+}
+
+/// What a look at one bucket for a key found.
+enum Probed<A> {
+    /// The answer of a slot of the key's.
+    Answer(A),
+    /// A tag with the key's fingerprint, whose slot did not answer (a state retired meanwhile,
+    /// of an earlier version, or another key's of the same fingerprint).
+    KeySeen,
+    /// No tag with the key's fingerprint.
+    KeyAbsent,
+}
+
+/// [`decide_in_bucket`], saying also whether the bucket had a tag with the key's fingerprint.
+#[inline(always)]
+fn probe<W, const B: usize, P, R>(
+    store: &ClientStore<W, B>,
+    bucket: &Bucket<W, B>,
+    place: Place,
+    plan: &P,
+    request: &R,
+) -> Probed<R::Answer>
+where
+    W: AtomicWord,
+    P: StorePlan,
+    P::Limit: WordLimit,
+    R: WordRequest<W, P::Limit>,
+{
     // Where the first slot with the key's fingerprint is, by a loop of constant length that
     // holds nothing else (unrolled: a few instructions a slot, for a bucket that answers or
     // not); then slot by slot from there, past a slot that does not answer (a state retired
     // meanwhile, or another key's of the same fingerprint).
-    let first = (0..B).position(|at| {
+    let Some(first) = (0..B).position(|at| {
         // Acquire: pairs with the Release that published the tag (a state's, or a freed
         // slot's), as every read of the probe (the loop below reads again the one it decides on).
         bucket.tags[at].load(Ordering::Acquire) & FINGERPRINT == place.fingerprint
-    })?;
+    }) else {
+        return Probed::KeyAbsent;
+    };
     for at in first..B {
         let (tag, state) = (&bucket.tags[at], &bucket.states[at]);
         // Acquire: pairs with the Release that published the tag after its state.
@@ -969,10 +1055,10 @@ where
         if seen & FINGERPRINT == place.fingerprint
             && let Some(answer) = decide_on_slot(store, plan, request, tag, state, seen)
         {
-            return Some(answer);
+            return Probed::Answer(answer);
         }
     }
-    None
+    Probed::KeySeen
 }
 
 /// [`decide`] on the slot whose tag read `seen` (the key's fingerprint): the answer, if the slot
@@ -1448,28 +1534,63 @@ fn wait_a_moment<W: AtomicWord>(waits: &mut u32) {
     }
 }
 
-/// The insert lock of one bucket, held while this lives.
-struct InsertLock<'l, W: AtomicWord>(&'l W);
+/// The insert lock of one bucket, held while this lives. Its word is `HELD` while held, plus
+/// twice the number of holdings released so far ([`InsertLock::holdings`]), so a thread that
+/// reads the word and later takes the lock knows whether anyone held it in between.
+struct InsertLock<'l, W: AtomicWord> {
+    lock: &'l W,
+    /// The lock's word when this holding took it: not held, and the holdings before it.
+    holdings: u64,
+}
+
+/// The bit of an insert lock's word that says it is held; the rest counts released holdings.
+const HELD: u64 = 1;
 
 impl<'l, W: AtomicWord> InsertLock<'l, W> {
     /// Takes `lock`, waiting while another insert holds it (a few dozen instructions, unless
-    /// that thread is descheduled).
-    fn take(lock: &'l W) -> Self {
+    /// that thread is descheduled). The first exchange expects `expected` where it is given (a
+    /// word read earlier, most often still the lock's), else the word as loaded.
+    fn take(lock: &'l W, expected: Option<u64>) -> Self {
         let mut waits = 0_u32;
-        // Acquire: sees every slot the previous holder wrote.
-        while lock
-            .compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            wait_a_moment::<W>(&mut waits);
+        // Relaxed: the exchange below decides, and fences.
+        let mut word = expected.unwrap_or_else(|| lock.load(Ordering::Relaxed));
+        loop {
+            if word & HELD == 0 {
+                // Acquire: sees every slot the previous holders wrote.
+                match lock.compare_exchange_weak(
+                    word,
+                    word | HELD,
+                    Ordering::Acquire,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => {
+                        return InsertLock {
+                            lock,
+                            holdings: word,
+                        };
+                    }
+                    Err(current) => word = current,
+                }
+            } else {
+                wait_a_moment::<W>(&mut waits);
+                // Relaxed: as above.
+                word = lock.load(Ordering::Relaxed);
+            }
         }
-        InsertLock(lock)
+    }
+
+    /// The lock's word when this holding took it (see [`ClientStore::holdings`]).
+    fn holdings(&self) -> u64 {
+        self.holdings
     }
 }
 
 impl<W: AtomicWord> Drop for InsertLock<'_, W> {
     fn drop(&mut self) {
-        // Release: publishes the slots written under the lock to the next holder.
-        self.0.store(0, Ordering::Release);
+        // Release: publishes the slots written under the lock to the next holder, and to a
+        // decision whose look at the word reads this count (see `ClientStore::holdings`).
+        // Wrapping: 2^63 holdings of one lock would take centuries.
+        self.lock
+            .store(self.holdings.wrapping_add(2 * HELD), Ordering::Release);
     }
 }
