@@ -25,11 +25,16 @@
 //!
 //! Keys are not stored: a key is its fingerprint and its two buckets (its *home*, from the
 //! hash's high bits, and another from a remix of it). Two keys share a state only if they share
-//! the 40-bit fingerprint and one's state sits in a bucket the other probes: then they share one
-//! limit (never more than one limit's worth between them); otherwise each keeps its own. With a keyed hash (the service's default is randomly seeded, so
-//! clients cannot aim at a collision), a key that is not held meets a stored one by chance with
-//! probability at most `2 B / 2^40`: about 1 in 7 * 10^10 per new key, so about one pair of
-//! clients in a service that sees 70 billion new keys (one in 7,000 over ten million).
+//! the 40-bit fingerprint and one's state sits in a bucket the other probes. A key whose look
+//! finds the other's state decides on it, so the two may share one state (one limit's worth
+//! between them); but two keys of different homes insert under different locks, so where their
+//! first requests meet, each may put its own, and a key may then find the other's before its
+//! own. Such a pair is granted at most two limits' worth between them per window (what they
+//! would be granted apart: one key can use what the other leaves), never more. With a keyed
+//! hash (the service's default is randomly seeded, so clients cannot aim at a collision), a key
+//! that is not held meets a stored one by chance with probability at most `2 B / 2^40`: about
+//! 1 in 7 * 10^10 per new key, so about one pair of clients in a service that sees 70 billion
+//! new keys (one in 7,000 over ten million).
 //!
 //! # Protocol
 //!
