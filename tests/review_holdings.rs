@@ -449,8 +449,10 @@ fn race_rounds(
             let shared = Arc::clone(&shared);
             thread::spawn(move || {
                 let _abort = AbortOnPanic(&shared.abort);
-                let started = Instant::now();
                 for round in 0..rounds {
+                    // Each round's wait is bounded, not the whole run (which a loaded machine
+                    // may stretch far past `PATIENCE`).
+                    let started = Instant::now();
                     let mut spins = 0_u32;
                     while shared.go.load(Ordering::Acquire) <= round {
                         assert!(
@@ -501,6 +503,49 @@ fn off_rounds(
         .enumerate()
         .filter(|(round, _)| !expected(*round))
         .map(|(round, answers)| (round, answers.clone()))
+        .collect();
+    (off.len(), off.into_iter().take(10).collect())
+}
+
+/// [`race_rounds`] on `service` where, between rounds, the clock moves on 3 windows (the
+/// earlier rounds' keys are then idle) and a sweep frees their slots. Returns each round's
+/// answers, by thread, and `len()` at the end of each round (before the clock moves on).
+fn race_rounds_between_sweeps<S: BuildHasher + Send + Sync + 'static>(
+    service: &Arc<Service<S>>,
+    clock: FakeClock,
+    threads: usize,
+    rounds: usize,
+    work: impl Fn(&Service<S>, usize) -> u64 + Send + Sync + 'static,
+) -> (Vec<Vec<u64>>, Vec<usize>) {
+    let lens = Arc::new(Mutex::new(Vec::new()));
+    let answers = {
+        let (service, sweeping, lens) =
+            (Arc::clone(service), Arc::clone(service), Arc::clone(&lens));
+        race_rounds(
+            threads,
+            rounds,
+            move |round| {
+                if round > 0 {
+                    lens.lock().unwrap().push(sweeping.len());
+                }
+                clock.advance(3 * WINDOW);
+                sweeping.sweep();
+            },
+            move |_, round| work(&service, round),
+        )
+    };
+    let mut lens = lens.lock().unwrap().clone();
+    lens.push(service.len());
+    (answers, lens)
+}
+
+/// How many rounds ended with a `len()` other than `expected`, and the first ten of them.
+fn off_lens(lens: &[usize], expected: usize) -> (usize, Vec<(usize, usize)>) {
+    let off: Vec<_> = lens
+        .iter()
+        .copied()
+        .enumerate()
+        .filter(|&(_, len)| len != expected)
         .collect();
     (off.len(), off.into_iter().take(10).collect())
 }
@@ -585,47 +630,20 @@ fn first_requests_racing_sweeps_in_a_small_table_get_one_limit() {
                 sweeps
             })
         };
-        // `len()` at the end of each round (before the clock moves on).
-        let lens = Arc::new(Mutex::new(Vec::new()));
-        let answers = {
-            let (service, sweeping, lens) = (
-                Arc::clone(&service),
-                Arc::clone(&service),
-                Arc::clone(&lens),
-            );
-            race_rounds(
-                RACERS,
-                ROUNDS,
-                move |round| {
-                    if round > 0 {
-                        lens.lock().unwrap().push(sweeping.len());
-                    }
-                    clock.advance(3 * WINDOW);
-                    sweeping.sweep();
-                },
-                move |_, round| spend(&service, Key(round as u64), LIMIT + 1),
-            )
-        };
+        let (answers, lens) =
+            race_rounds_between_sweeps(&service, clock, RACERS, ROUNDS, |service, round| {
+                spend(service, Key(round as u64), LIMIT + 1)
+            });
         stop.store(true, Ordering::Relaxed);
         let sweeps = sweeper.join().unwrap();
-        let mut lens = lens.lock().unwrap().clone();
-        lens.push(service.len());
         let grants = |round: usize| answers[round].iter().sum::<u64>();
         assert_eq!(
             off_rounds(&answers, |round| grants(round) == LIMIT),
             (0, vec![]),
             "{algorithm}: rounds not granted exactly the limit (round, grants by thread)"
         );
-        let off_lens: Vec<_> = lens
-            .iter()
-            .enumerate()
-            .filter(|(_, len)| **len != 1)
-            .collect();
         assert_eq!(
-            (
-                off_lens.len(),
-                off_lens.into_iter().take(10).collect::<Vec<_>>()
-            ),
+            off_lens(&lens, 1),
             (0, vec![]),
             "{algorithm}: rounds ending with other than one state (round, len)"
         );
@@ -659,35 +677,16 @@ fn keys_sharing_a_home_bucket_racing_get_one_limit_each() {
         );
         // Home bucket 3 of 8 (the top bits), fingerprint = 1 + round * KEYS + index.
         let key = |round: usize, index: u64| Key((3 << 61) | (1 + round as u64 * KEYS + index));
-        // `len()` at the end of each round (before the clock moves on).
-        let lens = Arc::new(Mutex::new(Vec::new()));
-        let answers = {
-            let (service, sweeping, lens) = (
-                Arc::clone(&service),
-                Arc::clone(&service),
-                Arc::clone(&lens),
-            );
-            race_rounds(
-                2,
-                ROUNDS,
-                move |round| {
-                    if round > 0 {
-                        lens.lock().unwrap().push(sweeping.len());
-                    }
-                    clock.advance(3 * WINDOW);
-                    sweeping.sweep();
-                },
-                move |_, round| {
-                    // Each key's grants, 16 bits apiece.
-                    let mut packed = 0;
-                    for index in 0..KEYS {
-                        let granted = spend(&service, key(round, index), LIMIT);
-                        packed |= granted << (16 * index);
-                    }
-                    packed
-                },
-            )
-        };
+        let (answers, lens) =
+            race_rounds_between_sweeps(&service, clock, 2, ROUNDS, move |service, round| {
+                // Each key's grants, 16 bits apiece.
+                let mut packed = 0;
+                for index in 0..KEYS {
+                    let granted = spend(service, key(round, index), LIMIT);
+                    packed |= granted << (16 * index);
+                }
+                packed
+            });
         // Each round's grants, key by key.
         let per_key: Vec<Vec<u64>> = answers
             .iter()
@@ -703,18 +702,8 @@ fn keys_sharing_a_home_bucket_racing_get_one_limit_each() {
             "{algorithm}: rounds where a key was not granted exactly its limit (round, grants \
              by key)"
         );
-        let mut lens = lens.lock().unwrap().clone();
-        lens.push(service.len());
-        let off_lens: Vec<_> = lens
-            .iter()
-            .enumerate()
-            .filter(|(_, len)| **len != KEYS as usize)
-            .collect();
         assert_eq!(
-            (
-                off_lens.len(),
-                off_lens.into_iter().take(10).collect::<Vec<_>>()
-            ),
+            off_lens(&lens, KEYS as usize),
             (0, vec![]),
             "{algorithm}: rounds ending with other than one state per key (round, len)"
         );
