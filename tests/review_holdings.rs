@@ -30,12 +30,16 @@
 use std::cell::RefCell;
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use tollgate::{Algorithm, FakeClock, RateLimiterService, Rule, ServiceBuilder, SipState};
+
+#[path = "support/park.rs"]
+mod park;
+use park::{Park, park_at, parked_or_none, step_towards_park};
 
 /// The methods whose clients live in the fixed store.
 const STORE_METHODS: [Algorithm; 3] = [
@@ -74,7 +78,7 @@ struct Key(u64);
 
 impl Hash for Key {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        step_towards_park();
+        step_towards_park(&PARK);
         state.write_u64(self.0);
     }
 }
@@ -121,29 +125,9 @@ fn other_of(hash: u64, buckets: u64) -> u64 {
     )
 }
 
-struct Park {
-    /// Hashes left before parking.
-    countdown: usize,
-    parked: Sender<()>,
-    resume: Receiver<()>,
-}
-
 thread_local! {
+    /// This thread's park at its `n`th hash of a [`Key`], if it asked for one.
     static PARK: RefCell<Option<Park>> = const { RefCell::new(None) };
-}
-
-fn step_towards_park() {
-    PARK.with(|park| {
-        let mut park = park.borrow_mut();
-        if let Some(plan) = park.as_mut() {
-            plan.countdown -= 1;
-            if plan.countdown == 0 {
-                let plan = park.take().expect("just seen");
-                plan.parked.send(()).expect("the test waits for the park");
-                plan.resume.recv().expect("the test resumes the thread");
-            }
-        }
-    });
 }
 
 type Service<S> = RateLimiterService<Key, &'static str, FakeClock, S>;
@@ -185,31 +169,24 @@ fn park_first_request<S>(service: &Arc<Service<S>>, key: Key) -> Parked
 where
     S: BuildHasher + Send + Sync + 'static,
 {
-    let (parked_tx, parked_rx) = channel();
-    let (resume_tx, resume_rx) = channel();
     let service = Arc::clone(service);
+    // The request's thread asks for its park, and hands the park's channels back.
+    let (channels_tx, channels_rx) = channel();
     let request = thread::spawn(move || {
-        PARK.with(|park| {
-            *park.borrow_mut() = Some(Park {
-                countdown: 2,
-                parked: parked_tx,
-                resume: resume_rx,
-            });
-        });
+        // Hash 1 places the key; hash 2 is the map's lookup, after the look.
+        channels_tx.send(park_at(&PARK, 2)).unwrap();
         let granted = service.allow(&key, &PLAN).unwrap();
         assert!(
-            PARK.with(|park| park.borrow().is_none()),
+            parked_or_none(&PARK),
             "the request parked at its second hash"
         );
         granted
     });
-    parked_rx
+    let (parked, resume) = channels_rx.recv().unwrap();
+    parked
         .recv_timeout(PATIENCE)
         .expect("the first request parks between its look and its insert");
-    Parked {
-        resume: resume_tx,
-        request,
-    }
+    Parked { resume, request }
 }
 
 impl Parked {

@@ -12,37 +12,18 @@ use std::time::{Duration, Instant};
 
 use tollgate::{Algorithm, Clock, FakeClock, MonotonicClock, RateLimiterService, Rule};
 
+#[path = "support/park.rs"]
+mod park;
+use park::{Park, park_at, step_towards_park};
+
 /// A client key whose `Hash` parks the hashing thread at its `n`th hash, when that thread has
 /// asked for it: a stand-in for the thread being preempted at that point of a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct ParkingKey(u64);
 
-struct Park {
-    /// Hashes left before parking.
-    countdown: usize,
-    parked: Sender<()>,
-    resume: Receiver<()>,
-}
-
 thread_local! {
     static PARK: RefCell<Option<Park>> = const { RefCell::new(None) };
     static PARK_AT_READING: RefCell<Option<Park>> = const { RefCell::new(None) };
-}
-
-/// Counts one more step of a thread that may have asked to park (`park`), and parks it at the
-/// asked one.
-fn step_towards_park(park: &'static std::thread::LocalKey<RefCell<Option<Park>>>) {
-    park.with(|park| {
-        let mut park = park.borrow_mut();
-        if let Some(plan) = park.as_mut() {
-            plan.countdown -= 1;
-            if plan.countdown == 0 {
-                let plan = park.take().expect("just seen");
-                plan.parked.send(()).expect("the test waits for the park");
-                plan.resume.recv().expect("the test resumes the thread");
-            }
-        }
-    });
 }
 
 /// A clock (a [`FakeClock`]'s readings) that parks the reading thread at its `n`th reading, when
@@ -56,24 +37,6 @@ impl Clock for ParkingClock {
         step_towards_park(&PARK_AT_READING);
         self.0.now_nanos()
     }
-}
-
-/// Parks this thread at its `nth` step towards `point` from now (see `step_towards_park`);
-/// returns the channel that says it has parked and the one that resumes it.
-fn park_at(
-    point: &'static std::thread::LocalKey<RefCell<Option<Park>>>,
-    nth: usize,
-) -> (Receiver<()>, Sender<()>) {
-    let (parked_tx, parked_rx) = channel();
-    let (resume_tx, resume_rx) = channel();
-    point.with(|park| {
-        *park.borrow_mut() = Some(Park {
-            countdown: nth,
-            parked: parked_tx,
-            resume: resume_rx,
-        })
-    });
-    (parked_rx, resume_tx)
 }
 
 /// On this thread, park at the `nth` clock reading of a `ParkingClock` from now on.
