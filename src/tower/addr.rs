@@ -176,29 +176,59 @@ pub(crate) fn mask(address: IpAddr, prefix: u8) -> IpAddr {
     }
 }
 
-/// How addresses are grouped into keys: the prefix length kept for each family.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How addresses are grouped into keys: the bits of each family's address that a key keeps,
+/// as masks made once, so that a request's key is one `and`.
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Grouping {
-    pub(crate) ipv4_prefix: u8,
-    pub(crate) ipv6_prefix: u8,
+    ipv4_mask: u32,
+    ipv6_mask: u128,
 }
 
 impl Grouping {
     /// One key per IPv4 address, one per IPv6 /64 (the size of one subnet, which a single host
     /// may own whole).
     pub(crate) const DEFAULT: Grouping = Grouping {
-        ipv4_prefix: 32,
-        ipv6_prefix: 64,
+        ipv4_mask: u32::MAX,
+        ipv6_mask: u128::MAX << 64,
     };
+
+    /// Keeps the first `bits` of an IPv4 address (at most 32).
+    pub(crate) fn with_ipv4_prefix(self, bits: u8) -> Grouping {
+        Grouping {
+            ipv4_mask: u32::MAX
+                .checked_shl(32 - u32::from(bits.min(32)))
+                .unwrap_or(0),
+            ..self
+        }
+    }
+
+    /// Keeps the first `bits` of an IPv6 address (at most 128).
+    pub(crate) fn with_ipv6_prefix(self, bits: u8) -> Grouping {
+        Grouping {
+            ipv6_mask: u128::MAX
+                .checked_shl(128 - u32::from(bits.min(128)))
+                .unwrap_or(0),
+            ..self
+        }
+    }
 
     /// The key for `address`: normalised, then masked to its family's prefix.
     #[inline]
     pub(crate) fn key(&self, address: IpAddr) -> IpAddr {
-        let address = canonical(address);
-        match address {
-            IpAddr::V4(_) => mask(address, self.ipv4_prefix),
-            IpAddr::V6(_) => mask(address, self.ipv6_prefix),
+        match canonical(address) {
+            IpAddr::V4(v4) => IpAddr::V4(Ipv4Addr::from(u32::from(v4) & self.ipv4_mask)),
+            IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & self.ipv6_mask)),
         }
+    }
+}
+
+impl fmt::Debug for Grouping {
+    /// The prefix lengths, as they were set.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Grouping")
+            .field("ipv4_prefix", &self.ipv4_mask.leading_ones())
+            .field("ipv6_prefix", &self.ipv6_mask.leading_ones())
+            .finish()
     }
 }
 
@@ -259,6 +289,30 @@ mod tests {
         assert_eq!(canonical(ip("::ffff:203.0.113.9")), ip("203.0.113.9"));
         assert_eq!(canonical(ip("::1")), ip("::1"));
         assert_eq!(canonical(ip("::203.0.113.9")), ip("::203.0.113.9"));
+    }
+
+    #[test]
+    fn prefixes_keep_their_bits_from_none_to_all() {
+        let grouping = Grouping::DEFAULT.with_ipv4_prefix(24).with_ipv6_prefix(48);
+        assert_eq!(grouping.key(ip("198.51.100.77")), ip("198.51.100.0"));
+        assert_eq!(grouping.key(ip("2001:db8:1:2::1")), ip("2001:db8:1::"));
+        assert_eq!(grouping.key(ip("::ffff:198.51.100.77")), ip("198.51.100.0"));
+        assert_eq!(
+            format!("{grouping:?}"),
+            "Grouping { ipv4_prefix: 24, ipv6_prefix: 48 }"
+        );
+        let none = Grouping::DEFAULT.with_ipv4_prefix(0).with_ipv6_prefix(0);
+        assert_eq!(none.key(ip("198.51.100.77")), ip("0.0.0.0"));
+        assert_eq!(none.key(ip("2001:db8::1")), ip("::"));
+        let all = Grouping::DEFAULT
+            .with_ipv4_prefix(200)
+            .with_ipv6_prefix(200);
+        assert_eq!(all.key(ip("198.51.100.77")), ip("198.51.100.77"));
+        assert_eq!(all.key(ip("2001:db8::1")), ip("2001:db8::1"));
+        assert_eq!(
+            format!("{all:?}"),
+            "Grouping { ipv4_prefix: 32, ipv6_prefix: 128 }"
+        );
     }
 
     #[test]

@@ -186,13 +186,13 @@ impl<S: PeerSource> ClientIp<S> {
 
     /// Groups IPv6 addresses by their first `bits` (default 64; 128 keys each address apart).
     pub fn ipv6_prefix(mut self, bits: u8) -> Self {
-        self.grouping.ipv6_prefix = bits.min(128);
+        self.grouping = self.grouping.with_ipv6_prefix(bits);
         self
     }
 
     /// Groups IPv4 addresses by their first `bits` (default 32: each address apart).
     pub fn ipv4_prefix(mut self, bits: u8) -> Self {
-        self.grouping.ipv4_prefix = bits.min(32);
+        self.grouping = self.grouping.with_ipv4_prefix(bits);
         self
     }
 
@@ -259,6 +259,14 @@ impl<S: PeerSource> KeyExtractor for ClientIp<S> {
 
     #[inline]
     fn extract(&self, head: &RequestHead<'_>) -> Option<ClientKey> {
+        // Without trusted proxies the key is the peer's: straight from it, with no walk.
+        if self.trusted.is_empty() {
+            let Some(peer) = self.peer.peer(head.extensions()) else {
+                self.report_missing_peer();
+                return None;
+            };
+            return Some(ClientKey::Ip(self.grouping.key(peer)));
+        }
         Some(match self.walk(head)? {
             Walk::Client(client) => ClientKey::Ip(self.grouping.key(client)),
             Walk::Unreadable(proxy) => {
@@ -271,5 +279,80 @@ impl<S: PeerSource> KeyExtractor for ClientIp<S> {
 
     fn why_no_key(&self) -> Option<&'static str> {
         Some(self.peer.missing_peer())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http::Request;
+
+    use super::*;
+
+    /// The key `extractor` gives a request from `peer`, with `forwarded` as its
+    /// `X-Forwarded-For` if any.
+    fn key_of<S: PeerSource>(
+        extractor: &ClientIp<S>,
+        peer: &str,
+        forwarded: Option<&str>,
+    ) -> Option<ClientKey> {
+        let mut request = Request::new(());
+        let peer: IpAddr = peer.parse().unwrap();
+        request
+            .extensions_mut()
+            .insert(SocketAddr::new(peer, 40_000));
+        if let Some(forwarded) = forwarded {
+            request
+                .headers_mut()
+                .insert("x-forwarded-for", forwarded.parse().unwrap());
+        }
+        extractor.extract(&RequestHead::of(&request))
+    }
+
+    fn ip_key(text: &str) -> Option<ClientKey> {
+        Some(ClientKey::Ip(text.parse().unwrap()))
+    }
+
+    #[test]
+    fn prefixes_group_the_peer_and_the_forwarded_client_alike() {
+        let direct = ClientIp::peer().ipv4_prefix(24).ipv6_prefix(48);
+        let proxied = ClientIp::behind_proxies(["10.0.0.0/8".parse().unwrap()])
+            .ipv4_prefix(24)
+            .ipv6_prefix(48);
+        for (client, key) in [
+            ("198.51.100.77", "198.51.100.0"),
+            ("::ffff:198.51.100.77", "198.51.100.0"),
+            ("2001:db8:1:2::9", "2001:db8:1::"),
+        ] {
+            assert_eq!(key_of(&direct, client, None), ip_key(key), "{client}");
+            assert_eq!(
+                key_of(&proxied, "10.1.2.3", Some(client)),
+                ip_key(key),
+                "{client} through a trusted proxy"
+            );
+        }
+        // The defaults: each IPv4 address apart, IPv6 by its /64.
+        let default = ClientIp::peer();
+        assert_eq!(
+            key_of(&default, "198.51.100.77", None),
+            ip_key("198.51.100.77")
+        );
+        assert_eq!(
+            key_of(&default, "2001:db8:1:2:3:4:5:6", None),
+            ip_key("2001:db8:1:2::")
+        );
+        // Past the family's length, the address is kept whole; 0 keys a family as one client.
+        let whole = ClientIp::peer().ipv6_prefix(200);
+        assert_eq!(key_of(&whole, "2001:db8::1", None), ip_key("2001:db8::1"));
+        let one = ClientIp::peer().ipv4_prefix(0);
+        assert_eq!(key_of(&one, "198.51.100.77", None), ip_key("0.0.0.0"));
+    }
+
+    #[test]
+    fn a_request_without_its_peer_has_no_key_on_either_path() {
+        let request = Request::new(());
+        let head = RequestHead::of(&request);
+        assert_eq!(ClientIp::peer().extract(&head), None);
+        let proxied = ClientIp::behind_proxies(["10.0.0.0/8".parse().unwrap()]);
+        assert_eq!(proxied.extract(&head), None);
     }
 }
