@@ -78,6 +78,33 @@ fn request(peer: IpAddr) -> Request<Body> {
     request
 }
 
+/// [`request`], with the header fields a browser's request carries: what a layer's look at the
+/// request's headers costs on a real one (tollgate's removes a client's shadow mark from every
+/// request).
+fn browser_request(peer: IpAddr) -> Request<Body> {
+    let mut request = request(peer);
+    let headers = request.headers_mut();
+    for (name, value) in [
+        ("host", "api.example.com"),
+        (
+            "user-agent",
+            "Mozilla/5.0 (X11; Linux x86_64; rv:133.0) Gecko/20100101 Firefox/133.0",
+        ),
+        (
+            "accept",
+            "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8",
+        ),
+        ("accept-language", "en-US,en;q=0.5"),
+        ("accept-encoding", "gzip, deflate, br, zstd"),
+        ("connection", "keep-alive"),
+        ("cookie", "session=3f2a9c41d7e84b0c"),
+        ("upgrade-insecure-requests", "1"),
+    ] {
+        headers.insert(name, http::HeaderValue::from_static(value));
+    }
+    request
+}
+
 /// One request through `service`, its future polled once.
 #[inline]
 fn once<S: Service<Request<Body>>>(service: &mut S, request: Request<Body>) {
@@ -397,6 +424,15 @@ fn measured_loop<S: Service<Request<Body>>>(service: &mut S, clients: &[IpAddr])
     }
 }
 
+/// [`measured_loop`] with [`browser_request`]'s requests: a loop of its own, so that the other
+/// cases' loop is compiled as it always was.
+#[inline(never)]
+fn measured_loop_browser<S: Service<Request<Body>>>(service: &mut S, client: IpAddr) {
+    for _ in 0..LOOP_REQUESTS {
+        once(service, browser_request(client));
+    }
+}
+
 fn instruction_loop(spec: &str) {
     let (variant, case) = spec
         .split_once(',')
@@ -407,27 +443,40 @@ fn instruction_loop(spec: &str) {
     } else {
         vec![IpAddr::V4(Ipv4Addr::new(203, 0, 113, 9))]
     };
-    fn run<S: Service<Request<Body>>>(mut service: S, clients: &[IpAddr]) {
+    // `allow_browser_headers`: one client, its requests with a browser's header fields.
+    let browser = case == "allow_browser_headers";
+    fn run<S: Service<Request<Body>>>(mut service: S, clients: &[IpAddr], browser: bool) {
         for &client in clients {
             once(&mut service, request(client));
         }
-        measured_loop(&mut service, clients);
+        if browser {
+            measured_loop_browser(&mut service, clients[0]);
+        } else {
+            measured_loop(&mut service, clients);
+        }
     }
     match variant {
-        "bare" => run(inner(), &clients),
-        "tollgate" => run(tollgate_layer(rule(limited)).layer(inner()), &clients),
+        "bare" => run(inner(), &clients, browser),
+        "tollgate" => run(
+            tollgate_layer(rule(limited)).layer(inner()),
+            &clients,
+            browser,
+        ),
         "tower_governor" => run(
             GovernorLayer::new(Arc::new(governor_config(limited))).layer(inner()),
             &clients,
+            browser,
         ),
-        "shell" => run(shell_layer(limited).layer(inner()), &clients),
+        "shell" => run(shell_layer(limited).layer(inner()), &clients, browser),
         "tollgate_fields" => run(
             tollgate_layer_with(rule(limited), true).layer(inner()),
             &clients,
+            browser,
         ),
         "tower_governor_fields" => run(
             GovernorLayer::new(Arc::new(governor_config_with_headers(limited))).layer(inner()),
             &clients,
+            browser,
         ),
         _ => panic!("unknown variant {variant}"),
     }
