@@ -105,6 +105,7 @@ fn check(v4: u8, v6: u8, client: IpAddr) -> Result<(), String> {
     let (direct, proxied) = both(v4, v6);
     let want = Some(ClientKey::Ip(ref_key(client, v4, v6)));
     let text = client.to_string();
+    let after_a_lie = format!("1.2.3.4, {text}, fd00::1, 10.0.0.1");
     let cases: [(&str, &ClientIp, IpAddr, Option<&str>); 7] = [
         ("direct", &direct, client, None),
         // A forwarding header is nobody's word without trusted proxies.
@@ -127,7 +128,7 @@ fn check(v4: u8, v6: u8, client: IpAddr) -> Result<(), String> {
             "two trusted hops after a lie",
             &proxied,
             ip("10.9.9.9"),
-            Some(&format!("1.2.3.4, {text}, fd00::1, 10.0.0.1")),
+            Some(&after_a_lie),
         ),
         // Not a trusted proxy: keyed by itself, whatever it writes.
         (
