@@ -569,9 +569,9 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
     /// changed so, when every state it tried to take for reuse changed first, or when
     /// `may_defer` and it put back the state it was to evict for a slot another thread is
     /// freeing (the decision looks again, under the plan's limits as they are then).
-    // An inline hint: with thin LTO the decision otherwise calls it out of line, and passes
-    // its many arguments through the stack (35 instructions of a first request's 647).
-    #[inline]
+    // Always inlined: otherwise thin LTO calls it out of line from the decision and passes its
+    // many arguments through the stack (35 instructions of a first request's 647).
+    #[inline(always)]
     pub fn insert<L: WordLimit>(
         &self,
         place: Place,
