@@ -40,6 +40,9 @@ use tollgate::{Algorithm, FakeClock, RateLimiterService, Rule, ServiceBuilder, S
 #[path = "support/park.rs"]
 mod park;
 use park::{Park, park_at, parked_or_none, step_towards_park};
+#[path = "support/grants.rs"]
+mod grants;
+use grants::grants_until_denied;
 
 /// The methods whose clients live in the fixed store.
 const STORE_METHODS: [Algorithm; 3] = [
@@ -204,15 +207,7 @@ impl Parked {
 
 /// Asks for `key` until denied (at most `up_to + 1` asks); how many permits it got.
 fn spend<S: BuildHasher>(service: &Service<S>, key: Key, up_to: u64) -> u64 {
-    let mut granted = 0;
-    for _ in 0..=up_to {
-        if service.allow(&key, &PLAN).unwrap() {
-            granted += 1;
-        } else {
-            break;
-        }
-    }
-    granted
+    grants_until_denied(up_to, || service.allow(&key, &PLAN).unwrap())
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -27,6 +27,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use tollgate::{Algorithm, Clock, FakeClock, RateLimiterService, Rule, ServiceBuilder};
+#[path = "support/grants.rs"]
+mod grants;
+use grants::grants_until_denied;
 
 /// The methods whose clients live in the fixed store.
 const STORE_METHODS: [Algorithm; 3] = [
@@ -139,15 +142,7 @@ fn millis(ms: u64) -> Duration {
 
 /// Asks for `key` until denied (at most `up_to + 1` asks); how many single permits it got.
 fn spend_up_to(service: &Service, key: u64, up_to: u64) -> u64 {
-    let mut granted = 0;
-    for _ in 0..=up_to {
-        if service.allow(&key, &PLAN).unwrap() {
-            granted += 1;
-        } else {
-            break;
-        }
-    }
-    granted
+    grants_until_denied(up_to, || service.allow(&key, &PLAN).unwrap())
 }
 
 fn spend(service: &Service, key: u64) -> u64 {

@@ -30,6 +30,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use tollgate::{Algorithm, Clock, FakeClock, RateLimiterService, Rule, ServiceBuilder};
+#[path = "support/grants.rs"]
+mod grants;
+use grants::grants_until_denied;
 
 /// The methods whose clients live in the fixed store.
 const STORE_METHODS: [Algorithm; 3] = [
@@ -131,15 +134,7 @@ fn millis(ms: u64) -> Duration {
 /// Asks for `key` until denied; how many single permits it was granted (at most `LIMIT + 1`
 /// asks, so a client granted past its limit shows as `LIMIT + 1`).
 fn spend(service: &Service, key: u64) -> u64 {
-    let mut granted = 0;
-    for _ in 0..=LIMIT {
-        if service.allow(&key, &PLAN).unwrap() {
-            granted += 1;
-        } else {
-            break;
-        }
-    }
-    granted
+    grants_until_denied(LIMIT, || service.allow(&key, &PLAN).unwrap())
 }
 
 /// Fills a one-bucket store with keys `keys`, each spending its limit at the clock's reading.
