@@ -589,7 +589,7 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
         // `holdings`), and no slot needs waiting for (a free one is claimed below; where none
         // is, `insert_reusing` makes its passes).
         let absent =
-            matches!((&lock, absent_as_of), (Some(lock), Some(count)) if lock.holdings() == count);
+            matches!((&lock, absent_as_of), (Some(lock), Some(count)) if lock.holdings == count);
         if !absent && let Some(found) = self.find_settled(place, head, home, other) {
             return Some(found);
         }
@@ -902,9 +902,9 @@ where
     // The home bucket first, alone: a known key's state is there unless the bucket was full
     // when the key came, so the other bucket is computed only where the home does not answer.
     // (The order of the probe is the one `decide_further` goes on with: home, then other.)
-    match decide_in_bucket(store, &store.buckets[place.home], place, plan, request) {
-        Some(answer) => Stored::Answer(answer),
-        None => decide_further(
+    match probe(store, &store.buckets[place.home], place, plan, request) {
+        Probed::Answer(answer) => Stored::Answer(answer),
+        Probed::KeySeen | Probed::KeyAbsent => decide_further(
             store,
             place,
             plan,
@@ -997,28 +997,6 @@ where
     }
 }
 
-/// [`decide`] on each slot of `bucket` whose tag has the key's fingerprint, in turn, until one
-/// answers.
-#[inline(always)]
-fn decide_in_bucket<W, const B: usize, P, R>(
-    store: &ClientStore<W, B>,
-    bucket: &Bucket<W, B>,
-    place: Place,
-    plan: &P,
-    request: &R,
-) -> Option<R::Answer>
-where
-    W: AtomicWord,
-    P: StorePlan,
-    P::Limit: WordLimit,
-    R: WordRequest<W, P::Limit>,
-{
-    match probe(store, bucket, place, plan, request) {
-        Probed::Answer(answer) => Some(answer),
-        Probed::KeySeen | Probed::KeyAbsent => None,
-    }
-}
-
 /// What a look at one bucket for a key found.
 enum Probed<A> {
     /// The answer of a slot of the key's.
@@ -1030,7 +1008,8 @@ enum Probed<A> {
     KeyAbsent,
 }
 
-/// [`decide_in_bucket`], saying also whether the bucket had a tag with the key's fingerprint.
+/// [`decide`] on each slot of `bucket` whose tag has the key's fingerprint, in turn, until one
+/// answers; else whether the bucket had a tag with the key's fingerprint.
 #[inline(always)]
 fn probe<W, const B: usize, P, R>(
     store: &ClientStore<W, B>,
@@ -1585,11 +1564,6 @@ impl<'l, W: AtomicWord> InsertLock<'l, W> {
                 word = lock.load(Ordering::Relaxed);
             }
         }
-    }
-
-    /// The lock's word when this holding took it (see [`ClientStore::holdings`]).
-    fn holdings(&self) -> u64 {
-        self.holdings
     }
 }
 
