@@ -159,21 +159,23 @@ pub(crate) fn canonical(address: IpAddr) -> IpAddr {
 #[inline]
 pub(crate) fn mask(address: IpAddr, prefix: u8) -> IpAddr {
     match address {
-        IpAddr::V4(v4) => {
-            let bits = u32::from(v4);
-            let kept = u32::MAX
-                .checked_shl(32 - u32::from(prefix.min(32)))
-                .unwrap_or(0);
-            IpAddr::V4(Ipv4Addr::from(bits & kept))
-        }
-        IpAddr::V6(v6) => {
-            let bits = u128::from(v6);
-            let kept = u128::MAX
-                .checked_shl(128 - u32::from(prefix.min(128)))
-                .unwrap_or(0);
-            IpAddr::V6(Ipv6Addr::from(bits & kept))
-        }
+        IpAddr::V4(v4) => IpAddr::V4(Ipv4Addr::from(u32::from(v4) & ipv4_mask(prefix))),
+        IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & ipv6_mask(prefix))),
     }
+}
+
+/// The bits of an IPv4 address its first `prefix` bits keep (all of them from 32 on).
+fn ipv4_mask(prefix: u8) -> u32 {
+    u32::MAX
+        .checked_shl(32 - u32::from(prefix.min(32)))
+        .unwrap_or(0)
+}
+
+/// The bits of an IPv6 address its first `prefix` bits keep (all of them from 128 on).
+fn ipv6_mask(prefix: u8) -> u128 {
+    u128::MAX
+        .checked_shl(128 - u32::from(prefix.min(128)))
+        .unwrap_or(0)
 }
 
 /// How addresses are grouped into keys: the bits of each family's address that a key keeps,
@@ -195,9 +197,7 @@ impl Grouping {
     /// Keeps the first `bits` of an IPv4 address (at most 32).
     pub(crate) fn with_ipv4_prefix(self, bits: u8) -> Grouping {
         Grouping {
-            ipv4_mask: u32::MAX
-                .checked_shl(32 - u32::from(bits.min(32)))
-                .unwrap_or(0),
+            ipv4_mask: ipv4_mask(bits),
             ..self
         }
     }
@@ -205,9 +205,7 @@ impl Grouping {
     /// Keeps the first `bits` of an IPv6 address (at most 128).
     pub(crate) fn with_ipv6_prefix(self, bits: u8) -> Grouping {
         Grouping {
-            ipv6_mask: u128::MAX
-                .checked_shl(128 - u32::from(bits.min(128)))
-                .unwrap_or(0),
+            ipv6_mask: ipv6_mask(bits),
             ..self
         }
     }
