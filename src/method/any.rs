@@ -169,7 +169,8 @@ impl AnyParams {
 
     /// See [`Method::acquire_one_quiet`].
     #[cfg(feature = "tower")]
-    #[inline]
+    // Always inlined: the tower layer's grant path (see `Checked::acquire`).
+    #[inline(always)]
     pub(crate) fn acquire_one_quiet<'s, A: AtomicWord + 's, T>(
         &self,
         state: impl Into<StateRef<'s, A>>,

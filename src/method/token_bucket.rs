@@ -236,6 +236,16 @@ impl GcraParams {
         })
     }
 
+    /// [`decide`](GcraParams::decide)'s refusal of one permit at `now_nanos` from a bucket whose
+    /// TAT is `tat`, for [`Method::acquire_one_quiet`]: out of line, so that the grant's path,
+    /// which builds no decision, stays small enough to be inlined into the service's lookup.
+    #[cfg(feature = "tower")]
+    #[cold]
+    #[inline(never)]
+    fn refusal_of_one(&self, tat: u64, now_nanos: u64) -> Decision {
+        self.decide(tat, now_nanos, 1).0
+    }
+
     /// The pure decision: what taking `n` permits at `now_nanos` from a bucket whose TAT is `tat`
     /// answers, and the TAT to store if it must change.
     #[inline]
@@ -421,7 +431,9 @@ impl Method for GcraParams {
     /// work a response without fields never reads: this is the tower layer's path for a request
     /// of one permit when allowed responses carry none.
     #[cfg(feature = "tower")]
-    #[inline]
+    // Always inlined, its refusal kept out of line: the tower layer's grant path (see
+    // `Checked::acquire` in the service).
+    #[inline(always)]
     fn acquire_one_quiet<A: AtomicWord, T>(
         &self,
         tat: &A,
@@ -431,7 +443,7 @@ impl Method for GcraParams {
     ) -> Result<T, Retired> {
         let now_nanos = clock.now_nanos();
         self.take_one(tat, now_nanos, granted, |current| {
-            refused(self.decide(current, now_nanos, 1).0)
+            refused(self.refusal_of_one(current, now_nanos))
         })
     }
 

@@ -2,7 +2,7 @@
 
 use std::borrow::Borrow;
 use std::fmt;
-use std::hash::{BuildHasher, Hash};
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::marker::PhantomData;
 
 use super::builder::ServiceBuilder;
@@ -270,7 +270,7 @@ where
         // and several, so this goes round more than once only across such changes.
         for _ in 0..MAX_LOOKUP_TRIES {
             if let Some(stored) = self.plans.stored(index) {
-                let place = stored.store.place(self.hasher.hash_one(client));
+                let place = stored.store.place(self.hash_of(client));
                 match store::decide(
                     stored.store,
                     place,
@@ -297,6 +297,19 @@ where
             }
         }
         Err(Self::unstable_key(plan))
+    }
+
+    /// The keyed hash of `client`, as `BuildHasher::hash_one` computes it, always inlined into
+    /// the decision: otherwise, where a key's `Hash` has several branches (the tower layer's
+    /// `ClientKey`) or its hasher many steps (std's `RandomState`), the compiler calls it out of
+    /// line and passes the hasher's state through memory.
+    #[inline(always)]
+    // `hash_one` written out: its own inlining is the compiler's choice.
+    #[allow(clippy::manual_hash_one)]
+    fn hash_of<Q: Hash + ?Sized>(&self, client: &Q) -> u64 {
+        let mut hasher = self.hasher.build_hasher();
+        client.hash(&mut hasher);
+        hasher.finish()
     }
 
     /// Retires and removes `client`'s entry in the map of the plan at `index`, if it has one:
@@ -377,7 +390,7 @@ where
     {
         let entry = pinned.clients().get(client, pinned.guard());
         let stored = self.plans.stored(index).and_then(|stored| {
-            let place = stored.store.place(self.hasher.hash_one(client));
+            let place = stored.store.place(self.hash_of(client));
             stored.store.find(place)
         });
         let limits = pinned.limits();
@@ -516,7 +529,7 @@ where
     {
         let index = self.plan_index(plan)?;
         if let Some(stored) = self.plans.stored(index) {
-            let place = stored.store.place(self.hasher.hash_one(client));
+            let place = stored.store.place(self.hash_of(client));
             let found = store::with_state(stored.store, place, &stored, |limit, slot| {
                 limit.refund(StateRef::Word(slot), n, &self.clock);
             });
