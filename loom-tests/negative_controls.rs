@@ -716,6 +716,12 @@ fn store_evicting_without_counting_fails_eviction_model() {
 }
 
 #[test]
+#[should_panic(expected = "more grants than evictions")]
+fn store_eviction_at_its_own_reading_fails_the_lagging_reading_model() {
+    crate::store::check_eviction_at_a_lagging_reading(StoreFault::EvictionAtItsOwnReading);
+}
+
+#[test]
 #[should_panic(expected = "under a limit of 2")]
 fn store_unsalted_words_fail_the_layouts_model() {
     crate::store_layouts::check_stale_exchange_across_layouts(StoreFault::Unsalted);

@@ -8,6 +8,8 @@
 //! - A rule change racing requests: the client starts afresh once across the change.
 //! - An eviction racing a decision on the state being evicted, and a slot reused for another
 //!   client while a stale request holds it: no grant is made but from a fresh state's permits.
+//! - An eviction by an insert whose reading lags its victim's: the victim's next state gives back
+//!   one permit at most.
 //! - A sweep racing requests: nothing is granted twice.
 //! - A give-back (a grant undone: `RateLimiterService::give_back`) racing an eviction of its
 //!   slot, and a decision on its state: it reaches its own state or nothing, and returns its
@@ -15,8 +17,9 @@
 //!
 //! `negative_controls` runs each checker on a broken variant of the store and shows that it is
 //! caught: an insert without its lock, an insert that does not look again after its reading,
-//! a tag taken twice, a sweep that retires active states, and an eviction that is not counted
-//! (a fresh state the eviction model cannot account for).
+//! a tag taken twice, a sweep that retires active states, an eviction that is not counted
+//! (a fresh state the eviction model cannot account for), and one that publishes only its own
+//! reading.
 
 use loom::sync::Arc;
 use loom::sync::atomic::{AtomicU64, Ordering};
@@ -299,6 +302,46 @@ pub(crate) fn check_eviction_racing_a_decision(fault: StoreFault) {
     });
 }
 
+/// Alice and Bob fill the bucket's two slots, each having used its one permit at `LATER`.
+/// Carol's first request comes with a reading that lags theirs (0: another thread's older
+/// reading) and evicts Alice, while Alice asks again at `WINDOW` and then at `LATER`.
+/// Every fresh state is made as of where its evicted predecessor's counts end, so Carol's
+/// lagging reading and Alice's earlier one are refused, and each eviction gives at most its one
+/// permit back: no more grants than evictions, however the requests interleave. (A fresh state
+/// made as of the lagging reading would grant Alice at both her readings.) Panics with "more
+/// grants than evictions" otherwise.
+pub(crate) fn check_eviction_at_a_lagging_reading(fault: StoreFault) {
+    const LATER: u64 = 2 * WINDOW;
+    explore(2, move || {
+        let model = Arc::new(ModelStore::new([bucket(1), bucket(1)], fault));
+        // Alice's state last: of states equally close to fresh, the eviction takes the last.
+        for client in [BOB, ALICE] {
+            assert!(model.request(client, LATER), "the prefill is granted");
+        }
+        let carol = {
+            let model = Arc::clone(&model);
+            thread::spawn(move || model.request(CAROL, 0))
+        };
+        let alice = {
+            let model = Arc::clone(&model);
+            thread::spawn(move || [model.request(ALICE, WINDOW), model.request(ALICE, LATER)])
+        };
+        let grants = alice
+            .join()
+            .expect("Alice's requests panicked")
+            .into_iter()
+            .chain([carol.join().expect("Carol's request panicked")])
+            .filter(|granted| *granted)
+            .count() as u64;
+        let evictions = model.store.evictions();
+        assert!(
+            grants <= evictions,
+            "more grants than evictions: {grants} grants, {evictions} evictions"
+        );
+        assert!(evictions >= 1, "a full bucket of active states evicts");
+    });
+}
+
 /// Alice has used her permit; a sweep at the same instant frees only states indistinguishable
 /// from fresh, racing Bob's first two requests (his state is fresh until the first is granted,
 /// and may be retired then): Bob is granted once, never twice, and Alice's used permit stays
@@ -449,6 +492,11 @@ fn store_rule_change_racing_requests_starts_a_client_afresh_once() {
 #[test]
 fn store_eviction_racing_a_decision_never_grants_more_than_fresh_states() {
     check_eviction_racing_a_decision(StoreFault::None);
+}
+
+#[test]
+fn store_eviction_at_a_lagging_reading_gives_back_one_permit_at_most() {
+    check_eviction_at_a_lagging_reading(StoreFault::None);
 }
 
 #[test]

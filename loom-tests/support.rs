@@ -465,6 +465,15 @@ macro_rules! one_word_limit {
                 tollgate::loom_support::Method::retire_now(&self.0, state)
             }
 
+            fn retire_evicted<A: tollgate::loom_support::AtomicWord>(
+                &self,
+                state: &A,
+            ) -> Option<u64> {
+                self.0
+                    .retire_returning(state)
+                    .map(|word| self.0.counted_up_to(word))
+            }
+
             fn retire_if_idle<A: tollgate::loom_support::AtomicWord>(
                 &self,
                 state: &A,

@@ -276,6 +276,25 @@ impl AnyParams {
         on_state!(self, state, params, state => Method::retire_now(params, state), else false)
     }
 
+    /// Retires a one-word `state` whatever it holds, as [`AnyParams::retire_now`] does, for an
+    /// eviction: the clock reading its counts run up to (the method's `counted_up_to` of the
+    /// word it retired), `None` if it already was. The sliding log, whose state is no word,
+    /// answers 0.
+    pub(crate) fn retire_evicted<A: AtomicWord>(&self, state: &A) -> Option<u64> {
+        match self {
+            AnyParams::TokenBucket(params) => params
+                .retire_returning(state)
+                .map(|tat| params.counted_up_to(tat)),
+            AnyParams::FixedWindow(params) => params
+                .retire_returning(state)
+                .map(|word| params.counted_up_to(word)),
+            AnyParams::SlidingWindowCounter(params) => params
+                .retire_returning(state)
+                .map(|word| params.counted_up_to(word)),
+            AnyParams::SlidingWindowLog(_) => self.retire_now(state).then_some(0),
+        }
+    }
+
     /// Retires `state` if it is indistinguishable from a fresh one at `now_nanos`.
     pub(crate) fn retire_if_idle<'s, A: AtomicWord + 's>(
         &self,
@@ -284,5 +303,109 @@ impl AnyParams {
     ) -> bool {
         on_state!(self, state, params, state => Method::retire_if_idle(params, state, now_nanos),
             else false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sync::Ordering;
+    use std::time::Duration;
+
+    /// A clock at one reading.
+    struct At(u64);
+
+    impl Clock for At {
+        fn now_nanos(&self) -> u64 {
+            self.0
+        }
+    }
+
+    fn xorshift(state: &mut u64) -> u64 {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        *state
+    }
+
+    /// An evicted client's next state is made as of where its evicted one's counts end
+    /// (`retire_evicted`): over any requests of one permit after the eviction, at readings in
+    /// any order, it grants at most one limit more than the evicted state would have (its twin,
+    /// kept on), and where the counts end is no later than the evicted state's last grant. Made
+    /// as of the evicting insert's own reading instead, it gives back a limit for every window
+    /// between. (Under requests of several permits, all or nothing, a token bucket's grant of
+    /// `n` can overshoot the lead by `n - 1`, the evicted state having refused it with fewer
+    /// left: one limit is the bound on what the eviction gives back, not on that rounding.)
+    #[test]
+    fn a_state_made_as_of_where_an_evicted_one_counts_up_to_grants_at_most_one_limit_more() {
+        const ORIGIN: u64 = 3_700_000_000;
+        let rules = [
+            (5, Duration::from_secs(1)),
+            (3, Duration::from_millis(7)),
+            (1, Duration::from_secs(1)),
+            (1_000, Duration::from_millis(250)),
+        ];
+        for algorithm in [
+            Algorithm::TokenBucket,
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindowCounter,
+        ] {
+            for (limit, window) in rules {
+                let rule = Rule::new(limit, window).expect("a valid rule");
+                let params = AnyParams::new(algorithm, rule, ORIGIN).expect("a valid rule");
+                let window = u64::try_from(window.as_nanos()).expect("a short window");
+                let reading = |rng: &mut u64| ORIGIN + xorshift(rng) % (20 * window);
+                let permits = |rng: &mut u64| 1 + xorshift(rng) % limit.min(3);
+                for seed in 1..300_u64 {
+                    let rng = &mut (seed * 0x9E37_79B9_7F4A_7C15);
+                    let evicted = Word::new(params.fresh_word(0).expect("a one-word method"));
+                    let mut last_grant = ORIGIN;
+                    for _ in 0..xorshift(rng) % 24 {
+                        let now = reading(rng);
+                        let decision = params
+                            .acquire(&evicted, permits(rng), &At(now))
+                            .expect("a live state");
+                        if decision.is_allowed() {
+                            last_grant = last_grant.max(now);
+                        }
+                    }
+                    let twin = Word::new(evicted.load(Ordering::Relaxed));
+                    let up_to = params
+                        .retire_evicted(&evicted)
+                        .expect("a live state is retired");
+                    let context = format!("{algorithm:?}, {limit} per {window} ns, seed {seed}");
+                    assert!(
+                        up_to <= last_grant,
+                        "{context}: counted up to {up_to}, after the last grant at {last_grant}"
+                    );
+                    assert_eq!(params.retire_evicted(&evicted), None, "{context}");
+                    let fresh = Word::new(params.fresh_word(up_to).expect("a one-word method"));
+                    let (mut by_fresh, mut by_twin) = (0, 0);
+                    for _ in 0..48 {
+                        let now = reading(rng);
+                        let granted = |word: &Word| {
+                            params
+                                .acquire(word, 1, &At(now))
+                                .expect("a live state")
+                                .is_allowed()
+                        };
+                        by_fresh += u64::from(granted(&fresh));
+                        by_twin += u64::from(granted(&twin));
+                    }
+                    // The counter's fresh word also grants readings of the window before the
+                    // one it starts (a part of a limit, weighing that window as full), which the
+                    // evicted word may have refused: a second limit at most.
+                    let bound = match algorithm {
+                        Algorithm::SlidingWindowCounter => 2 * limit,
+                        _ => limit,
+                    };
+                    assert!(
+                        by_fresh <= by_twin + bound,
+                        "{context}: the fresh state granted {by_fresh} permits, the evicted one \
+                         {by_twin}, more than {bound} apart"
+                    );
+                }
+            }
+        }
     }
 }

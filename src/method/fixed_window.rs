@@ -127,6 +127,22 @@ impl WindowParams {
         }
     }
 
+    /// Retires the word whatever its state, as [`Method::retire_now`] does; the live word it
+    /// retired (`None` if it already was).
+    pub fn retire_returning<A: AtomicWord>(&self, word: &A) -> Option<u64> {
+        word::retire_flagged_now(word)
+    }
+
+    /// The earliest clock reading a fresh word ([`empty_since`](WindowParams::empty_since)) may
+    /// be made as of and hold at most one limit's worth more than `word`, for every reading: the
+    /// start of `word`'s window. (Made as of it, the fresh word starts that window empty and
+    /// refuses every earlier reading.)
+    pub fn counted_up_to(&self, word: u64) -> u64 {
+        let (index, _) = self.unpack(word);
+        self.origin_nanos
+            .saturating_add(index.saturating_mul(self.rule.window_nanos()))
+    }
+
     #[inline]
     fn index_at(&self, now_nanos: u64) -> u64 {
         (now_nanos / self.rule.window_nanos()).min(self.max_index)
@@ -504,7 +520,7 @@ impl Method for WindowParams {
 
     /// Retires the word whatever its state (for a client that moved to another rule).
     fn retire_now<A: AtomicWord>(&self, word: &A) -> bool {
-        word::retire_flagged_now(word)
+        self.retire_returning(word).is_some()
     }
 
     /// Retires the word if its window is over at `now_nanos` (so it is indistinguishable from a

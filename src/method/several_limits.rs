@@ -102,7 +102,7 @@ impl<A: AtomicWord> Gate<A> {
 
     /// Retires the gate whatever it holds.
     pub fn retire_now(&self) -> bool {
-        word::retire_now(&self.word, |gate| (gate != RETIRED).then_some(RETIRED))
+        word::retire_now(&self.word, |gate| (gate != RETIRED).then_some(RETIRED)).is_some()
     }
 
     /// Retires the gate if every committed permit has left its limit by `now_nanos`. One

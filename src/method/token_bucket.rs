@@ -246,6 +246,23 @@ impl GcraParams {
         self.decide(tat, now_nanos, 1).0
     }
 
+    /// Retires the bucket whatever its state, as [`Method::retire_now`] does; the TAT it retired
+    /// (`None` if it already was).
+    pub fn retire_returning<A: AtomicWord>(&self, tat: &A) -> Option<u64> {
+        word::retire_now(tat, |current| (current != RETIRED).then_some(RETIRED))
+    }
+
+    /// The earliest clock reading a fresh bucket ([`full_since`](GcraParams::full_since)) may be
+    /// made as of and hold at most one limit's worth more than the bucket whose TAT is `tat`,
+    /// for every reading: the instant its TAT was a full bucket ago (`TAT - N * T`), rounded up
+    /// to a nanosecond. It is no later than the reading of the grant that stored the TAT, which
+    /// left at most a full bucket of debt.
+    pub fn counted_up_to(&self, tat: u64) -> u64 {
+        let ticks = tat.saturating_sub(self.burst_ticks);
+        self.origin_nanos
+            .saturating_add(ticks.div_ceil(self.ticks_per_nano))
+    }
+
     /// The pure decision: what taking `n` permits at `now_nanos` from a bucket whose TAT is `tat`
     /// answers, and the TAT to store if it must change.
     #[inline]
@@ -506,7 +523,7 @@ impl Method for GcraParams {
 
     /// Retires the bucket whatever its state (for a client that moved to another rule).
     fn retire_now<A: AtomicWord>(&self, tat: &A) -> bool {
-        word::retire_now(tat, |current| (current != RETIRED).then_some(RETIRED))
+        self.retire_returning(tat).is_some()
     }
 
     /// Retires the bucket if it is full at `now_nanos` (indistinguishable from a fresh one), so

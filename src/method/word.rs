@@ -140,18 +140,21 @@ pub(crate) fn peek<A: AtomicWord>(
 }
 
 /// Retires `word` whatever it holds: `retired` gives the retired form of a live word, `None`
-/// for one retired already. Returns whether this call retired it.
-pub(crate) fn retire_now<A: AtomicWord>(word: &A, retired: impl Fn(u64) -> Option<u64>) -> bool {
+/// for one retired already. Returns the live word this call retired (`None` if it already was).
+pub(crate) fn retire_now<A: AtomicWord>(
+    word: &A,
+    retired: impl Fn(u64) -> Option<u64>,
+) -> Option<u64> {
     // Relaxed load: the exchange below decides.
     let mut current = word.load(Ordering::Relaxed);
     while let Some(new) = retired(current) {
         // Release: see `RETIRE_ORDERING`.
         match word.compare_exchange_weak(current, new, RETIRE_ORDERING, Ordering::Relaxed) {
-            Ok(_) => return true,
+            Ok(_) => return Some(current),
             Err(actual) => current = actual,
         }
     }
-    false
+    None
 }
 
 /// Retires `word` if `idle` says it is indistinguishable from a fresh one, giving its retired
@@ -170,9 +173,9 @@ pub(crate) fn retire_if<A: AtomicWord>(word: &A, idle: impl Fn(u64) -> Option<u6
 /// top bit, which their layouts leave free, set over whatever the word holds.
 pub(crate) const RETIRED_FLAG: u64 = 1 << 63;
 
-/// Retires a word that carries [`RETIRED_FLAG`], whatever it holds. Returns whether this call
-/// retired it (false if it already was).
-pub(crate) fn retire_flagged_now<A: AtomicWord>(word: &A) -> bool {
+/// Retires a word that carries [`RETIRED_FLAG`], whatever it holds. Returns the live word this
+/// call retired (`None` if it already was).
+pub(crate) fn retire_flagged_now<A: AtomicWord>(word: &A) -> Option<u64> {
     retire_now(word, |current| {
         (current & RETIRED_FLAG == 0).then_some(current | RETIRED_FLAG)
     })

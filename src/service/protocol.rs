@@ -450,8 +450,9 @@ fn may_look_again(lookups: &mut u32) -> bool {
 }
 
 /// The instant new limiters are made as of: the latest clock reading any sweep retired
-/// limiters at, kept in `evicted_up_to` (the service's), so that a limiter replacing a retired
-/// one is at least as strict for every reading, even one older than the sweep's.
+/// limiters at (or an eviction's victim had counted permits up to), kept in `evicted_up_to`
+/// (the service's), so that a limiter replacing a retired one is at least as strict for every
+/// reading, even one older than the sweep's.
 #[inline]
 pub(crate) fn made_as_of<W: AtomicWord>(evicted_up_to: &W) -> u64 {
     // Relaxed: a thread replacing a retired limiter has already synchronized with the retiring
@@ -780,6 +781,10 @@ impl WordLimit for &AnyParams {
 
     fn retire_now<A: AtomicWord>(&self, state: &A) -> bool {
         AnyParams::retire_now(self, state)
+    }
+
+    fn retire_evicted<A: AtomicWord>(&self, state: &A) -> Option<u64> {
+        AnyParams::retire_evicted(self, state)
     }
 
     fn retire_if_idle<A: AtomicWord>(&self, state: &A, now_nanos: u64) -> bool {

@@ -78,9 +78,12 @@ pub struct RateLimiterService<K, P, C = MonotonicClock, S = SipState> {
     /// and each entry stores the key once.
     pub(super) plans: PlanTable<K, P, S>,
     pub(super) clock: C,
-    /// The latest clock reading any sweep retired limiters at. New limiters are made as of it,
-    /// so that one replacing a retired limiter is at least as strict for every reading, even one
-    /// older than the sweep's (a clock stepped back, or another core's counter slightly behind).
+    /// The latest clock reading any sweep or insert retired limiters at, or an eviction's
+    /// victim had counted permits up to (no later than the reading of its last grant). New
+    /// limiters are made as of it, so that one replacing a retired limiter is at least as strict
+    /// for every reading, even one older than the sweep's (a clock stepped back, or another
+    /// core's counter slightly behind), and one replacing an evicted limiter holds at most one
+    /// limit's worth more.
     pub(super) evicted_up_to: Word,
     /// Hashes keys for the plans' stores (each plan's map has a copy of its own).
     pub(super) hasher: S,

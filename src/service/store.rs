@@ -75,7 +75,12 @@
 //! the service publishes the clock reading it retires at first (`evicted_up_to`), so a fresh
 //! state made afterwards is at least as strict as the retired one for every reading. Reusing an
 //! idle state changes no answer. An evicted client (one not idle, in a full pair of buckets) is
-//! started afresh on its next request: it can gain at most one limit's worth, once per eviction.
+//! started afresh on its next request: it can gain at most one limit's worth, once per eviction
+//! (in permits asked one at a time; the sliding window counter's fresh word also grants readings
+//! of the window before its own a part of a limit, which the evicted word may have refused: two
+//! limits there). (An eviction also publishes where the victim's counts end, `WordLimit::retire_evicted`:
+//! they may run past the evicting insert's own reading, which can lag another thread's, and a
+//! fresh state made before them would give back one limit for every window between.)
 //! A decision writes a state only through a view of the slot's word ([`SlotWord`]) that checks,
 //! before each exchange (and each add), that the slot still has the holding whose tag the
 //! decision found, and fails as on a retired word if not; and the decision checks again after
@@ -231,6 +236,10 @@ pub enum StoreFault {
     SweepRetiresActive,
     /// An eviction that is not counted: a client started afresh without its eviction showing.
     UncountedEviction,
+    /// An eviction that publishes only the evicting insert's reading, not where the victim's
+    /// counts end: an insert whose reading lags gives its victim's next state every window
+    /// between back.
+    EvictionAtItsOwnReading,
     /// An insert that evicts an active client while another slot of its buckets is being freed
     /// (a sweep's idle one).
     EvictPastRetiring,
@@ -264,6 +273,12 @@ pub trait WordLimit {
     fn fresh(&self, since_nanos: u64) -> u64;
     /// Retires `state` whatever it holds; whether this call did (false if it already was).
     fn retire_now<A: AtomicWord>(&self, state: &A) -> bool;
+    /// Retires `state` whatever it holds, for an eviction: the earliest clock reading a fresh
+    /// state ([`WordLimit::fresh`]) may be made as of and hold at most one limit's worth more
+    /// than the retired one for every reading (`None` if this call did not retire it). The
+    /// state's counts may run past the evicting insert's own reading, which can lag another
+    /// thread's.
+    fn retire_evicted<A: AtomicWord>(&self, state: &A) -> Option<u64>;
     /// Retires `state` if it is indistinguishable from a fresh one at `now_nanos`; whether it
     /// did.
     fn retire_if_idle<A: AtomicWord>(&self, state: &A, now_nanos: u64) -> bool;
@@ -752,9 +767,10 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
         // retiring exchange (their Acquire fence follows).
         evicted_up_to.fetch_max(now_nanos, Ordering::Relaxed);
         let taken = |tag: &'_ W, seen: u64| {
-            // Relaxed: this thread holds the slot (its retiring bit), so no one else changes the
-            // tag; the fresh state and its tag are published by Releases.
-            tag.store(idle_tag(seen, true), Ordering::Relaxed);
+            // This thread holds the slot (its retiring bit), so no one else changes the tag.
+            // Release: a thread that reads the tag without the retiring bit (an insert settling
+            // the slot waits for that) sees the reading an eviction published just before.
+            tag.store(idle_tag(seen, true), Ordering::Release);
         };
         // Acquire: as in `decide`.
         let live = |tag: &W| {
@@ -803,7 +819,16 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
                     return None;
                 }
                 if !head.limit.retire_if_idle(&salted, now_nanos) {
-                    head.limit.retire_now(&salted);
+                    // The victim's counts may run past this insert's reading (one that lags
+                    // another thread's, or a clock stepped back): its client's next state is made
+                    // as of where they end, so that the eviction gives it at most one limit's
+                    // worth, not one for every window between the two. Relaxed: published by
+                    // the Release of `taken` below, before the slot's tag changes again.
+                    if self.has_fault(StoreFault::EvictionAtItsOwnReading) {
+                        head.limit.retire_now(&salted);
+                    } else if let Some(counted_up_to) = head.limit.retire_evicted(&salted) {
+                        evicted_up_to.fetch_max(counted_up_to, Ordering::Relaxed);
+                    }
                     if !self.has_fault(StoreFault::UncountedEviction) {
                         // Relaxed: a count.
                         self.evictions.fetch_add(1, Ordering::Relaxed);

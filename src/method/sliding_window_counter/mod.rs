@@ -163,6 +163,22 @@ impl CounterParams {
         }
     }
 
+    /// Retires the word whatever its state, as [`Method::retire_now`] does; the live word it
+    /// retired (`None` if it already was).
+    pub fn retire_returning<A: AtomicWord>(&self, word: &A) -> Option<u64> {
+        word::retire_flagged_now(word)
+    }
+
+    /// The earliest clock reading a fresh word ([`empty_since`](CounterParams::empty_since))
+    /// may be made as of and hold at most one limit's worth more than `word`, for every reading:
+    /// the start of `word`'s current window. (Made as of it, the fresh word counts the window
+    /// before as full, and refuses every earlier reading.)
+    pub fn counted_up_to(&self, word: u64) -> u64 {
+        let (index, _, _) = self.unpack(word);
+        self.origin_nanos
+            .saturating_add(index.saturating_mul(self.rule.window_nanos()))
+    }
+
     /// The pure decision: what taking `n` permits at `now_nanos` from `word` answers, and the
     /// word to store if it must change. `word` must not be retired.
     // For the unit tests and the loom models; the limiters, which clamp the reading once per
@@ -484,7 +500,7 @@ impl Method for CounterParams {
 
     /// Retires the word whatever its state (for a client that moved to another rule).
     fn retire_now<A: AtomicWord>(&self, word: &A) -> bool {
-        word::retire_flagged_now(word)
+        self.retire_returning(word).is_some()
     }
 
     /// Retires the word if its estimate is 0 at `now_nanos`: nothing granted in the window of
