@@ -523,14 +523,17 @@ impl Method for WindowParams {
         self.retire_returning(word).is_some()
     }
 
-    /// Retires the word if its window is over at `now_nanos` (so it is indistinguishable from a
-    /// fresh one). Retiring and acquiring are read-modify-writes of the same word, so exactly
+    /// Retires the word if its window is over at `now_nanos`, or is the reading's own and empty
+    /// (so it is indistinguishable from a fresh one). Retiring and acquiring are read-modify-writes of the same word, so exactly
     /// one of them wins.
     fn retire_if_idle<A: AtomicWord>(&self, word: &A, now_nanos: u64) -> bool {
         let now_index = self.index_at(self.elapsed(now_nanos));
         word::retire_if(word, |current| {
             let (index, count) = self.unpack(current);
-            (current & RETIRED == 0 && (index < now_index || count == 0))
+            // A word of a window later than the reading's is never idle at it, even empty (a
+            // refund's): it counts an older reading in its own window, where a fresh word made
+            // as of the reading would give that reading's window a limit of its own.
+            (current & RETIRED == 0 && (index < now_index || index == now_index && count == 0))
                 .then_some(current | RETIRED)
         })
     }
@@ -554,6 +557,20 @@ mod tests {
         let word = window.pack(123_456, 5);
         assert_eq!(window.unpack(word), (123_456, 5));
         assert_eq!(window.unpack(word | RETIRED), (123_456, 5));
+    }
+
+    /// An empty word of window 5 (a refund's) is idle at readings of window 5 and later, never
+    /// at one of window 4: there it would count the reading in window 5, where a fresh word
+    /// made as of the reading gives window 4 a limit of its own.
+    #[test]
+    fn an_empty_word_of_a_later_window_is_not_idle_at_an_older_reading() {
+        let window = params(2, Duration::from_secs(1));
+        let word = crate::sync::Word::new(window.pack(5, 0));
+        assert!(!window.retire_if_idle(&word, 4_500_000_000));
+        assert!(window.retire_if_idle(&word, 5_000_000_000));
+        let word = crate::sync::Word::new(window.pack(5, 1));
+        assert!(!window.retire_if_idle(&word, 5_999_999_999));
+        assert!(window.retire_if_idle(&word, 6_000_000_000));
     }
 
     #[test]

@@ -504,14 +504,19 @@ impl Method for CounterParams {
     }
 
     /// Retires the word if its estimate is 0 at `now_nanos`: nothing granted in the window of
-    /// that reading nor in the one before (any count weighs at least one permit, rounded up), so
-    /// it is indistinguishable from a fresh word. Retiring and acquiring are read-modify-writes
+    /// that reading nor in the one before (any count weighs at least one permit, rounded up), and
+    /// its window not later than the reading's, so it is indistinguishable from a fresh word. Retiring and acquiring are read-modify-writes
     /// of the same word, so exactly one of them wins.
     fn retire_if_idle<A: AtomicWord>(&self, word: &A, now_nanos: u64) -> bool {
         let now = self.elapsed(now_nanos);
         word::retire_if(word, |current| {
             let rolled = self.roll(current, now);
-            (current & RETIRED == 0 && rolled.current == 0 && rolled.previous == 0)
+            // A word of a window later than the reading's is never idle at it, even empty (a
+            // refund's): it counts an older reading at its own window's start, where a fresh
+            // word made as of the reading would give that reading's window a limit of its own.
+            let (stored, _, _) = self.unpack(current);
+            let ahead = now < stored.saturating_mul(self.rule.window_nanos());
+            (current & RETIRED == 0 && !ahead && rolled.current == 0 && rolled.previous == 0)
                 .then_some(current | RETIRED)
         })
     }

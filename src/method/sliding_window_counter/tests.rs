@@ -192,3 +192,25 @@ fn an_idle_word_retires_and_a_busy_one_does_not() {
         Err(Retired)
     );
 }
+
+/// An empty word of window 5 (a refund's) is idle at readings of window 5 and later, never at
+/// one of window 4: there it would count the reading at window 5's start, where a fresh word
+/// made as of the reading gives window 4 a limit of its own.
+#[test]
+fn an_empty_word_of_a_later_window_is_not_idle_at_an_older_reading() {
+    let counter = params(2, Duration::from_secs(1));
+    let word = Word::new(counter.pack(5, 0, 0));
+    assert!(!Method::retire_if_idle(
+        &counter,
+        &word,
+        4 * SECOND + SECOND / 2
+    ));
+    assert!(Method::retire_if_idle(&counter, &word, 5 * SECOND));
+    let word = Word::new(counter.pack(5, 1, 0));
+    assert!(!Method::retire_if_idle(
+        &counter,
+        &word,
+        6 * SECOND + SECOND / 2
+    ));
+    assert!(Method::retire_if_idle(&counter, &word, 7 * SECOND));
+}
