@@ -926,17 +926,21 @@ fn race(algorithm: Algorithm, limit: u64, walk: Walk, millis: u64) -> RaceOutcom
     // The client's requests so far: the evicting thread waits for a few between its inserts, so
     // that most evictions take the client (not the untouched state of the insert before).
     let asked = Arc::new(AtomicU64::new(0));
+    // Evictions at the other thread's inserts so far: the race runs on past its time until
+    // there are enough to judge by (on a loaded machine the threads may take turns).
+    let evicted_so_far = Arc::new(AtomicU64::new(0));
     let dog = Watchdog::start(
-        Duration::from_millis(millis) + Duration::from_secs(30),
+        Duration::from_millis(millis) + ENOUGH_EVICTIONS_WITHIN + Duration::from_secs(30),
         format!("{algorithm:?} race"),
     );
     let evictor = {
-        let (svc, stop, latest, evictor_max, asked) = (
+        let (svc, stop, latest, evictor_max, asked, evicted_so_far) = (
             Arc::clone(&svc),
             Arc::clone(&stop),
             Arc::clone(&latest),
             Arc::clone(&evictor_max),
             Arc::clone(&asked),
+            Arc::clone(&evicted_so_far),
         );
         thread::spawn(move || {
             let mut rng = 0x2545_F491_4F6C_DD1D_u64;
@@ -964,7 +968,9 @@ fn race(algorithm: Algorithm, limit: u64, walk: Walk, millis: u64) -> RaceOutcom
                 };
                 let before = svc.evictions();
                 let decision = svc.acquire(&key, &PLAN, n).unwrap();
-                at_inserts += svc.evictions() - before;
+                let evicted = svc.evictions() - before;
+                at_inserts += evicted;
+                evicted_so_far.fetch_add(evicted, Ordering::Relaxed);
                 refused_first += u64::from(n == 1 && decision.is_denied());
                 // Let the client ask a few times between evictions (a pass or more of its walk).
                 let between = match walk {
@@ -984,7 +990,10 @@ fn race(algorithm: Algorithm, limit: u64, walk: Walk, millis: u64) -> RaceOutcom
     let mut rng = 0x9E37_79B9_7F4A_7C15_u64;
     let mut time = 10 * W;
     let deadline = Instant::now() + Duration::from_millis(millis);
-    while Instant::now() < deadline {
+    let give_up = deadline + ENOUGH_EVICTIONS_WITHIN;
+    while Instant::now() < deadline
+        || evicted_so_far.load(Ordering::Relaxed) <= ENOUGH_EVICTIONS && Instant::now() < give_up
+    {
         let reading = match walk {
             Walk::Forward { back, .. } => {
                 time += xorshift(&mut rng) % (W / 100);
@@ -1027,6 +1036,11 @@ fn race(algorithm: Algorithm, limit: u64, walk: Walk, millis: u64) -> RaceOutcom
     outcome
 }
 
+/// The evictions at the other thread's inserts a race needs to judge by (more than this), and
+/// how long past its time it may run to see them.
+const ENOUGH_EVICTIONS: u64 = 10;
+const ENOUGH_EVICTIONS_WITHIN: Duration = Duration::from_secs(20);
+
 fn check_race(algorithm: Algorithm, walk: Walk) {
     let _one = serial();
     for limit in [1, 4] {
@@ -1036,7 +1050,10 @@ fn check_race(algorithm: Algorithm, walk: Walk) {
         eprintln!(
             "{algorithm:?} {limit}/s, {walk:?}: {outcome:?}, gained {gained}, allowed {allowed}"
         );
-        assert!(outcome.at_inserts > 10, "too few evictions: {outcome:?}");
+        assert!(
+            outcome.at_inserts > ENOUGH_EVICTIONS,
+            "too few evictions: {outcome:?}"
+        );
         assert!(
             gained <= allowed,
             "{algorithm:?} {limit}/s, {walk:?}: the client gained {gained} permits over its \
