@@ -228,6 +228,17 @@ impl Clock for CoarseClock {
     }
 }
 
+/// A clock stopped at one reading: the limits of one request, or the states one judgement
+/// compares (which is idle, which closest to fresh), all decide at the same instant.
+pub(crate) struct Reading(pub(crate) u64);
+
+impl Clock for Reading {
+    #[inline]
+    fn now_nanos(&self) -> u64 {
+        self.0
+    }
+}
+
 /// `d` in nanoseconds, saturating at `u64::MAX` (584 years).
 #[inline]
 pub(crate) fn duration_to_nanos(d: Duration) -> u64 {

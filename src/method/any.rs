@@ -309,17 +309,9 @@ impl AnyParams {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::Reading;
     use crate::sync::Ordering;
     use std::time::Duration;
-
-    /// A clock at one reading.
-    struct At(u64);
-
-    impl Clock for At {
-        fn now_nanos(&self) -> u64 {
-            self.0
-        }
-    }
 
     fn xorshift(state: &mut u64) -> u64 {
         *state ^= *state << 13;
@@ -363,7 +355,7 @@ mod tests {
                     for _ in 0..xorshift(rng) % 24 {
                         let now = reading(rng);
                         let decision = params
-                            .acquire(&evicted, permits(rng), &At(now))
+                            .acquire(&evicted, permits(rng), &Reading(now))
                             .expect("a live state");
                         if decision.is_allowed() {
                             last_grant = last_grant.max(now);
@@ -385,7 +377,7 @@ mod tests {
                         let now = reading(rng);
                         let granted = |word: &Word| {
                             params
-                                .acquire(word, 1, &At(now))
+                                .acquire(word, 1, &Reading(now))
                                 .expect("a live state")
                                 .is_allowed()
                         };

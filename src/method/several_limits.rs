@@ -44,7 +44,7 @@
 
 use super::any::AnyParams;
 use super::client_state::ClientState;
-use crate::clock::Clock;
+use crate::clock::{Clock, Reading};
 use crate::decision::{Decision, Retired};
 use crate::method::word::{self, Reservation, Step};
 use crate::sync::{AtomicWord, Ordering, OwnedWord, Word};
@@ -137,17 +137,6 @@ impl<A: AtomicWord> Gate<A> {
 impl<A: OwnedWord> Default for Gate<A> {
     fn default() -> Self {
         Self::new()
-    }
-}
-
-/// A clock that reads one fixed instant, so that every limit of one request decides at the
-/// same reading.
-struct Reading(u64);
-
-impl Clock for Reading {
-    #[inline]
-    fn now_nanos(&self) -> u64 {
-        self.0
     }
 }
 

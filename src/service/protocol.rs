@@ -20,7 +20,7 @@ use super::client_map::ClientMap;
 use super::plan_table::{PinnedPlan, PlanHead};
 use super::store::{Holding, SlotWord, WordLimit, WordRequest};
 use crate::Decision;
-use crate::clock::Clock;
+use crate::clock::{Clock, Reading};
 use crate::decision::{Admit, Retired};
 use crate::method::any::AnyParams;
 use crate::method::client_state::{ClientState, StateRef, Version};
@@ -756,17 +756,6 @@ where
                 self.clock,
             )))
         })
-    }
-}
-
-/// A clock stopped at one reading: the store's judgements of idleness and closeness to fresh
-/// take one reading for all the states they compare.
-struct Reading(u64);
-
-impl Clock for Reading {
-    #[inline]
-    fn now_nanos(&self) -> u64 {
-        self.0
     }
 }
 
