@@ -524,8 +524,8 @@ impl Method for WindowParams {
     }
 
     /// Retires the word if its window is over at `now_nanos`, or is the reading's own and empty
-    /// (so it is indistinguishable from a fresh one). Retiring and acquiring are read-modify-writes of the same word, so exactly
-    /// one of them wins.
+    /// (so it is indistinguishable from a fresh one). Retiring and acquiring are
+    /// read-modify-writes of the same word, so exactly one of them wins.
     fn retire_if_idle<A: AtomicWord>(&self, word: &A, now_nanos: u64) -> bool {
         let now_index = self.index_at(self.elapsed(now_nanos));
         word::retire_if(word, |current| {

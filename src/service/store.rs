@@ -75,12 +75,13 @@
 //! the service publishes the clock reading it retires at first (`evicted_up_to`), so a fresh
 //! state made afterwards is at least as strict as the retired one for every reading. Reusing an
 //! idle state changes no answer. An evicted client (one not idle, in a full pair of buckets) is
-//! started afresh on its next request: it can gain at most one limit's worth, once per eviction
-//! (in permits asked one at a time; the sliding window counter's fresh word also grants readings
-//! of the window before its own a part of a limit, which the evicted word may have refused: two
-//! limits there). (An eviction also publishes where the victim's counts end, `WordLimit::retire_evicted`:
-//! they may run past the evicting insert's own reading, which can lag another thread's, and a
-//! fresh state made before them would give back one limit for every window between.)
+//! started afresh on its next request: it can gain at most one limit's worth, once per eviction,
+//! in permits asked one at a time (two under the sliding window counter, whose fresh word also
+//! grants readings of the window before its own a part of a limit, which the evicted word may
+//! have refused). For that, an eviction also publishes where its victim's counts end
+//! (`WordLimit::retire_evicted`): they may run past the evicting insert's own reading, which can
+//! lag another thread's, and a fresh state made as of that reading would give back one limit
+//! for every window between.
 //! A decision writes a state only through a view of the slot's word ([`SlotWord`]) that checks,
 //! before each exchange (and each add), that the slot still has the holding whose tag the
 //! decision found, and fails as on a retired word if not; and the decision checks again after

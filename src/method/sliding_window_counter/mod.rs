@@ -505,8 +505,9 @@ impl Method for CounterParams {
 
     /// Retires the word if its estimate is 0 at `now_nanos`: nothing granted in the window of
     /// that reading nor in the one before (any count weighs at least one permit, rounded up), and
-    /// its window not later than the reading's, so it is indistinguishable from a fresh word. Retiring and acquiring are read-modify-writes
-    /// of the same word, so exactly one of them wins.
+    /// its window not later than the reading's, so it is indistinguishable from a fresh word.
+    /// Retiring and acquiring are read-modify-writes of the same word, so exactly one of them
+    /// wins.
     fn retire_if_idle<A: AtomicWord>(&self, word: &A, now_nanos: u64) -> bool {
         let now = self.elapsed(now_nanos);
         word::retire_if(word, |current| {
