@@ -349,7 +349,9 @@ fn script(shape: Shape, seed: u64, totals: &mut Totals) -> Vec<String> {
     failures
 }
 
-fn run_scripts(shape: Shape, seeds: u64) {
+/// A script (`script` or `hot_script`) of `shape` for each of `seeds` seeds, until eight
+/// failures.
+fn run_scripts(shape: Shape, seeds: u64, script: fn(Shape, u64, &mut Totals) -> Vec<String>) {
     let mut totals = Totals::default();
     let mut failures = Vec::new();
     for seed in 1..=seeds {
@@ -385,6 +387,7 @@ fn scripts_of_single_permits_hold_the_bound_per_eviction() {
                     steps: 400,
                 },
                 400,
+                script,
             );
         }
     }
@@ -406,6 +409,7 @@ fn scripts_with_rule_changes_and_two_buckets_hold_the_bound_per_eviction() {
                 steps: 500,
             },
             300,
+            script,
         );
     }
 }
@@ -426,6 +430,7 @@ fn scripts_of_several_permits_hold_the_bound_per_eviction() {
                 steps: 400,
             },
             400,
+            script,
         );
     }
 }
@@ -558,30 +563,13 @@ fn hot_script(shape: Shape, seed: u64, totals: &mut Totals) -> Vec<String> {
     failures
 }
 
-fn run_hot_scripts(shape: Shape, seeds: u64) {
-    let mut totals = Totals::default();
-    let mut failures = Vec::new();
-    for seed in 1..=seeds {
-        failures.extend(hot_script(
-            shape,
-            seed.wrapping_mul(0x9E37_79B9_7F4A_7C15),
-            &mut totals,
-        ));
-        if failures.len() >= 8 {
-            break;
-        }
-    }
-    eprintln!("hot {shape:?}: {totals:?}");
-    assert!(failures.is_empty(), "{shape:?}\n{failures:#?}");
-}
-
 /// One permit at a time: the hot client gains at most the bound per eviction of it.
 #[test]
 fn hot_scripts_of_single_permits_hold_the_bound_per_eviction_of_the_client() {
     for algorithm in STORE_METHODS {
         for limit in [1, 3] {
             for sweeps in [false, true] {
-                run_hot_scripts(
+                run_scripts(
                     Shape {
                         algorithm,
                         capacity: 8,
@@ -593,6 +581,7 @@ fn hot_scripts_of_single_permits_hold_the_bound_per_eviction_of_the_client() {
                         steps: 500,
                     },
                     300,
+                    hot_script,
                 );
             }
         }
@@ -603,7 +592,7 @@ fn hot_scripts_of_single_permits_hold_the_bound_per_eviction_of_the_client() {
 #[test]
 fn hot_scripts_of_several_permits_hold_the_bound_per_eviction_of_the_client() {
     for algorithm in STORE_METHODS {
-        run_hot_scripts(
+        run_scripts(
             Shape {
                 algorithm,
                 capacity: 8,
@@ -615,6 +604,7 @@ fn hot_scripts_of_several_permits_hold_the_bound_per_eviction_of_the_client() {
                 steps: 500,
             },
             300,
+            hot_script,
         );
     }
 }
