@@ -868,6 +868,24 @@ impl Clock for ThreadClock {
 
 type ThreadService = RateLimiterService<u64, &'static str, ThreadClock>;
 
+/// [`full_store`] on this thread's clock, shared between threads: a bucket of eight slots made
+/// at [`START`], seven fillers spent at [`FAR`] (the clock left there).
+fn full_thread_store(algorithm: Algorithm, rule: Rule) -> Arc<ThreadService> {
+    NOW.set(START);
+    let svc: Arc<ThreadService> = Arc::new(
+        ServiceBuilder::new(algorithm, ThreadClock)
+            .plan(PLAN, rule)
+            .capacity(8)
+            .build::<u64>()
+            .unwrap(),
+    );
+    NOW.set(FAR);
+    for key in 1..=7 {
+        while svc.allow(&key, &PLAN).unwrap() {}
+    }
+    svc
+}
+
 #[derive(Debug, Clone, Copy)]
 enum Walk {
     /// The client's time moves on a little each request, and now and then it reads up to
@@ -898,18 +916,7 @@ struct RaceOutcome {
 /// asked a few times, and sweeps now and then: its inserts evict the client while it asks.
 fn race(algorithm: Algorithm, limit: u64, walk: Walk, millis: u64) -> RaceOutcome {
     let rule = Rule::new(limit, Duration::from_nanos(W)).unwrap();
-    NOW.set(START);
-    let svc: Arc<ThreadService> = Arc::new(
-        ServiceBuilder::new(algorithm, ThreadClock)
-            .plan(PLAN, rule)
-            .capacity(8)
-            .build::<u64>()
-            .unwrap(),
-    );
-    NOW.set(FAR);
-    for key in 1..=7 {
-        while svc.allow(&key, &PLAN).unwrap() {}
-    }
+    let svc = full_thread_store(algorithm, rule);
     let stop = Arc::new(AtomicBool::new(false));
     let latest = Arc::new(AtomicU64::new(10 * W));
     let evictor_max = Arc::new(AtomicU64::new(0));
@@ -1132,18 +1139,7 @@ fn eviction_racing_requests_at_older_readings(algorithm: Algorithm, limit: u64, 
     let (mut gained, mut evictions, mut rounds_with_eviction) = (0, 0, 0);
     let mut failures = Vec::new();
     for round in 0..rounds {
-        NOW.set(START);
-        let svc: Arc<ThreadService> = Arc::new(
-            ServiceBuilder::new(algorithm, ThreadClock)
-                .plan(PLAN, rule)
-                .capacity(8)
-                .build::<u64>()
-                .unwrap(),
-        );
-        NOW.set(FAR);
-        for key in 1..=7 {
-            while svc.allow(&key, &PLAN).unwrap() {}
-        }
+        let svc = full_thread_store(algorithm, rule);
         NOW.set(19 * W + W / 2);
         while svc.allow(&0, &PLAN).unwrap() {}
         *slot.lock().unwrap() = Some(Arc::clone(&svc));
