@@ -22,8 +22,8 @@ use tollgate::{Algorithm, FakeClock, Rule, ServiceError};
 mod stress;
 
 use stress::{
-    PLAN, PlacedService as Service, STORE_METHODS, Watchdog, key_at, placed_service as service,
-    serial, xorshift,
+    PLAN, PlacedService as Service, SPENT_AHEAD, STORE_METHODS, Watchdog, key_at,
+    placed_service as service, serial, xorshift,
 };
 
 fn hammer_for() -> Duration {
@@ -711,23 +711,25 @@ fn a_storm_of_new_clients_into_a_full_store_never_gives_up() {
 }
 
 /// The race the insert's last look before an eviction closes, aimed at: every slot but one (per
-/// inserting thread) holds a spent client (not idle, the clock standing still); the others hold idle states, made by new
-/// clients asking for more than the limit (an insert that takes nothing: the state stays
-/// fresh). Inserters keep making such idle states for new keys while a sweeper keeps freeing
-/// them: each insert finds an idle slot, or a free one, or one the sweeper is freeing, and must
-/// never evict a spent client. Each spent client is asked again at the end: it must still be
-/// spent (a reset one would be granted).
+/// inserting thread) holds a spent client (spent at a reading far ahead, so that it stays spent
+/// and never idle at the readings the race runs at); the others hold idle states, each made by a
+/// new client's grant two windows before the next new client comes (the inserter moves the clock
+/// on by two windows before each). Inserters keep making such states for new keys while a
+/// sweeper keeps freeing them: each insert finds an idle slot, or a free one, or one the sweeper
+/// is freeing, and must never evict a spent client. Each spent client is asked again at the end:
+/// it must still be spent (a reset one would be granted).
 fn idle_slot_swept_while_new_clients_insert(
     algorithm: Algorithm,
     capacity: usize,
     for_how_long: Duration,
 ) -> (u64, u64) {
     let limit = 2;
+    let window = Duration::from_millis(1);
     let clock = FakeClock::new();
     let service = service(
         algorithm,
         capacity,
-        Rule::new(limit, Duration::from_secs(3600)).unwrap(),
+        Rule::new(limit, window).unwrap(),
         &clock,
     );
     let buckets = capacity / 8;
@@ -746,12 +748,15 @@ fn idle_slot_swept_while_new_clients_insert(
             key_at((1 << 39) | (i as u64 + 1), bucket, bucket, buckets)
         })
         .collect();
+    // Spent a million seconds ahead: at every reading of the race they are spent, not idle.
+    clock.set(SPENT_AHEAD);
     for key in &spent {
         let granted = (0..=limit)
             .filter(|_| service.allow(key, &PLAN).unwrap())
             .count();
         assert_eq!(granted as u64, limit);
     }
+    clock.set(Duration::ZERO);
     assert_eq!(service.evictions(), 0);
     let stop = Arc::new(AtomicBool::new(false));
     let dog = Watchdog::start(
@@ -762,15 +767,17 @@ fn idle_slot_swept_while_new_clients_insert(
         .iter()
         .enumerate()
         .map(|(t, &(home, other))| {
-            let (service, stop) = (Arc::clone(&service), Arc::clone(&stop));
+            let (service, stop, clock) = (Arc::clone(&service), Arc::clone(&stop), clock.clone());
             thread::spawn(move || {
                 let mut n = 0u64;
                 let mut first_eviction = None;
                 while !stop.load(Ordering::Relaxed) {
                     n += 1;
+                    // The last new client's state is idle from here on (the sliding window
+                    // counter weighs the window before the current one).
+                    clock.advance(2 * window);
                     let key = key_at(((t as u64 + 1) << 36) | n, home, other, buckets);
-                    let decision = service.acquire(&key, &PLAN, limit + 1).expect("a decision");
-                    assert!(decision.is_denied());
+                    assert!(service.allow(&key, &PLAN).expect("a decision"));
                     if first_eviction.is_none() && service.evictions() > 0 {
                         first_eviction = Some(n);
                     }
@@ -831,39 +838,47 @@ fn an_idle_slot_being_swept_never_makes_an_insert_evict_a_spent_client() {
     }
 }
 
-/// What the aimed race relies on: a new client asking for more than its limit leaves a state in
-/// the store that the sweep frees (idle), and that the next new client reuses without an eviction.
+/// What the aimed race relies on: clients spent at a reading far ahead stay spent (not idle,
+/// not freed by a sweep) at the race's readings; a new client's grant leaves a state that is
+/// idle two windows later, which the sweep frees and the next new client reuses without an
+/// eviction; a request above the limit makes no state at all.
 #[test]
-fn an_over_limit_request_leaves_an_idle_state() {
+fn a_grant_two_windows_old_leaves_an_idle_state() {
     let _serial = serial();
     for algorithm in STORE_METHODS {
+        let window = Duration::from_millis(1);
         let clock = FakeClock::new();
-        let service = service(
-            algorithm,
-            8,
-            Rule::new(2, Duration::from_secs(3600)).unwrap(),
-            &clock,
-        );
+        let service = service(algorithm, 8, Rule::new(2, window).unwrap(), &clock);
+        clock.set(SPENT_AHEAD);
+        for key in 100..107u64 {
+            while service.allow(&key, &PLAN).unwrap() {}
+        }
+        clock.set(Duration::ZERO);
         assert!(service.acquire(&1, &PLAN, 3).unwrap().is_denied());
         assert_eq!(
             service.len(),
-            1,
+            7,
             "{algorithm}: the over-limit request made a state"
         );
-        assert_eq!(service.sweep(), 1, "{algorithm}: the sweep frees it");
-        assert_eq!(service.len(), 0);
-        for key in 2..10u64 {
-            assert!(service.acquire(&key, &PLAN, 3).unwrap().is_denied());
-        }
-        for key in 10..20u64 {
-            assert!(service.acquire(&key, &PLAN, 3).unwrap().is_denied());
+        assert!(service.allow(&2, &PLAN).unwrap());
+        assert_eq!(service.sweep(), 0, "{algorithm}: a new grant is not idle");
+        clock.advance(2 * window);
+        assert_eq!(
+            service.sweep(),
+            1,
+            "{algorithm}: two windows on, the sweep frees it"
+        );
+        assert_eq!(service.len(), 7);
+        for key in 3..20u64 {
+            clock.advance(2 * window);
+            assert!(service.allow(&key, &PLAN).unwrap(), "{algorithm}");
         }
         assert_eq!(
             service.evictions(),
             0,
             "{algorithm}: idle states are reused, not evicted"
         );
-        clock.advance(Duration::from_secs(1));
-        assert_eq!(service.sweep(), 8, "{algorithm}");
+        let still_spent = (100..107u64).filter(|key| !service.allow(key, &PLAN).unwrap());
+        assert_eq!(still_spent.count(), 7, "{algorithm}");
     }
 }

@@ -654,9 +654,10 @@ fn walked_again(algorithm: Algorithm, limit: u64, back: u64, rounds: u64) -> (u6
     walk_once(&svc);
     for round in 0..rounds {
         clock.set(at(back));
-        // More than the limit: refused, its state left untouched (idle from then on).
+        // A new client's first permit (granted or not: its state is made as of where the
+        // evicted client's counts end, which may be after `back`).
         let evictor = 100 + round;
-        assert!(svc.acquire(&evictor, &PLAN, limit + 1).unwrap().is_denied());
+        let _ = svc.allow(&evictor, &PLAN).unwrap();
         walk_once(&svc);
     }
     (by_service, by_twin, svc.evictions())
@@ -773,8 +774,9 @@ fn evicted_then_new_client_whole(
         }
     }
     clock.set(at(latest - lag));
-    let refused = svc.acquire(&100, &PLAN, rule.limit() + 1).unwrap();
-    if svc.evictions() != 1 || refused.is_allowed() {
+    // A new client's first permit, at the lagging reading: it evicts (granted or not).
+    let _ = svc.allow(&100, &PLAN).unwrap();
+    if svc.evictions() != 1 {
         return Err(format!("{algorithm:?}: {} evictions", svc.evictions()));
     }
     for (key, reading) in [(200, latest), (201, u64::MAX)] {
@@ -912,8 +914,8 @@ struct RaceOutcome {
 
 /// The client under watch (key 0, slot 7 of a full bucket whose fillers are spent at [`FAR`])
 /// asks single permits on one thread, as `walk` says; its twin is asked the same. Another thread
-/// inserts new clients (one permit, or more than the limit, each once), each after the client
-/// asked a few times, and sweeps now and then: its inserts evict the client while it asks.
+/// inserts new clients (one permit each, once), each after the client asked a few times, and
+/// sweeps now and then: its inserts evict the client while it asks.
 fn race(algorithm: Algorithm, limit: u64, walk: Walk, millis: u64) -> RaceOutcome {
     let rule = Rule::new(limit, Duration::from_nanos(W)).unwrap();
     let svc = full_thread_store(algorithm, rule);
@@ -958,17 +960,13 @@ fn race(algorithm: Algorithm, limit: u64, walk: Walk, millis: u64) -> RaceOutcom
                 }
                 key += 1;
                 inserts += 1;
-                let n = if xorshift(&mut rng).is_multiple_of(2) {
-                    1
-                } else {
-                    limit + 1
-                };
+                // One permit: a request for more than the limit inserts nothing.
                 let before = svc.evictions();
-                let decision = svc.acquire(&key, &PLAN, n).unwrap();
+                let decision = svc.acquire(&key, &PLAN, 1).unwrap();
                 let evicted = svc.evictions() - before;
                 at_inserts += evicted;
                 evicted_so_far.fetch_add(evicted, Ordering::Relaxed);
-                refused_first += u64::from(n == 1 && decision.is_denied());
+                refused_first += u64::from(decision.is_denied());
                 // Let the client ask a few times between evictions (a pass or more of its walk).
                 let between = match walk {
                     Walk::Forward { .. } => 5 + xorshift(&mut rng) % 100,
@@ -1124,12 +1122,9 @@ fn eviction_racing_requests_at_older_readings(algorithm: Algorithm, limit: u64, 
                     std::hint::spin_loop();
                 }
                 NOW.set(10 * W + xorshift(&mut rng) % W);
-                let n = if xorshift(&mut rng).is_multiple_of(2) {
-                    1
-                } else {
-                    limit + 1
-                };
-                let _decision = svc.acquire(&100, &PLAN, n).unwrap();
+                // One permit: a request for more than the limit inserts nothing, and so evicts
+                // no one, and the round waits for an eviction.
+                let _decision = svc.acquire(&100, &PLAN, 1).unwrap();
                 barrier.wait();
             }
         })

@@ -1,7 +1,8 @@
 //! Review of the insert's bucket pass (`needs_settling` / `settle_key_slots` / `claim_free` by
 //! bucket) and the decision's unrolled probe, through the public API only: tiny stores of the
 //! one-word methods, keys placed with an identity hasher so that their buckets collide on
-//! purpose, a `FakeClock` that stands still while threads race, sweeps and rule changes.
+//! purpose, a `FakeClock` that stands still while threads race, sweeps and rule changes (but in
+//! the race of inserts and sweeps, where each inserting thread moves it on).
 //!
 //! Each check counts admissions exactly against what the limits allow: with the clock standing
 //! still, a client may be granted at most its limit per version of the rules, plus at most one
@@ -21,7 +22,7 @@ use tollgate::{Algorithm, FakeClock, Rule, ServiceBuilder};
 mod stress;
 
 use stress::{
-    Identity, PLAN, PlacedService as Service, STORE_METHODS, Watchdog, key_at,
+    Identity, PLAN, PlacedService as Service, SPENT_AHEAD, STORE_METHODS, Watchdog, key_at,
     placed_service as service, serial, xorshift,
 };
 
@@ -259,13 +260,17 @@ fn new_keys_take_free_slots_of_either_bucket_before_evicting() {
 // (b) A slot being freed by a sweep is waited for, not an active client evicted.
 // ---------------------------------------------------------------------------------------------
 
-/// Every slot of the keys' buckets but `free_slots` holds a spent client (not idle: the clock
-/// stands still). Inserting threads keep asking for more than the limit (a denied request that
-/// leaves an idle state), each on its own keys: `same_keys` re-asks a small set of keys (so the
-/// key's own idle state, in the bucket, is what the sweepers retire: `needs_settling` is true by
-/// the fingerprint), otherwise a new key every time (true only by a retiring bit). Sweepers
-/// (more threads than cores, so one is often descheduled holding a retiring bit) keep freeing
-/// the idle states. Nothing may be evicted, and every spent client stays spent.
+/// Every slot of the keys' buckets but one per inserting thread holds a spent client (spent at a
+/// reading far ahead, so that it stays spent and never idle at the race's readings). Inserting
+/// threads keep asking for one permit, each on its own keys, moving the clock on by two windows
+/// before each request, so that the state their last request made is idle by then: `same_keys`
+/// re-asks a small set of keys (so the key's own idle state, in the bucket, is what the sweepers
+/// retire: `needs_settling` is true by the fingerprint), otherwise a new key every time (true
+/// only by a retiring bit). Two inserters use a bucket each: a reading taken before the other's
+/// requests would see its states, made at later readings, as not idle, and an eviction there
+/// would be due. Sweepers (more threads than cores, so one is often descheduled holding a
+/// retiring bit) keep freeing the idle states. Nothing may be evicted, and every spent client
+/// stays spent.
 fn swept_slot_never_makes_an_insert_evict(
     algorithm: Algorithm,
     capacity: usize,
@@ -275,26 +280,48 @@ fn swept_slot_never_makes_an_insert_evict(
     for_how_long: Duration,
 ) -> Result<(), String> {
     let limit = 2;
+    let window = Duration::from_millis(1);
     let clock = FakeClock::new();
-    let service = service(algorithm, capacity, hour_rule(limit), &clock);
+    let service = service(
+        algorithm,
+        capacity,
+        Rule::new(limit, window).unwrap(),
+        &clock,
+    );
     let buckets = capacity / 8;
-    // One free slot per inserter, in the last bucket of the pair (home 0, other 1) or the one
-    // bucket.
-    let (home, other) = if buckets == 1 { (0, 0) } else { (0, 1) };
-    let spent: Vec<u64> = (0..capacity - inserters)
-        .map(|i| {
-            let bucket = i / 8;
-            key_at((1 << 39) | (i as u64 + 1), bucket, bucket, buckets)
+    // The buckets of inserter `t`'s keys (home, other), its free slot in the last of them: the
+    // pair (0, 1) for one inserter of two buckets, else a bucket of its own.
+    let pair_of = |t: usize| match (buckets, inserters) {
+        (1, _) => (0, 0),
+        (_, 1) => (0, 1),
+        _ => (t % buckets, t % buckets),
+    };
+    let spent: Vec<u64> = (0..buckets)
+        .flat_map(|bucket| {
+            let free = (0..inserters).filter(|&t| pair_of(t).1 == bucket).count();
+            (0..8 - free).map(move |i| (bucket, i))
+        })
+        .map(|(bucket, i)| {
+            key_at(
+                (1 << 39) | (bucket * 8 + i + 1) as u64,
+                bucket,
+                bucket,
+                buckets,
+            )
         })
         .collect();
+    assert_eq!(spent.len(), capacity - inserters);
+    clock.set(SPENT_AHEAD);
     for &key in &spent {
         spend(&service, key, limit);
     }
+    clock.set(Duration::ZERO);
     assert_eq!(service.evictions(), 0);
     let stop = Arc::new(AtomicBool::new(false));
     let inserting: Vec<_> = (0..inserters)
         .map(|t| {
-            let (service, stop) = (Arc::clone(&service), Arc::clone(&stop));
+            let (service, stop, clock) = (Arc::clone(&service), Arc::clone(&stop), clock.clone());
+            let (home, other) = pair_of(t);
             thread::spawn(move || {
                 let mut n = 0u64;
                 let mut seed = 0x9E37_79B9_7F4A_7C15 ^ (t as u64 + 1);
@@ -303,8 +330,10 @@ fn swept_slot_never_makes_an_insert_evict(
                     n += 1;
                     let serial = if same_keys { 1 + n % 2 } else { n };
                     let key = key_at(((t as u64 + 1) << 36) | serial, home, other, buckets);
-                    let decision = service.acquire(&key, &PLAN, limit + 1).expect("a decision");
-                    assert!(decision.is_denied());
+                    // The state this thread's last request made is idle from here on (the
+                    // sliding window counter weighs the window before the current one).
+                    clock.advance(2 * window);
+                    assert!(service.allow(&key, &PLAN).expect("a decision"));
                     // A pause of varying length: the idle state sits for the sweepers to take,
                     // and the next insert meets their retiring bit at every phase.
                     for _ in 0..(xorshift(&mut seed) % 512) {

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tollgate::{
-    Algorithm, FakeClock, PlanError, PlanStats, RateLimiterService, Rule, ServiceBuilder,
-    ServiceError, Sweeper,
+    Algorithm, FakeClock, Limiter, LimiterFactory, PlanError, PlanStats, RateLimiterService,
+    Rejection, Rule, ServiceBuilder, ServiceError, Sweeper,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -341,6 +341,70 @@ fn eviction_grants_nothing_extra_to_a_clock_that_steps_back_past_the_sweep() {
             // ... and the fixed window counts it in the window the sweep saw begin, as it counts
             // any reading older than a window already begun: one window's limit in all.
             _ => assert_eq!(stale + current, 5, "{algorithm}"),
+        }
+    }
+}
+
+/// The figures of a decision, to compare two.
+fn figures(decision: &tollgate::Decision) -> (bool, u64, Duration, Duration, Option<Rejection>) {
+    (
+        decision.is_allowed(),
+        decision.remaining(),
+        decision.retry_after(),
+        decision.reset_after(),
+        decision.rejection(),
+    )
+}
+
+/// An attempt above the limit is never granted and takes nothing: a new client making one gets
+/// the answer of a fresh limiter, and takes no place in the service, so that a flood of such
+/// attempts by distinct keys neither grows the service nor evicts the clients it holds (which
+/// would start them afresh).
+#[test]
+fn an_attempt_above_the_limit_by_a_new_client_makes_no_limiter_and_evicts_no_one() {
+    let rule = Rule::new(3, Duration::from_secs(10)).unwrap();
+    let wider = Rule::new(6, Duration::from_secs(60)).unwrap();
+    for algorithm in Algorithm::ALL {
+        for limits in [vec![rule], vec![rule, wider]] {
+            if algorithm == Algorithm::SlidingWindowLog && limits.len() > 1 {
+                continue; // the sliding log keeps one limit per plan
+            }
+            let clock = FakeClock::new();
+            // One table of 8 slots (where the method keeps one).
+            let service = ServiceBuilder::new(algorithm, clock.clone())
+                .plan_limits(Plan::Free, limits.clone())
+                .capacity(8)
+                .build::<u64>()
+                .unwrap();
+            // Made with the service and never used: what a new client's state answers.
+            let fresh = LimiterFactory::new(algorithm)
+                .create(rule, clock.clone())
+                .unwrap();
+            // Into the second window: the fresh limiter's figures there are a new client's.
+            clock.advance(Duration::from_secs(19));
+            for client in 0..8u64 {
+                assert_eq!(burst(&service, client, Plan::Free, 10), 3, "{algorithm}");
+            }
+            let held = service.len();
+            for (new_client, n) in (1000..).zip([4, 5, 7, 1000, u64::MAX].repeat(20)) {
+                let decision = service.acquire(&new_client, &Plan::Free, n).unwrap();
+                assert_eq!(
+                    figures(&decision),
+                    figures(&fresh.try_acquire_n(n)),
+                    "{algorithm}, {} limits: {n} permits for a new client",
+                    limits.len()
+                );
+            }
+            let regained = (0..8u64)
+                .filter(|client| service.allow(client, &Plan::Free).unwrap())
+                .count();
+            assert_eq!(
+                (service.len(), service.evictions(), regained),
+                (held, 0, 0),
+                "{algorithm}, {} limits: (clients held, evictions, permits regained by the \
+                 clients held, all spent)",
+                limits.len()
+            );
         }
     }
 }

@@ -17,7 +17,7 @@ use crate::clock::Clock;
 use crate::decision::{Admit, Retired};
 use crate::error::RuleError;
 use crate::sync::{AtomicWord, Word};
-use crate::{Algorithm, Decision, Rule};
+use crate::{Algorithm, Decision, Rejection, Rule};
 
 /// One limit's constants, for any method.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -142,6 +142,35 @@ impl AnyParams {
         clock: &impl Clock,
     ) -> Decision {
         on_params!(self, params => Method::fresh_report(params, zero_permits, since_nanos, clock))
+    }
+
+    /// The answer to `n` permits for a client that has no state, where the attempt takes
+    /// nothing whatever the state: `n = 0`, or `n` above the limit, which is never granted (see
+    /// [`Limiter::try_acquire_n`](crate::Limiter::try_acquire_n)). It is what a fresh state (as
+    /// of `since_nanos`) answers, made without one, so that such an attempt neither takes a
+    /// place in a service's store nor evicts a client to make one. `None` where `n` may be
+    /// granted.
+    pub(crate) fn answer_taking_nothing(
+        &self,
+        n: u64,
+        since_nanos: u64,
+        clock: &impl Clock,
+    ) -> Option<Decision> {
+        let limit = self.rule().limit();
+        if n != 0 && n <= limit {
+            return None;
+        }
+        let report = self.fresh_report(true, since_nanos, clock);
+        Some(if n == 0 {
+            report
+        } else {
+            // Every method refuses an attempt above its limit with the report of an attempt of
+            // nothing, and writes nothing.
+            report.into_rejected(Rejection::ExceedsLimit {
+                requested: n,
+                limit,
+            })
+        })
     }
 
     /// See [`Method::acquire`].
@@ -349,7 +378,7 @@ mod tests {
                 let reading = |rng: &mut u64| ORIGIN + xorshift(rng) % (20 * window);
                 let permits = |rng: &mut u64| 1 + xorshift(rng) % limit.min(3);
                 for seed in 1..300_u64 {
-                    let rng = &mut (seed * 0x9E37_79B9_7F4A_7C15);
+                    let rng = &mut seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
                     let evicted = Word::new(params.fresh_word(0).expect("a one-word method"));
                     let mut last_grant = ORIGIN;
                     for _ in 0..xorshift(rng) % 24 {
@@ -395,6 +424,56 @@ mod tests {
                         by_fresh <= by_twin + bound,
                         "{context}: the fresh state granted {by_fresh} permits, the evicted one \
                          {by_twin}, more than {bound} apart"
+                    );
+                }
+            }
+        }
+    }
+
+    /// An attempt that takes nothing whatever the state (0 permits, or more than the limit) is
+    /// answered without a state exactly as a fresh state made as of the same reading answers it,
+    /// at any later or earlier reading, for every method; any other attempt is left to a state.
+    #[test]
+    fn an_attempt_taking_nothing_is_answered_as_a_fresh_state_answers_it() {
+        const ORIGIN: u64 = 3_700_000_000;
+        for algorithm in Algorithm::ALL {
+            for (limit, window) in [(5, 1_000_000_000), (3, 7_000_000), (1, 250_000_000)] {
+                let rule = Rule::new(limit, Duration::from_nanos(window)).expect("a valid rule");
+                let params = AnyParams::new(algorithm, rule, ORIGIN).expect("a valid rule");
+                for seed in 1..200_u64 {
+                    let rng = &mut seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                    let since = ORIGIN + xorshift(rng) % (4 * window);
+                    let now = ORIGIN + xorshift(rng) % (5 * window);
+                    let n = match xorshift(rng) % 4 {
+                        0 => 0,
+                        1 => limit + 1 + xorshift(rng) % 10,
+                        2 => u64::MAX,
+                        _ => 1 + xorshift(rng) % limit,
+                    };
+                    let context = format!("{algorithm:?}, {limit} per {window} ns, seed {seed}");
+                    let answer = params.answer_taking_nothing(n, since, &Reading(now));
+                    if n != 0 && n <= limit {
+                        assert!(answer.is_none(), "{context}: {n} permits may be granted");
+                        continue;
+                    }
+                    let answer = answer.expect("an attempt taking nothing");
+                    let state = params.fresh_state(since);
+                    let from_state = params
+                        .acquire(&state, n, &Reading(now))
+                        .expect("a live state");
+                    let figures = |decision: &Decision| {
+                        (
+                            decision.is_allowed(),
+                            decision.remaining(),
+                            decision.retry_after(),
+                            decision.reset_after(),
+                            decision.rejection(),
+                        )
+                    };
+                    assert_eq!(
+                        figures(&answer),
+                        figures(&from_state),
+                        "{context}: {n} permits since {since} at {now}"
                     );
                 }
             }

@@ -396,7 +396,8 @@ pub enum Fresh<E, A> {
     /// Put this entry, unless another request has put one meanwhile, and decide on the one
     /// the map then holds.
     Entry(E),
-    /// The answer, with no entry made (an attempt of 0 permits).
+    /// The answer, with no entry made (an attempt that takes nothing whatever the state: of 0
+    /// permits, or of more than a limit).
     Answer(A),
     /// The plan's limits changed since the head was read: look the client up again.
     Changed,
@@ -677,8 +678,16 @@ where
                 return Fresh::Changed;
             }
             let fresh = SeveralLimits::fresh(limits.as_slice(), since_nanos);
-            if self.n == 0
-                && let Ok(answer) = T::acquire_several(&fresh, limits.as_slice(), 0, self.clock)
+            // An attempt that takes nothing whatever the state (0 permits, or more than one of
+            // the limits ever grants) is answered from the fresh state, which is then dropped.
+            let takes_nothing = self.n == 0
+                || limits
+                    .as_slice()
+                    .iter()
+                    .any(|limit| self.n > limit.rule().limit());
+            if takes_nothing
+                && let Ok(answer) =
+                    T::acquire_several(&fresh, limits.as_slice(), self.n, self.clock)
             {
                 return Fresh::Answer(Ok(self.counted(answer)));
             }
@@ -688,12 +697,8 @@ where
                 return Fresh::Answer(Err(InStore));
             }
             let params = head.first;
-            if self.n == 0 {
-                return Fresh::Answer(Ok(self.counted(T::from_decision(params.fresh_report(
-                    true,
-                    since_nanos,
-                    self.clock,
-                )))));
+            if let Some(decision) = params.answer_taking_nothing(self.n, since_nanos, self.clock) {
+                return Fresh::Answer(Ok(self.counted(T::from_decision(decision))));
             }
             (head.version, params.fresh_state(since_nanos))
         };
@@ -749,13 +754,8 @@ where
     }
 
     fn without_state(&self, limit: &&AnyParams, since_nanos: u64) -> Option<T> {
-        (self.n == 0).then(|| {
-            self.counted(T::from_decision(limit.fresh_report(
-                true,
-                since_nanos,
-                self.clock,
-            )))
-        })
+        let decision = limit.answer_taking_nothing(self.n, since_nanos, self.clock)?;
+        Some(self.counted(T::from_decision(decision)))
     }
 }
 

@@ -442,8 +442,9 @@ where
 
     /// Takes `n` permits for `client` under `plan`'s rule, all or nothing (see
     /// [`Limiter::try_acquire_n`](crate::Limiter::try_acquire_n) for `n = 0` and `n` above the
-    /// limit). An attempt of 0 permits does not make a limiter for a client the service does not
-    /// hold.
+    /// limit). Neither attempt takes anything, so neither makes a limiter for a client the
+    /// service does not hold: each is answered from a fresh one, and takes no place in the store
+    /// (and evicts no one) however many distinct clients make it.
     ///
     /// # Errors
     ///

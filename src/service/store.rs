@@ -328,8 +328,9 @@ pub trait WordRequest<W, L> {
     /// `answer`, kept as the request's (counted, where the request counts its answers).
     fn answered(&self, answer: Self::Answer) -> Self::Answer;
     /// For a client the store does not hold: the answer without a state, where the request
-    /// makes none (an attempt of 0 permits), from a fresh state as of the clock reading
-    /// `since_nanos` (see `protocol::made_as_of`); `None` where it makes one.
+    /// makes none (an attempt that takes nothing whatever the state: of 0 permits, or of more
+    /// than the limit), from a fresh state as of the clock reading `since_nanos` (see
+    /// `protocol::made_as_of`); `None` where it makes one.
     fn without_state(&self, limit: &L, since_nanos: u64) -> Option<Self::Answer>;
 }
 

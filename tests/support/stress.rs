@@ -12,6 +12,11 @@ use std::time::{Duration, Instant};
 
 use tollgate::{Algorithm, FakeClock, RateLimiterService, Rule, ServiceBuilder};
 
+/// Where the races of new clients and sweeps spend their spent clients' permits: far enough
+/// ahead that no reading of a race reaches it (windows of 1 ms, two per new client: half a
+/// billion new clients), so that those clients stay spent, and never idle, throughout.
+pub(crate) const SPENT_AHEAD: Duration = Duration::from_secs(1_000_000);
+
 /// The hash is the `u64` key itself: a test picks each key's fingerprint and buckets.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct IdentityHasher(u64);
