@@ -25,8 +25,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use tollgate::{
-    Algorithm, Clock, Decision, FakeClock, Limiter, LimiterFactory, PlanStats, RateLimiterService,
-    Rejection, Rule, ServiceBuilder,
+    Algorithm, AnyLimiter, Clock, Decision, FakeClock, Limiter, LimiterFactory, PlanStats,
+    RateLimiterService, Rejection, Rule, ServiceBuilder,
 };
 
 type Svc = RateLimiterService<u64, &'static str, FakeClock>;
@@ -101,6 +101,46 @@ fn expected_from_standalone<L: Limiter>(limits: &[Rule], standalone: &[L], n: u6
     }
 }
 
+/// One standalone limiter per limit of `limits`, made now on `clock` and never used.
+fn standalone_limiters(
+    algorithm: Algorithm,
+    limits: &[Rule],
+    clock: &FakeClock,
+) -> Vec<AnyLimiter<FakeClock>> {
+    limits
+        .iter()
+        .map(|rule| {
+            LimiterFactory::new(algorithm)
+                .create(*rule, clock.clone())
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Sets `clock` to each of `readings` and, at each, asks every count `over_limit_counts` gives
+/// for a new client (keys from `key` on): each answer must be the standalone limiters'.
+fn new_clients_answer_as_standalone(
+    service: &Svc,
+    clock: &FakeClock,
+    (limits, standalone): (&[Rule], &[AnyLimiter<FakeClock>]),
+    readings: impl IntoIterator<Item = u64>,
+    (key, rng): (&mut u64, &mut u64),
+    context: &str,
+) {
+    for at in readings {
+        clock.set(Duration::from_nanos(at));
+        for n in over_limit_counts(limits, rng) {
+            *key += 1;
+            let got = service.acquire(key, &"p", n).unwrap();
+            assert_eq!(
+                figures(&got),
+                expected_from_standalone(limits, standalone, n),
+                "{context} at {at}: {n} permits"
+            );
+        }
+    }
+}
+
 /// (1) A new client's attempt above the limit, while the service has never swept nor evicted,
 /// answers exactly as a standalone limiter made at the service's start and never used: for
 /// every method, many rules, service starts, clock readings (forward, and back but not before the
@@ -128,14 +168,7 @@ fn a_new_clients_attempt_above_the_limit_answers_as_a_fresh_standalone_limiter()
                     assert!(limits.len() > 1 && algorithm == Algorithm::SlidingWindowLog);
                     continue;
                 };
-                let standalone: Vec<_> = limits
-                    .iter()
-                    .map(|rule| {
-                        LimiterFactory::new(algorithm)
-                            .create(*rule, clock.clone())
-                            .unwrap()
-                    })
-                    .collect();
+                let standalone = standalone_limiters(algorithm, limits, &clock);
                 let longest = limits.iter().map(|r| r.window().as_nanos() as u64).max();
                 let longest = longest.unwrap();
                 let rng = &mut (start ^ 0x9E37_79B9_7F4A_7C15 ^ longest);
@@ -962,17 +995,8 @@ fn at_extreme_readings_a_new_clients_over_limit_answer_is_a_fresh_standalone_lim
                 let Some(service) = build(algorithm, &clock, &[("p", limits.clone())], 64) else {
                     continue;
                 };
-                let standalone: Vec<_> = limits
-                    .iter()
-                    .map(|rule| {
-                        LimiterFactory::new(algorithm)
-                            .create(*rule, clock.clone())
-                            .unwrap()
-                    })
-                    .collect();
-                let mut key = 0u64;
-                let rng = &mut (start | 1);
-                for at in [
+                let standalone = standalone_limiters(algorithm, &limits, &clock);
+                let readings = [
                     start,
                     start.saturating_add(1),
                     start.saturating_add(10 * S + 1),
@@ -980,21 +1004,15 @@ fn at_extreme_readings_a_new_clients_over_limit_answer_is_a_fresh_standalone_lim
                     u64::MAX - 60 * S,
                     u64::MAX - 1,
                     u64::MAX,
-                ] {
-                    if at < start {
-                        continue;
-                    }
-                    clock.set(Duration::from_nanos(at));
-                    for n in over_limit_counts(&limits, rng) {
-                        key += 1;
-                        let got = service.acquire(&key, &"p", n).unwrap();
-                        assert_eq!(
-                            figures(&got),
-                            expected_from_standalone(&limits, &standalone, n),
-                            "{algorithm:?} {limits:?} start {start} at {at}: {n} permits"
-                        );
-                    }
-                }
+                ];
+                new_clients_answer_as_standalone(
+                    &service,
+                    &clock,
+                    (&limits, &standalone),
+                    readings.into_iter().filter(|&at| at >= start),
+                    (&mut 0, &mut (start | 1)),
+                    &format!("{algorithm:?} {limits:?} start {start}"),
+                );
                 assert_eq!(service.len(), 0, "{algorithm:?} {limits:?}");
             }
         }
@@ -1091,28 +1109,16 @@ fn before_the_services_start_a_new_clients_over_limit_answer_is_a_fresh_standalo
             let Some(service) = build(algorithm, &clock, &[("p", limits.clone())], 64) else {
                 continue;
             };
-            let standalone: Vec<_> = limits
-                .iter()
-                .map(|rule| {
-                    LimiterFactory::new(algorithm)
-                        .create(*rule, clock.clone())
-                        .unwrap()
-                })
-                .collect();
-            let rng = &mut 77;
-            let mut key = 0u64;
-            for back in [1, S, 9 * S, 10 * S, 61 * S, 999 * S, start] {
-                clock.set(Duration::from_nanos(start - back));
-                for n in over_limit_counts(&limits, rng) {
-                    key += 1;
-                    let got = service.acquire(&key, &"p", n).unwrap();
-                    assert_eq!(
-                        figures(&got),
-                        expected_from_standalone(&limits, &standalone, n),
-                        "{algorithm:?} {limits:?} {back} ns before the start: {n} permits"
-                    );
-                }
-            }
+            let standalone = standalone_limiters(algorithm, &limits, &clock);
+            let backs = [1, S, 9 * S, 10 * S, 61 * S, 999 * S, start];
+            new_clients_answer_as_standalone(
+                &service,
+                &clock,
+                (&limits, &standalone),
+                backs.map(|back| start - back),
+                (&mut 0, &mut 77),
+                &format!("{algorithm:?} {limits:?} before the start"),
+            );
             assert_eq!(service.len(), 0, "{algorithm:?} {limits:?}");
         }
     }
