@@ -141,9 +141,11 @@ impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher + Clone> ServiceBuilder<P, C, 
     /// [`RateLimiterService::evictions`](crate::RateLimiterService::evictions); an evicted
     /// client starts afresh on its next request, which can give it at most one limit's worth
     /// more, once, in permits asked one at a time; under the sliding window counter, two where
-    /// its readings reach back into the window before its last). The sliding log's clients, and
-    /// those of a plan of several limits, are kept in a map presized to `capacity`, which grows
-    /// past it as clients arrive.
+    /// its readings reach back into the window before its last). An attempt that takes nothing
+    /// whatever the state (of 0 permits, or of more than the limit) makes no state for a new
+    /// client, so it takes no place and evicts no one. The sliding log's clients, and those of a
+    /// plan of several limits, are kept in a map presized to `capacity`, which grows past it as
+    /// clients arrive.
     ///
     /// [`build`](ServiceBuilder::build) refuses 0, and more than
     /// [`ServiceBuilder::MAX_CAPACITY`] over all plans.
