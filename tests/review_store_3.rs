@@ -333,7 +333,10 @@ fn swept_slot_never_makes_an_insert_evict(
                     // The state this thread's last request made is idle from here on (the
                     // sliding window counter weighs the window before the current one).
                     clock.advance(2 * window);
-                    assert!(service.allow(&key, &PLAN).expect("a decision"));
+                    // Granted unless an eviction took a spent client: its counts end a million
+                    // seconds on, and so would every new state's start (the count of evictions
+                    // checked at the end tells).
+                    let _ = service.allow(&key, &PLAN).expect("a decision");
                     // A pause of varying length: the idle state sits for the sweepers to take,
                     // and the next insert meets their retiring bit at every phase.
                     for _ in 0..(xorshift(&mut seed) % 512) {
