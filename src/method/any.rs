@@ -159,11 +159,17 @@ impl AnyParams {
         since_nanos: u64,
         clock: &impl Clock,
     ) -> Option<Decision> {
-        // A limit is at least 1, so one permit is never above it: told first.
-        if n == 1 || (n != 0 && n <= self.rule().limit()) {
-            return None;
-        }
-        Some(self.fresh_answer_taking_nothing(n, since_nanos, clock))
+        self.takes_nothing(n)
+            .then(|| self.fresh_answer_taking_nothing(n, since_nanos, clock))
+    }
+
+    /// Whether an attempt of `n` permits takes nothing whatever the state: `n = 0`, or `n`
+    /// above the limit.
+    #[inline(always)]
+    pub(crate) fn takes_nothing(&self, n: u64) -> bool {
+        // A limit is at least 1, so one permit is never above it: told first, so that a
+        // request of one compiles to nothing here.
+        n != 1 && (n == 0 || n > self.rule().limit())
     }
 
     /// [`answer_taking_nothing`](AnyParams::answer_taking_nothing)'s answer.

@@ -680,13 +680,10 @@ where
             let fresh = SeveralLimits::fresh(limits.as_slice(), since_nanos);
             // An attempt that takes nothing whatever the state (0 permits, or more than one of
             // the limits ever grants) is answered from the fresh state, which is then dropped.
-            // (A limit is at least 1: a request of one, `allow`'s, is told apart without a look.)
-            let takes_nothing = self.n == 0
-                || (self.n > 1
-                    && limits
-                        .as_slice()
-                        .iter()
-                        .any(|limit| self.n > limit.rule().limit()));
+            let takes_nothing = limits
+                .as_slice()
+                .iter()
+                .any(|limit| limit.takes_nothing(self.n));
             if takes_nothing
                 && let Ok(answer) =
                     T::acquire_several(&fresh, limits.as_slice(), self.n, self.clock)
