@@ -693,8 +693,14 @@ fn store_holdings_read_after_the_look_fail_first_requests_model() {
 
 #[test]
 #[should_panic(expected = "more than one state for one client")]
-fn store_insert_not_settling_again_after_its_reading_fails_full_bucket_model() {
-    crate::store::check_first_requests_into_a_full_bucket(StoreFault::ReadingSkipsSettling);
+fn store_insert_without_lock_fails_full_bucket_model() {
+    crate::store::check_first_requests_into_a_full_bucket(StoreFault::InsertWithoutLock);
+}
+
+#[test]
+#[should_panic(expected = "inserted again")]
+fn store_fresh_state_published_before_its_decision_fails_sweep_and_first_request_model() {
+    crate::store::check_sweep_racing_a_first_request(StoreFault::PublishedBeforeItsDecision);
 }
 
 #[test]

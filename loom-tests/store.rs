@@ -4,19 +4,20 @@
 //! and reused).
 //!
 //! - A lookup racing an insert of the same key: first requests of one client make one state,
-//!   also into a full bucket, where each insert reads the clock with its lock let go.
+//!   also into a full bucket, where each evicts.
 //! - A rule change racing requests: the client starts afresh once across the change.
 //! - An eviction racing a decision on the state being evicted, and a slot reused for another
 //!   client while a stale request holds it: no grant is made but from a fresh state's permits.
 //! - An eviction by an insert whose reading lags its victim's: the victim's next state gives back
 //!   one permit at most.
-//! - A sweep racing requests: nothing is granted twice.
+//! - A sweep racing requests: nothing is granted twice; racing a first request, it never
+//!   retires the fresh state before the request's decision (which would make it insert again).
 //! - A give-back (a grant undone: `RateLimiterService::give_back`) racing an eviction of its
 //!   slot, and a decision on its state: it reaches its own state or nothing, and returns its
 //!   permit once.
 //!
 //! `negative_controls` runs each checker on a broken variant of the store and shows that it is
-//! caught: an insert without its lock, an insert that does not look again after its reading,
+//! caught: an insert without its lock, an insert that publishes its fresh state before deciding,
 //! a tag taken twice, a sweep that retires active states, an eviction that is not counted
 //! (a fresh state the eviction model cannot account for), and one that publishes only its own
 //! reading.
@@ -72,7 +73,16 @@ impl WordRequest<AtomicU64, ModelLimit> for ModelRequest {
         limit: &ModelLimit,
         state: &SlotWord<'_, AtomicU64>,
     ) -> Result<bool, Retired> {
-        Core::acquire_one(&limit.0, state, &FixedClock(self.now))
+        self.acquire_at(limit, state, self.now)
+    }
+
+    fn acquire_at(
+        &self,
+        limit: &ModelLimit,
+        state: &SlotWord<'_, AtomicU64>,
+        now_nanos: u64,
+    ) -> Result<bool, Retired> {
+        Core::acquire_one(&limit.0, state, &FixedClock(now_nanos))
             .map(|admit| admit == Admit::Granted)
     }
 
@@ -102,7 +112,16 @@ impl WordRequest<AtomicU64, ModelLimit> for ReservingRequest {
         limit: &ModelLimit,
         state: &SlotWord<'_, AtomicU64>,
     ) -> Result<Self::Answer, Retired> {
-        let (decision, reservation) = Core::reserve(&limit.0, state, 1, &FixedClock(self.now))?;
+        self.acquire_at(limit, state, self.now)
+    }
+
+    fn acquire_at(
+        &self,
+        limit: &ModelLimit,
+        state: &SlotWord<'_, AtomicU64>,
+        now_nanos: u64,
+    ) -> Result<Self::Answer, Retired> {
+        let (decision, reservation) = Core::reserve(&limit.0, state, 1, &FixedClock(now_nanos))?;
         Ok(reservation
             .filter(|_| decision.is_allowed())
             .map(|reservation| (state.holding(), decision, reservation)))
@@ -229,9 +248,9 @@ fn race_two_first_requests(model: &Arc<ModelStore>) {
 }
 
 /// Two first requests of one client race into a full bucket (two other clients, each with its
-/// one permit used): each must read the clock with its insert lock let go before it may evict,
-/// and one of them finds, back under the lock, the state the other put meanwhile. One state is
-/// made, so the client is granted once. Panics with "more than one state" otherwise.
+/// one permit used): each evicts under its insert lock, and the second to take the lock finds
+/// the state the first put. One state is made, so the client is granted once. Panics with "more
+/// than one state" otherwise.
 pub(crate) fn check_first_requests_into_a_full_bucket(fault: StoreFault) {
     explore(2, move || {
         let model = Arc::new(ModelStore::new([bucket(1), bucket(1)], fault));
@@ -405,6 +424,39 @@ pub(crate) fn check_sweep_racing_an_insert(fault: StoreFault) {
     });
 }
 
+/// Carol's first request races a sweep at the same reading. Her fresh state is idle (it has
+/// taken nothing) until her decision on it, so the insert decides before it publishes the slot:
+/// the sweep cannot retire it first and make her insert again. (Each insert after the first
+/// spends one of the decision's deferrals of an eviction: see `EVICTION_DEFERRALS`, whose
+/// exhaustion let an insert evict an active client while a sweep freed a slot.) Panics with
+/// "inserted again" otherwise.
+pub(crate) fn check_sweep_racing_a_first_request(fault: StoreFault) {
+    explore(3, move || {
+        let model = Arc::new(ModelStore::new([bucket(1), bucket(1)], fault));
+        let sweeper = {
+            let model = Arc::clone(&model);
+            thread::spawn(move || model.sweep(0))
+        };
+        let carol = {
+            let model = Arc::clone(&model);
+            thread::spawn(move || model.request(CAROL, 0))
+        };
+        let freed = sweeper.join().expect("the sweep panicked");
+        assert!(
+            carol.join().expect("Carol's request panicked"),
+            "Carol's first permit"
+        );
+        // The home lock's word: twice its holdings, not held.
+        assert_eq!(
+            model.store.holdings(model.place(CAROL)),
+            Some(2),
+            "Carol inserted again: the sweep retired her fresh state (freed {freed}) before her \
+             decision"
+        );
+        assert_eq!(freed, 0, "the sweep freed a state that had taken a permit");
+    });
+}
+
 /// Bob and Alice fill the bucket's two slots, each having used its one permit (Alice's grant
 /// kept to give back). Alice's give-back races Carol's first two requests: Carol's insert takes
 /// Alice's slot (by evicting her, or reusing it once the give-back made it idle), and the
@@ -502,6 +554,11 @@ fn store_eviction_at_a_lagging_reading_gives_back_one_permit_at_most() {
 #[test]
 fn store_sweep_racing_requests_never_grants_twice() {
     check_sweep_racing_requests(StoreFault::None);
+}
+
+#[test]
+fn store_sweep_racing_a_first_request_never_makes_it_insert_again() {
+    check_sweep_racing_a_first_request(StoreFault::None);
 }
 
 #[test]

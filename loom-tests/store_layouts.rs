@@ -55,7 +55,17 @@ impl WordRequest<AtomicU64, CounterLimit> for CounterRequest {
         limit: &CounterLimit,
         state: &SlotWord<'_, AtomicU64>,
     ) -> Result<bool, Retired> {
-        Core::acquire_one(&limit.0, state, &FixedClock(0)).map(|admit| admit == Admit::Granted)
+        self.acquire_at(limit, state, 0)
+    }
+
+    fn acquire_at(
+        &self,
+        limit: &CounterLimit,
+        state: &SlotWord<'_, AtomicU64>,
+        now_nanos: u64,
+    ) -> Result<bool, Retired> {
+        Core::acquire_one(&limit.0, state, &FixedClock(now_nanos))
+            .map(|admit| admit == Admit::Granted)
     }
 
     fn answered(&self, answer: bool) -> bool {

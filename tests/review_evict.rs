@@ -831,8 +831,6 @@ fn idle_slot_swept_while_new_clients_insert(
 }
 
 #[test]
-#[ignore = "open: on a loaded machine, with the clock moving, about one insert in 400,000 evicts \
-            (seen twice, not yet explained); run with --ignored"]
 fn an_idle_slot_being_swept_never_makes_an_insert_evict_a_spent_client() {
     let _serial = serial();
     let each = hammer_for() / 3;

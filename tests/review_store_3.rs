@@ -400,8 +400,6 @@ fn swept_slot_never_makes_an_insert_evict(
 }
 
 #[test]
-#[ignore = "open: the same race as review_evict's an_idle_slot_being_swept_..., whose moving \
-            clock shows a rare eviction on a loaded machine (not yet explained); run with --ignored"]
 fn a_slot_being_swept_is_waited_for_never_an_active_client_evicted() {
     let _serial = serial();
     let each = hammer_for() / 4;

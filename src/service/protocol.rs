@@ -748,6 +748,17 @@ where
     }
 
     #[inline(always)]
+    fn acquire_at(
+        &self,
+        limit: &&AnyParams,
+        state: &SlotWord<'_, Word>,
+        now_nanos: u64,
+    ) -> Result<T, Retired> {
+        T::acquire(limit, StateRef::Word(state), self.n, &Reading(now_nanos))
+            .map(|answer| answer.held_at(HeldAt::Slot(state.holding())))
+    }
+
+    #[inline(always)]
     fn answered(&self, answer: T) -> T {
         self.counted(answer)
     }

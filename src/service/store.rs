@@ -56,10 +56,14 @@
 //!   **eviction**, counted. An insert evicts only while no slot of the two buckets is free or
 //!   being freed by another thread (a sweep): holding its victim, it looks at the tags once more,
 //!   and where one is, it puts the victim back and inserts again (waiting for that slot), up to
-//!   four times a decision (a slot being taken by another insert looks the same). The slot's new
-//!   state is stored before its tag is published (Release), so a reader that finds the tag sees
-//!   the state. The insert returns the slot, and the decision decides on it as on one it found
-//!   (the plan read after, the holding checked).
+//!   four times a decision (a slot being taken by another insert looks the same). The request
+//!   reads the clock once, before the lock (the clock is the user's), and the insert decides it
+//!   on the slot's new state *before* publishing the slot's tag (Release; the state stored
+//!   before it), with the lock still held and the plan's limits read again after the slot was
+//!   taken: while its tag says the slot is being filled no other thread reaches it, so a sweep
+//!   cannot retire the fresh state (idle until that decision) and make the request insert
+//!   again, and the answer stands. (Where the fresh state is made as of a reading ahead of the
+//!   request's, it is published undecided, and the lookup decides on it at a reading of its own.)
 //! - **Give-back** ([`give_back`]): a grant kept by a request that may have to undo it (the
 //!   Envoy service's request of several descriptors, refused at a later taking) carries its
 //!   slot, the tag it found and the eviction count read before its decision; the method's undo
@@ -257,9 +261,10 @@ pub enum StoreFault {
     /// Every holding's salt 0, and a give-back that finds its grant by the slot alone, not by
     /// the holding: it undoes on whatever state the slot holds now.
     GiveBackToTheSlot,
-    /// An insert back under its lock after reading the clock does not make its passes again: a
-    /// state another insert put for the key meanwhile is not found, and the key gets two.
-    ReadingSkipsSettling,
+    /// An insert publishes its fresh state's tag before the request's decision on it (and the
+    /// decision then looks the slot up as any other): a sweep may retire the fresh state, idle
+    /// until that decision, first, and the request must insert again.
+    PublishedBeforeItsDecision,
     /// A decision reads its home lock's count of holdings after its look at the buckets, not
     /// before: an insert of the key between the look and the count goes unseen, the decision's
     /// insert skips its passes, and the key gets two states.
@@ -325,6 +330,14 @@ pub trait WordRequest<W, L> {
     /// changed hands before the decision could write (nothing granted). The answer is not yet
     /// the request's: [`decide`] may drop it (see there).
     fn acquire(&self, limit: &L, state: &SlotWord<'_, W>) -> Result<Self::Answer, Retired>;
+    /// [`WordRequest::acquire`] at the clock reading `now_nanos` (the insert's, for the fresh
+    /// state it put: a first request reads the clock once).
+    fn acquire_at(
+        &self,
+        limit: &L,
+        state: &SlotWord<'_, W>,
+        now_nanos: u64,
+    ) -> Result<Self::Answer, Retired>;
     /// `answer`, kept as the request's (counted, where the request counts its answers).
     fn answered(&self, answer: Self::Answer) -> Self::Answer;
     /// For a client the store does not hold: the answer without a state, where the request
@@ -347,6 +360,19 @@ pub enum Stored<A> {
     /// The client was inserted [`MAX_INSERTS`] times and each time lost its state to another
     /// thread before deciding: give up rather than spin.
     GaveUp,
+}
+
+/// What [`ClientStore::insert`] came to.
+#[doc(hidden)]
+#[derive(Debug)]
+pub enum Inserted<A> {
+    /// The request's answer, decided on the fresh state the insert put.
+    Decided(A),
+    /// Nothing put, and the decision looks again: a live state of the key's (made under the
+    /// plan's version or a later one) is there, which another insert put; or the states the
+    /// insert tried to take for reuse changed first; or it put back the one it was to evict for
+    /// a slot another thread is freeing; or the plan's limits changed.
+    LookAgain,
 }
 
 /// The bucket of `hash` among `buckets`: the high bits, by a multiply (no power of two needed).
@@ -498,6 +524,7 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
             state: self.salted(state, seen),
             tag,
             seen,
+            published: seen,
             evictions_before: 0,
         }
     }
@@ -575,77 +602,98 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
 
     /// Puts a fresh state for the key at `place` under `head` (made as of `evicted_up_to`, read
     /// after any retirement this call makes) unless a live one made under `head`'s version or a
-    /// later one is there. Only where no slot is free does it call `reading` (most inserts
-    /// take a free slot and need none): the clock's reading, which decides which states are
-    /// idle, and which it publishes in `evicted_up_to` before it retires a state to reuse its
-    /// slot; or `None` where `head` is no longer the plan's (the limits changed while the clock
-    /// was read). `absent_as_of` is the home lock's count of holdings ([`ClientStore::holdings`])
+    /// later one is there, and decides `request` on the fresh state at the clock reading
+    /// `now_nanos` *before* its tag is published: until then no other thread can reach the
+    /// slot (a sweep would otherwise retire the fresh state, idle until its first decision, and
+    /// make the request insert again: each insert after a decision's fourth may evict an active
+    /// client while a sweep frees a slot, see `EVICTION_DEFERRALS`). Where no slot is free, `now_nanos` also decides which
+    /// states are idle, and is published in `evicted_up_to` before a state is retired for its
+    /// slot. Slots are reused, and fresh states decided on, only while `still_current` (the
+    /// plan's limits are still `head`'s: a reuse under limits replaced meanwhile would take
+    /// their states for earlier ones, and a decision under them would outlive the change).
+    /// `absent_as_of` is the home lock's count of holdings ([`ClientStore::holdings`])
     /// before a look that found no tag of the key's in either bucket, if there was one: where
     /// the lock is taken at that count, the insert skips its passes over the buckets.
-    /// Returns the slot of the key's state, put or found, with its tag; `None` when the limits
-    /// changed so, when every state it tried to take for reuse changed first, or when
-    /// `may_defer` and it put back the state it was to evict for a slot another thread is
-    /// freeing (the decision looks again, under the plan's limits as they are then).
     // Always inlined: otherwise thin LTO calls it out of line from the decision and passes its
-    // many arguments through the stack (35 instructions of a first request's 647).
+    // many arguments through the stack.
     #[inline(always)]
-    pub fn insert<L: WordLimit>(
+    #[allow(clippy::too_many_arguments)]
+    pub fn insert<L: WordLimit, R: WordRequest<W, L>>(
         &self,
         place: Place,
         head: &StoreHead<L>,
-        reading: impl FnOnce() -> Option<u64>,
+        request: &R,
+        now_nanos: u64,
+        still_current: impl Fn() -> bool,
         evicted_up_to: &W,
         may_defer: bool,
         absent_as_of: Option<u64>,
-    ) -> Option<(&W, &W, u64)> {
+    ) -> Inserted<R::Answer> {
         // The key's buckets, home first (the other computed once, for both passes).
         let home = &self.buckets[place.home];
         let other = self.other_bucket(place);
         let lock = self.insert_lock(place, absent_as_of);
         // No insert since the look that found no state of the key's: none is there now (see
         // `holdings`), and no slot needs waiting for (a free one is claimed below; where none
-        // is, `insert_reusing` makes its passes).
+        // is, `reuse` makes its passes).
         let absent =
             matches!((&lock, absent_as_of), (Some(lock), Some(count)) if lock.holdings == count);
-        if !absent && let Some(found) = self.find_settled(place, head, home, other) {
-            return Some(found);
+        if !absent && self.find_settled(place, head, home, other) {
+            // Rare (first requests of one client racing): the lookup finds it.
+            return Inserted::LookAgain;
         }
-        let Some((tag, previous, state)) = claim_free(home).or_else(|| other.and_then(claim_free))
-        else {
-            // The clock is the user's (it may take long, or ask this service for a decision
-            // that inserts into these buckets): it is read with the lock let go.
-            drop(lock);
-            return self.insert_reusing(place, head, reading()?, evicted_up_to, may_defer);
+        let taken = match claim_free(home).or_else(|| other.and_then(claim_free)) {
+            Some(slot) => slot,
+            // (`still_current` is called here, not passed on: a closure passed out of line
+            // would keep the plan it borrows in memory on every decision's path.)
+            None if still_current() => {
+                match self.reuse_settled(place, head, now_nanos, evicted_up_to, may_defer, absent) {
+                    Some(slot) => slot,
+                    None => return Inserted::LookAgain,
+                }
+            }
+            None => return Inserted::LookAgain,
         };
-        Some(self.put_fresh(place, head, evicted_up_to, tag, previous, state))
+        // The plan's limits read again once the slot is taken, as a lookup reads them after it
+        // finds a state: a request that read them before a change never decides under them on
+        // a state put after it. Where they changed, the slot, never published, is freed.
+        if !still_current() {
+            let (tag, previous, _) = taken;
+            // Release: as every freed slot's tag (see `claim`).
+            tag.store(idle_tag(previous, false), Ordering::Release);
+            return Inserted::LookAgain;
+        }
+        let inserted = self.fill(place, head, request, now_nanos, evicted_up_to, taken);
+        // The lock is let go only once the slot is published: another insert of the key, under
+        // the lock, finds it.
+        drop(lock);
+        inserted
     }
 
-    /// [`ClientStore::insert`] once it found no free slot and read the clock (`now_nanos`): its
-    /// passes made again under the lock (the buckets may have changed meanwhile), then a free
-    /// slot if one is there now, else one taken by [`ClientStore::reuse`].
+    /// [`ClientStore::reuse`], for an insert that found no free slot, under its lock: where
+    /// the insert skipped its passes over the buckets (`passes_skipped`), they are made first
+    /// (no state of the key's is there, but a slot another thread is freeing is waited for, and
+    /// is then free), then a free slot is claimed if one is there, else one taken for reuse.
+    /// `None` where the insert should look again (see [`Inserted::LookAgain`]).
     #[cold]
     #[inline(never)]
-    fn insert_reusing<L: WordLimit>(
+    fn reuse_settled<L: WordLimit>(
         &self,
         place: Place,
         head: &StoreHead<L>,
         now_nanos: u64,
         evicted_up_to: &W,
         may_defer: bool,
-    ) -> Option<(&W, &W, u64)> {
+        passes_skipped: bool,
+    ) -> Option<(&W, u64, &W)> {
         let home = &self.buckets[place.home];
         let other = self.other_bucket(place);
-        let _lock = self.insert_lock(place, None);
-        if !self.has_fault(StoreFault::ReadingSkipsSettling)
-            && let Some(found) = self.find_settled(place, head, home, other)
-        {
-            return Some(found);
+        if passes_skipped && self.find_settled(place, head, home, other) {
+            return None;
         }
-        let (tag, previous, state) = match claim_free(home).or_else(|| other.and_then(claim_free)) {
-            Some(slot) => slot,
-            None => self.reuse(place, head, now_nanos, evicted_up_to, may_defer)?,
-        };
-        Some(self.put_fresh(place, head, evicted_up_to, tag, previous, state))
+        claim_free(home)
+            .or_else(|| other.and_then(claim_free))
+            .or_else(|| self.reuse(place, head, now_nanos, evicted_up_to, may_defer))
     }
 
     /// The word of `place`'s home insert lock, if no insert holds it: the count of its
@@ -675,17 +723,17 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
     }
 
     /// The insert's passes over the key's buckets (`home`, then `other`), under the insert
-    /// lock: another insert of this key may have come first (its live state made under
-    /// `head`'s version or a later one is returned); a live state of an earlier version is
+    /// lock: whether another insert of this key came first (its live state made under
+    /// `head`'s version or a later one is there); a live state of an earlier version is
     /// retired, so that the key never has two live states.
     #[inline(always)]
-    fn find_settled<'s, L: WordLimit>(
+    fn find_settled<L: WordLimit>(
         &self,
         place: Place,
         head: &StoreHead<L>,
-        home: &'s Bucket<W, B>,
-        other: Option<&'s Bucket<W, B>>,
-    ) -> Option<(&'s W, &'s W, u64)> {
+        home: &Bucket<W, B>,
+        other: Option<&Bucket<W, B>>,
+    ) -> bool {
         // The retiring bit that makes a bucket's pass wait (always, but in a negative control).
         let retiring = if self.has_fault(StoreFault::PassIgnoresRetiring) {
             0
@@ -694,62 +742,92 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
         };
         for bucket in std::iter::once(home).chain(other) {
             if needs_settling(bucket, place.fingerprint, retiring)
-                && let Some(found) = self.settle_key_slots(bucket, place, head)
+                && self.settle_key_slots(bucket, place, head)
             {
-                return Some(found);
+                return true;
             }
         }
-        None
+        false
     }
 
-    /// Puts a fresh state for the key at `place` in the slot this insert took (`tag`, which
-    /// held `previous`, and `state`), made as of `evicted_up_to`; the slot, with its new tag.
+    /// Fills the slot this insert took (`tag`, which held `previous`, and `state`) with a fresh
+    /// state for the key at `place` under `head`, made as of `evicted_up_to`, decides `request`
+    /// on it at `now_nanos` while the tag still says the slot is being filled, then publishes
+    /// the tag. The request's answer, or [`Inserted::LookAgain`] where the state is made as of a
+    /// reading ahead of the request's (published undecided: see below) or the decision met a
+    /// retired word (a fresh word never reads so: a safe way out, where the lookup finds the
+    /// state).
     #[inline(always)]
-    fn put_fresh<'s, L: WordLimit>(
-        &self,
+    fn fill<'s, L: WordLimit, R: WordRequest<W, L>>(
+        &'s self,
         place: Place,
         head: &StoreHead<L>,
+        request: &R,
+        now_nanos: u64,
         evicted_up_to: &W,
-        tag: &'s W,
-        previous: u64,
-        state: &'s W,
-    ) -> (&'s W, &'s W, u64) {
+        (tag, previous, state): (&'s W, u64, &'s W),
+    ) -> Inserted<R::Answer> {
         let live = live_tag(head.version, place.fingerprint, previous);
+        let salted = self.salted(state, live);
+        // Relaxed: as `protocol::made_as_of`.
+        let since = evicted_up_to.load(Ordering::Relaxed);
         // Release: a request whose exchange lands on this state or a later one (an Acquire
         // fence follows it) then sees the slot's tag no earlier than `BUSY`, so it knows the
         // slot changed hands (see `decide`).
-        self.salted(state, live).store(
-            head.limit.fresh(evicted_up_to.load(Ordering::Relaxed)),
-            Ordering::Release,
-        );
-        // Release: a reader that finds the tag (Acquire) sees the state.
+        salted.store(head.limit.fresh(since), Ordering::Release);
+        // A fresh state refuses every reading before the one it is made as of, which may be
+        // ahead of the request's (taken before the lock): another thread's reading, published
+        // by a sweep or an eviction, or where an evicted client's counts end. The request's
+        // client has taken nothing, so it is not refused for that lag: the state is published
+        // and the lookup decides on it at a reading of its own, taken now. (Rare: the request's
+        // reading lags one another thread took before this insert, or the clock stepped back.)
+        if since > now_nanos || self.has_fault(StoreFault::PublishedBeforeItsDecision) {
+            // (The negative control's broken step: every fresh state published first.)
+            // Release: a reader that finds the tag (Acquire) sees the state.
+            tag.store(live, Ordering::Release);
+            return Inserted::LookAgain;
+        }
+        let slot = SlotWord {
+            state: salted,
+            tag,
+            // The tag while this insert fills the slot (as `claim` and `reuse` set it): no
+            // other thread changes it, so the checks pass and the answer stands.
+            seen: idle_tag(previous, true),
+            published: live,
+            evictions_before: if R::KEEPS_GRANTS { self.evictions() } else { 0 },
+        };
+        let decided = request.acquire_at(&head.limit, &slot, now_nanos);
+        // Release: a reader that finds the tag (Acquire) sees the state as decided on.
         tag.store(live, Ordering::Release);
-        (tag, state, live)
+        match decided {
+            Ok(answer) => Inserted::Decided(request.answered(answer)),
+            Err(Retired) => Inserted::LookAgain,
+        }
     }
 
     /// The insert's pass over a bucket that [`needs_settling`]: each slot's tag once no other
     /// thread is retiring its state (a sweep's freed slot is then free for this insert, which is
     /// what keeps an insert from evicting an active client for it: see [`ClientStore::reuse`]);
-    /// the key's live state made under `head`'s version or a later one, if there is one; a live
+    /// whether the key has a live state made under `head`'s version or a later one; a live
     /// state of the key's made under an earlier version is retired.
     #[cold]
-    fn settle_key_slots<'s, L: WordLimit>(
+    fn settle_key_slots<L: WordLimit>(
         &self,
-        bucket: &'s Bucket<W, B>,
+        bucket: &Bucket<W, B>,
         place: Place,
         head: &StoreHead<L>,
-    ) -> Option<(&'s W, &'s W, u64)> {
+    ) -> bool {
         for (tag, state) in bucket.tags.iter().zip(&bucket.states) {
             let seen = settled(tag);
             if seen & FINGERPRINT != place.fingerprint {
                 continue;
             }
             if version_of(seen) >= head.version {
-                return Some((tag, state, seen));
+                return true;
             }
             self.retire_earlier(head, tag, seen, state);
         }
-        None
+        false
     }
 
     /// Takes a live slot of `place`'s buckets for reuse: one made under an earlier version, else
@@ -907,8 +985,8 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
 
 /// A decision for the key at `place` under `plan`: finds its state (or inserts a fresh one)
 /// and decides on it with `request`, only under the plan's limits read after the lookup.
-/// `before_insert` runs before each insert; `now_nanos` reads the clock for an insert that
-/// must reuse a slot; `evicted_up_to` is the service's (see `protocol::made_as_of`).
+/// `before_insert` runs before each insert; `now_nanos` reads the clock for an insert (once
+/// per insert, before its lock: the request's reading); `evicted_up_to` is the service's (see `protocol::made_as_of`).
 #[doc(hidden)]
 #[inline(always)]
 pub fn decide<W, const B: usize, P, R>(
@@ -1002,24 +1080,27 @@ where
         // buckets are looked up again only if that does not answer.
         let may_defer = inserts <= EVICTION_DEFERRALS;
         before_insert();
-        // The reading of an insert that must reuse a slot, taken with its lock let go. A reuse
-        // under limits replaced meanwhile would take states made under them for current ones,
-        // and evict one (counted) where it could take it freely: it is made only under the
-        // limits still in force after the reading.
-        let reading = || {
-            let now = now_nanos();
-            (plan.head().version == head.version).then_some(now)
-        };
-        if let Some((tag, state, seen)) = store.insert(
+        // The request's one reading of the clock, taken before the insert's lock (the clock is
+        // the user's: it may take long, or ask this service for a decision that inserts into
+        // these buckets). The fresh state is decided on at it, and where no slot is free it
+        // decides which states are idle.
+        let now = now_nanos();
+        // A reuse under limits replaced meanwhile would take states made under them for current
+        // ones, and evict one (counted) where it could take it freely: it is made only under
+        // the limits still in force after the reading.
+        let still_current = || plan.head().version == head.version;
+        match store.insert(
             place,
             &head,
-            reading,
+            request,
+            now,
+            still_current,
             evicted_up_to,
             may_defer,
             absent_as_of,
-        ) && let Some(answer) = decide_on_slot(store, plan, request, tag, state, seen)
-        {
-            return Stored::Answer(answer);
+        ) {
+            Inserted::Decided(answer) => return Stored::Answer(answer),
+            Inserted::LookAgain => {}
         }
     }
 }
@@ -1103,6 +1184,7 @@ where
             state: store.salted(state, seen),
             tag,
             seen,
+            published: seen,
             // Before the decision: an eviction of the state this decision grants on retires it
             // after the grant (before, the grant fails), and counts it after that.
             evictions_before: if R::KEEPS_GRANTS {
@@ -1302,7 +1384,11 @@ impl<W: AtomicWord> AtomicWord for SaltedWord<'_, W> {
 pub struct SlotWord<'s, W> {
     state: SaltedWord<'s, W>,
     tag: &'s W,
+    /// The tag the checks expect: the one the decision found, or, for an insert's decision on
+    /// the slot it is filling, the slot's tag while being filled (`BUSY`).
     seen: u64,
+    /// The tag the holding is published under (`seen`, but for a slot being filled).
+    published: u64,
     /// The store's eviction count, read before the decision, for a request that keeps its
     /// grant (`WordRequest::KEEPS_GRANTS`); 0 otherwise.
     evictions_before: u64,
@@ -1326,7 +1412,7 @@ impl<W> SlotWord<'_, W> {
     pub fn holding(&self) -> Holding {
         Holding {
             tag_address: std::ptr::from_ref::<W>(self.tag) as usize,
-            seen: self.seen,
+            seen: self.published,
             evictions_before: self.evictions_before,
         }
     }
