@@ -172,7 +172,7 @@ impl ModelStore {
             &self.plan,
             &ModelRequest { now },
             &self.evicted_up_to,
-            || {},
+            |_| {},
             || now,
         ) {
             Stored::Answer(granted) => granted,
@@ -188,7 +188,7 @@ impl ModelStore {
             &self.plan,
             &ReservingRequest { now },
             &self.evicted_up_to,
-            || {},
+            |_| {},
             || now,
         ) {
             Stored::Answer(grant) => grant,

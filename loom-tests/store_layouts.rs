@@ -91,7 +91,7 @@ impl Model {
             &self.plan,
             &CounterRequest,
             &self.evicted_up_to,
-            || {},
+            |_| {},
             || 0,
         ) {
             Stored::Answer(granted) => granted,

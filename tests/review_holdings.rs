@@ -375,6 +375,39 @@ fn a_rule_change_in_the_gap_starts_the_client_once() {
     }
 }
 
+/// A change to two limits in the gap (4/s to 2/s and 100/min): the plan's clients move to its
+/// map, where K's requests under the new limits make K's entry and spend it. The parked request
+/// read the plan's limits before the change (one limit, its store); resumed, its retirement of
+/// K's map entry (meant for an entry of an earlier rule of several) must leave that entry, made
+/// under the later limits, alone, and the request is then decided on it: K gets exactly the new
+/// short limit, once.
+///
+/// Catches a retirement of the map's entry whatever rule it was made under: K's spent entry is
+/// retired, the next request makes a fresh one, and K is granted the new limit again.
+#[test]
+fn a_change_to_several_limits_in_the_gap_leaves_the_new_entry_in_place() {
+    let _serial = serial();
+    const OLD: u64 = 4;
+    const NEW: u64 = 2;
+    for algorithm in STORE_METHODS {
+        let clock = FakeClock::starting_at(millis(500));
+        let service = service_with_a_gap(algorithm, &clock, 1024, SipState::new(), OLD);
+        let key = Key(11);
+        let parked = park_first_request(&service, key);
+        service
+            .set_limits(&PLAN, [rule(NEW), Rule::per_minute(100).unwrap()])
+            .unwrap();
+        let in_the_gap = spend(&service, key, NEW + OLD);
+        let late = u64::from(parked.resume());
+        let after = spend(&service, key, NEW + OLD);
+        assert_eq!(
+            (in_the_gap, late, after, service.len()),
+            (NEW, 0, 0, 1),
+            "{algorithm}: grants in the gap, to the parked request, after it; len"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Races.
 // ---------------------------------------------------------------------------------------------

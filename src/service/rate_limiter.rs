@@ -280,7 +280,7 @@ where
                     &stored,
                     &request,
                     &self.evicted_up_to,
-                    || self.retire_in_map(index, client),
+                    |version| self.retire_in_map(index, client, version),
                     || self.clock.now_nanos(),
                 ) {
                     Stored::Answer(answer) => return Ok(answer),
@@ -315,13 +315,16 @@ where
         hasher.finish()
     }
 
-    /// Retires and removes `client`'s entry in the map of the plan at `index`, if it has one:
-    /// before a state is put in the plan's store, so that a request still holding the map's
-    /// entry (made under the plan's earlier limits, of several) cannot be granted on it. A
-    /// lookup only where the plan has had several limits (read after the plan's version: see
-    /// `PlanTable::had_several`).
+    /// Retires and removes `client`'s entry in the map of the plan at `index`, if it has one
+    /// made under a version of the plan's limits up to `version`: before a state is put in the
+    /// plan's store under `version`, so that a request still holding the map's entry (made under
+    /// the plan's earlier limits, of several) cannot be granted on it. An entry made under a
+    /// later version is the client's current state (the limits changed again, to several, after
+    /// this request read them): it stays, and the request, whose insert then finds the limits
+    /// changed, is decided on it. A lookup only where the plan has had several limits (read
+    /// after the plan's version: see `PlanTable::had_several`).
     #[inline]
-    fn retire_in_map<Q>(&self, index: usize, client: &Q)
+    fn retire_in_map<Q>(&self, index: usize, client: &Q, version: Version)
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
@@ -330,7 +333,9 @@ where
             return;
         }
         let pinned = self.plans.pin(index);
-        if let Some(entry) = pinned.clients().get(client, pinned.guard()) {
+        if let Some(entry) = pinned.clients().get(client, pinned.guard())
+            && entry.state.version() <= version
+        {
             pinned.head().first.retire_now(&entry.state);
             pinned
                 .clients()

@@ -985,7 +985,8 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
 
 /// A decision for the key at `place` under `plan`: finds its state (or inserts a fresh one)
 /// and decides on it with `request`, only under the plan's limits read after the lookup.
-/// `before_insert` runs before each insert; `now_nanos` reads the clock for an insert (once
+/// `before_insert` runs before each insert, with the version of the plan's limits the insert
+/// is made under; `now_nanos` reads the clock for an insert (once
 /// per insert, before its lock: the request's reading); `evicted_up_to` is the service's (see `protocol::made_as_of`).
 #[doc(hidden)]
 #[inline(always)]
@@ -995,7 +996,7 @@ pub fn decide<W, const B: usize, P, R>(
     plan: &P,
     request: &R,
     evicted_up_to: &W,
-    before_insert: impl Fn(),
+    before_insert: impl Fn(Version),
     now_nanos: impl Fn() -> u64,
 ) -> Stored<R::Answer>
 where
@@ -1030,7 +1031,7 @@ fn decide_further<W, const B: usize, P, R>(
     plan: &P,
     request: &R,
     evicted_up_to: &W,
-    before_insert: impl Fn(),
+    before_insert: impl Fn(Version),
     now_nanos: impl Fn() -> u64,
 ) -> Stored<R::Answer>
 where
@@ -1079,7 +1080,7 @@ where
         // The slot the insert put (or found) the key's state in, decided on at once; the key's
         // buckets are looked up again only if that does not answer.
         let may_defer = inserts <= EVICTION_DEFERRALS;
-        before_insert();
+        before_insert(head.version);
         // The request's one reading of the clock, taken before the insert's lock (the clock is
         // the user's: it may take long, or ask this service for a decision that inserts into
         // these buckets). The fresh state is decided on at it, and where no slot is free it
