@@ -57,8 +57,10 @@
 //!   being freed by another thread (a sweep): holding its victim, it looks at the tags once more,
 //!   and where one is, it puts the victim back and inserts again (waiting for that slot), up to
 //!   four times a decision (a slot being taken by another insert looks the same). The request
-//!   reads the clock once, before the lock (the clock is the user's), and the insert decides it
-//!   on the slot's new state *before* publishing the slot's tag (Release; the state stored
+//!   reads the clock before the lock (the clock is the user's), and again, with the lock let
+//!   go, where no slot is free (idleness is judged at that later reading: states used since the
+//!   first may be idle now); the insert decides it at its reading on the slot's new state
+//!   *before* publishing the slot's tag (Release; the state stored
 //!   before it), with the lock still held and the plan's limits read again after the slot was
 //!   taken: while its tag says the slot is being filled no other thread reaches it, so a sweep
 //!   cannot retire the fresh state (idle until that decision) and make the request insert
@@ -362,6 +364,10 @@ pub enum Stored<A> {
     GaveUp,
 }
 
+/// A slot an insert took (free, or its state retired), its tag set to `BUSY`: its tag, the tag
+/// it held, and its state.
+type TakenSlot<'s, W> = (&'s W, u64, &'s W);
+
 /// What [`ClientStore::insert`] came to.
 #[doc(hidden)]
 #[derive(Debug)]
@@ -606,9 +612,10 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
     /// `now_nanos` *before* its tag is published: until then no other thread can reach the
     /// slot (a sweep would otherwise retire the fresh state, idle until its first decision, and
     /// make the request insert again: each insert after a decision's fourth may evict an active
-    /// client while a sweep frees a slot, see `EVICTION_DEFERRALS`). Where no slot is free, `now_nanos` also decides which
-    /// states are idle, and is published in `evicted_up_to` before a state is retired for its
-    /// slot. Slots are reused, and fresh states decided on, only while `still_current` (the
+    /// client while a sweep frees a slot, see `EVICTION_DEFERRALS`). Where no slot is free, the
+    /// insert lets its lock go and takes `reading` (the clock read again): that reading decides
+    /// which states are idle, is published in `evicted_up_to` before a state is retired for its
+    /// slot, and is the one the request is decided at. Slots are reused, and fresh states decided on, only while `still_current` (the
     /// plan's limits are still `head`'s: a reuse under limits replaced meanwhile would take
     /// their states for earlier ones, and a decision under them would outlive the change).
     /// `absent_as_of` is the home lock's count of holdings ([`ClientStore::holdings`])
@@ -624,6 +631,7 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
         head: &StoreHead<L>,
         request: &R,
         now_nanos: u64,
+        reading: impl FnOnce() -> u64,
         still_current: impl Fn() -> bool,
         evicted_up_to: &W,
         may_defer: bool,
@@ -642,17 +650,26 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
             // Rare (first requests of one client racing): the lookup finds it.
             return Inserted::LookAgain;
         }
-        let taken = match claim_free(home).or_else(|| other.and_then(claim_free)) {
-            Some(slot) => slot,
-            // (`still_current` is called here, not passed on: a closure passed out of line
-            // would keep the plan it borrows in memory on every decision's path.)
-            None if still_current() => {
-                match self.reuse_settled(place, head, now_nanos, evicted_up_to, may_defer, absent) {
-                    Some(slot) => slot,
+        let (taken, lock, now_nanos) = match claim_free(home).or_else(|| other.and_then(claim_free))
+        {
+            Some(slot) => (slot, lock, now_nanos),
+            None => {
+                // No slot free: the states' idleness is judged at a reading taken now, with the
+                // lock let go (the clock is the user's), not at the request's first one, which
+                // may be older than every state used since (the thread held between it and its
+                // insert), where none would look idle and the insert would evict. (`reading` and
+                // `still_current` are called here, not passed on: a closure passed out of line
+                // would keep what it borrows in memory on every decision's path.)
+                drop(lock);
+                let now_nanos = reading();
+                if !still_current() {
+                    return Inserted::LookAgain;
+                }
+                match self.insert_reusing(place, head, now_nanos, evicted_up_to, may_defer) {
+                    Some((slot, lock)) => (slot, lock, now_nanos),
                     None => return Inserted::LookAgain,
                 }
             }
-            None => return Inserted::LookAgain,
         };
         // The plan's limits read again once the slot is taken, as a lookup reads them after it
         // finds a state: a request that read them before a change never decides under them on
@@ -670,30 +687,32 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
         inserted
     }
 
-    /// [`ClientStore::reuse`], for an insert that found no free slot, under its lock: where
-    /// the insert skipped its passes over the buckets (`passes_skipped`), they are made first
-    /// (no state of the key's is there, but a slot another thread is freeing is waited for, and
-    /// is then free), then a free slot is claimed if one is there, else one taken for reuse.
-    /// `None` where the insert should look again (see [`Inserted::LookAgain`]).
+    /// [`ClientStore::insert`] once it found no free slot and read the clock again
+    /// (`now_nanos`) with its lock let go: the lock taken again, its passes made again (the
+    /// buckets may have changed meanwhile; a slot another thread is freeing is waited for, and
+    /// is then free), then a free slot if one is there now, else one taken by
+    /// [`ClientStore::reuse`]. The slot, with the lock still held; `None` where the insert
+    /// should look again (see [`Inserted::LookAgain`]).
     #[cold]
     #[inline(never)]
-    fn reuse_settled<L: WordLimit>(
+    fn insert_reusing<L: WordLimit>(
         &self,
         place: Place,
         head: &StoreHead<L>,
         now_nanos: u64,
         evicted_up_to: &W,
         may_defer: bool,
-        passes_skipped: bool,
-    ) -> Option<(&W, u64, &W)> {
+    ) -> Option<(TakenSlot<'_, W>, Option<InsertLock<'_, W>>)> {
         let home = &self.buckets[place.home];
         let other = self.other_bucket(place);
-        if passes_skipped && self.find_settled(place, head, home, other) {
+        let lock = self.insert_lock(place, None);
+        if self.find_settled(place, head, home, other) {
             return None;
         }
-        claim_free(home)
+        let slot = claim_free(home)
             .or_else(|| other.and_then(claim_free))
-            .or_else(|| self.reuse(place, head, now_nanos, evicted_up_to, may_defer))
+            .or_else(|| self.reuse(place, head, now_nanos, evicted_up_to, may_defer))?;
+        Some((slot, lock))
     }
 
     /// The word of `place`'s home insert lock, if no insert holds it: the count of its
@@ -1081,10 +1100,10 @@ where
         // buckets are looked up again only if that does not answer.
         let may_defer = inserts <= EVICTION_DEFERRALS;
         before_insert(head.version);
-        // The request's one reading of the clock, taken before the insert's lock (the clock is
-        // the user's: it may take long, or ask this service for a decision that inserts into
-        // these buckets). The fresh state is decided on at it, and where no slot is free it
-        // decides which states are idle.
+        // The request's reading of the clock, taken before the insert's lock (the clock is the
+        // user's: it may take long, or ask this service for a decision that inserts into these
+        // buckets). The fresh state is decided on at it where the insert claims a free slot
+        // (else the insert reads the clock again).
         let now = now_nanos();
         // A reuse under limits replaced meanwhile would take states made under them for current
         // ones, and evict one (counted) where it could take it freely: it is made only under
@@ -1095,6 +1114,7 @@ where
             &head,
             request,
             now,
+            &now_nanos,
             still_current,
             evicted_up_to,
             may_defer,
