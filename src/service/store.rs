@@ -333,7 +333,8 @@ pub trait WordRequest<W, L> {
     /// the request's: [`decide`] may drop it (see there).
     fn acquire(&self, limit: &L, state: &SlotWord<'_, W>) -> Result<Self::Answer, Retired>;
     /// [`WordRequest::acquire`] at the clock reading `now_nanos` (the insert's, for the fresh
-    /// state it put: a first request reads the clock once).
+    /// state it put: taken before its lock, or again with the lock let go where it must reuse a
+    /// slot).
     fn acquire_at(
         &self,
         limit: &L,
@@ -615,9 +616,10 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
     /// client while a sweep frees a slot, see `EVICTION_DEFERRALS`). Where no slot is free, the
     /// insert lets its lock go and takes `reading` (the clock read again): that reading decides
     /// which states are idle, is published in `evicted_up_to` before a state is retired for its
-    /// slot, and is the one the request is decided at. Slots are reused, and fresh states decided on, only while `still_current` (the
-    /// plan's limits are still `head`'s: a reuse under limits replaced meanwhile would take
-    /// their states for earlier ones, and a decision under them would outlive the change).
+    /// slot, and is the one the request is decided at. Slots are reused, and fresh states
+    /// decided on, only while `still_current` (the plan's limits are still `head`'s: a reuse
+    /// under limits replaced meanwhile would take their states for earlier ones, and a decision
+    /// under them would outlive the change).
     /// `absent_as_of` is the home lock's count of holdings ([`ClientStore::holdings`])
     /// before a look that found no tag of the key's in either bucket, if there was one: where
     /// the lock is taken at that count, the insert skips its passes over the buckets.
@@ -1005,8 +1007,9 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
 /// A decision for the key at `place` under `plan`: finds its state (or inserts a fresh one)
 /// and decides on it with `request`, only under the plan's limits read after the lookup.
 /// `before_insert` runs before each insert, with the version of the plan's limits the insert
-/// is made under; `now_nanos` reads the clock for an insert (once
-/// per insert, before its lock: the request's reading); `evicted_up_to` is the service's (see `protocol::made_as_of`).
+/// is made under; `now_nanos` reads the clock for an insert (before its lock: the request's
+/// reading, and again with the lock let go where no slot is free); `evicted_up_to` is the
+/// service's (see `protocol::made_as_of`).
 #[doc(hidden)]
 #[inline(always)]
 pub fn decide<W, const B: usize, P, R>(
