@@ -29,9 +29,10 @@
 //! which spent its limit at 10.5 s, is evicted (counted) while keys 1..=7 are idle, and is
 //! granted its limit again at 10.5 s (8 at one reading under a limit of 4: within the bound of
 //! one limit per counted eviction, but an eviction the store promises not to make). The commit
-//! message of 5302e06 names this case as still open; the test pins it, ignored until it is
-//! fixed (a way: judge idleness at the latest reading the bucket's states show others took,
-//! which the clock has passed). Everything else here passes.
+//! message of 5302e06 names this case as still open; the test pins it, ignored. (Judging
+//! idleness at the latest reading the bucket's states show others took fixes it, and refuses
+//! first requests in flight instead: see the comment before the eviction in the store's
+//! `reuse`.) Everything else here passes.
 
 use std::cell::{Cell, RefCell};
 use std::panic::{AssertUnwindSafe, catch_unwind};

@@ -894,6 +894,18 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
                 return Some((tag, seen, state));
             }
         }
+        // Idleness is judged at this insert's own reading, never at a later one the states' counts
+        // show another thread took. Judged there, a reused state must be retired as one idle at
+        // that later reading, which must then be published first (the next state of its client is
+        // made as of `evicted_up_to`, and must be as strict as it); a first request whose reading
+        // is older (with a real clock, requests in flight at that instant) is then refused by the
+        // fresh state it is given. Tried: in the storm of new clients of
+        // tests/review_evict.rs, 533,663 of 633,458 first requests were refused (349,645 where only
+        // the reused state's own idle reading was published), and with the later reading published,
+        // hot clients among a flood reading 2.5 windows ahead (tests/review_lazy_reading.rs) were
+        // granted nothing. So a request held after its reading may evict (counted) an active client
+        // while another state is idle at readings taken since: its eviction is bounded as any
+        // other.
         for _ in 0..EVICTION_TRIES {
             let closest = self
                 .slots(place)
