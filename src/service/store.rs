@@ -895,17 +895,11 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
             }
         }
         // Idleness is judged at this insert's own reading, never at a later one the states' counts
-        // show another thread took. Judged there, a reused state must be retired as one idle at
-        // that later reading, which must then be published first (the next state of its client is
-        // made as of `evicted_up_to`, and must be as strict as it); a first request whose reading
-        // is older (with a real clock, requests in flight at that instant) is then refused by the
-        // fresh state it is given. Tried: in the storm of new clients of
-        // tests/review_evict.rs, 533,663 of 633,458 first requests were refused (349,645 where only
-        // the reused state's own idle reading was published), and with the later reading published,
-        // hot clients among a flood reading 2.5 windows ahead (tests/review_lazy_reading.rs) were
-        // granted nothing. So a request held after its reading may evict (counted) an active client
-        // while another state is idle at readings taken since: its eviction is bounded as any
-        // other.
+        // show another thread took: a state reused as idle there must have that reading published
+        // first (its client's next state is made as of `evicted_up_to`), and a fresh state made
+        // after it may then refuse a first request in flight with an older reading (bc7cdf5 has
+        // the figures). So a request held after its reading may evict (counted, bounded as any other
+        // eviction) an active client while another state is idle at readings taken since.
         for _ in 0..EVICTION_TRIES {
             let closest = self
                 .slots(place)
