@@ -243,9 +243,16 @@ where
     }
 
     /// [`RateLimiterService::acquire`], answering as `T` does (see [`Answer`]).
-    // Always inlined into its entry point (`allow`, `acquire`, ...): with thin LTO it was
-    // otherwise called out of line, its answer returned through memory (15 instructions of a
-    // lookup's 301).
+    ///
+    /// A known client's state is in its home bucket of the plan's store: that look, and the
+    /// decision on the state it finds (`store::decide_at_home`), is all this inlines into its
+    /// entry point (`allow`, `acquire`, ...). Everything else (the other bucket, an insert, a
+    /// plan of several limits, a retry) is [`RateLimiterService::decide_at_length`], called out
+    /// of line, which looks at the home bucket again after reading its lock's count (see
+    /// `store::decide_beyond_home`). Inlined, the insert's many live values made the compiler
+    /// save registers and spill values on every lookup: 32 instructions of 297 (default
+    /// release), 33 of 293 (thin LTO). A first request pays the second look and the call: 58
+    /// more, of 570 and 595.
     #[inline(always)]
     pub(super) fn decide<Q, T: Answer>(
         &self,
@@ -258,23 +265,61 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let index = self.plan_index(plan)?;
+        let hash = self.hash_of(client);
+        if let Some(stored) = self.plans.stored(index) {
+            let place = stored.store.place(hash);
+            if let Some(answer) =
+                store::decide_at_home(stored.store, place, &stored, &self.asking(index, n))
+            {
+                return Ok(answer);
+            }
+        }
+        self.decide_at_length(client, plan, index, hash, n)
+    }
+
+    /// The request of `n` permits under the plan at `index`, its answer counted in the plan's
+    /// decision counts (read once, here) where the service keeps them.
+    #[inline(always)]
+    fn asking<T: Answer>(
+        &self,
+        index: usize,
+        n: u64,
+    ) -> Asking<'_, T, C, impl Fn(bool) + use<'_, T, K, P, C, S>> {
         let counts = self.plans.counts(index);
-        let request = Asking {
+        Asking {
             n,
             clock: &self.clock,
-            record: |allowed| {
+            record: move |allowed| {
                 if let Some(counts) = counts {
                     counts.record(allowed);
                 }
             },
             answer: PhantomData::<T>,
-        };
+        }
+    }
+
+    /// [`RateLimiterService::decide`] where the home bucket of the plan's store (if it has one)
+    /// did not answer: `client`, of keyed hash `hash`, under the plan at `index`.
+    #[inline(never)]
+    fn decide_at_length<Q, T: Answer>(
+        &self,
+        client: &Q,
+        plan: &P,
+        index: usize,
+        hash: u64,
+        n: u64,
+    ) -> Result<T, ServiceError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let request = self.asking(index, n);
         // A plan moves between its store and its map only when its limits change between one
         // and several, so this goes round more than once only across such changes.
         for _ in 0..MAX_LOOKUP_TRIES {
             if let Some(stored) = self.plans.stored(index) {
-                let place = stored.store.place(self.hash_of(client));
-                match store::decide(
+                let place = stored.store.place(hash);
+                match store::decide_beyond_home(
                     stored.store,
                     place,
                     &stored,

@@ -1016,7 +1016,12 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
 /// is made under; `now_nanos` reads the clock for an insert (before its lock: the request's
 /// reading, and again with the lock let go where no slot is free); `evicted_up_to` is the
 /// service's (see `protocol::made_as_of`).
-#[doc(hidden)]
+///
+/// The service makes its two steps, `decide_at_home` and `decide_beyond_home`, apart: it
+/// inlines the first (the lookup of a known client) and calls the second out of line, where it
+/// repeats the second alone if the plan moved its clients meanwhile (see
+/// `RateLimiterService::decide`). This is that composition, for the loom models.
+#[cfg(feature = "loom")]
 #[inline(always)]
 pub fn decide<W, const B: usize, P, R>(
     store: &ClientStore<W, B>,
@@ -1033,12 +1038,9 @@ where
     P::Limit: WordLimit,
     R: WordRequest<W, P::Limit>,
 {
-    // The home bucket first, alone: a known key's state is there unless the bucket was full
-    // when the key came, so the other bucket is computed only where the home does not answer.
-    // (The order of the probe is the one `decide_further` goes on with: home, then other.)
-    match probe(store, &store.buckets[place.home], place, plan, request) {
-        Probed::Answer(answer) => Stored::Answer(answer),
-        Probed::KeySeen | Probed::KeyAbsent => decide_further(
+    match decide_at_home(store, place, plan, request) {
+        Some(answer) => Stored::Answer(answer),
+        None => decide_beyond_home(
             store,
             place,
             plan,
@@ -1050,10 +1052,35 @@ where
     }
 }
 
-/// [`decide`] once the home bucket did not answer: its other bucket, then (as often as another
-/// thread's change makes it) an insert and both buckets again.
+/// The first step of [`decide`]: the home bucket alone. A known key's state is there unless the
+/// bucket was full when the key came, so the other bucket is computed only where the home does
+/// not answer (`None`). A look that does not answer writes nothing a decision reads (at most it
+/// retires a state of earlier limits, as any look does), so [`decide_beyond_home`] may follow it
+/// at any later time.
 #[inline(always)]
-fn decide_further<W, const B: usize, P, R>(
+pub(crate) fn decide_at_home<W, const B: usize, P, R>(
+    store: &ClientStore<W, B>,
+    place: Place,
+    plan: &P,
+    request: &R,
+) -> Option<R::Answer>
+where
+    W: AtomicWord,
+    P: StorePlan,
+    P::Limit: WordLimit,
+    R: WordRequest<W, P::Limit>,
+{
+    match probe(store, &store.buckets[place.home], place, plan, request) {
+        Probed::Answer(answer) => Some(answer),
+        Probed::KeySeen | Probed::KeyAbsent => None,
+    }
+}
+
+/// The second step of [`decide`] (its arguments are `decide`'s): both buckets, home first (the
+/// order of [`decide_at_home`]'s look, which this repeats after reading the home lock's count),
+/// then (as often as another thread's change makes it) an insert and both buckets again.
+#[inline(always)]
+pub(crate) fn decide_beyond_home<W, const B: usize, P, R>(
     store: &ClientStore<W, B>,
     place: Place,
     plan: &P,
