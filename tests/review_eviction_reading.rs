@@ -928,18 +928,25 @@ fn race(algorithm: Algorithm, limit: u64, walk: Walk, millis: u64) -> RaceOutcom
     // Evictions at the other thread's inserts so far: the race runs on past its time until
     // there are enough to judge by (on a loaded machine the threads may take turns).
     let evicted_so_far = Arc::new(AtomicU64::new(0));
+    // The client's requests when the other thread's last insert was made: the client waits for
+    // the next insert once it is `CLIENT_AHEAD` requests past it. Otherwise, on a loaded machine
+    // where the other thread starts late, the client's time can pass `FAR` (where the fillers
+    // become idle and inserts reuse their slots instead of evicting) before the first insert,
+    // and the race has nothing to judge by.
+    let asked_at_insert = Arc::new(AtomicU64::new(0));
     let dog = Watchdog::start(
         Duration::from_millis(millis) + ENOUGH_EVICTIONS_WITHIN + Duration::from_secs(30),
         format!("{algorithm:?} race"),
     );
     let evictor = {
-        let (svc, stop, latest, evictor_max, asked, evicted_so_far) = (
+        let (svc, stop, latest, evictor_max, asked, evicted_so_far, asked_at_insert) = (
             Arc::clone(&svc),
             Arc::clone(&stop),
             Arc::clone(&latest),
             Arc::clone(&evictor_max),
             Arc::clone(&asked),
             Arc::clone(&evicted_so_far),
+            Arc::clone(&asked_at_insert),
         );
         thread::spawn(move || {
             let mut rng = 0x2545_F491_4F6C_DD1D_u64;
@@ -967,6 +974,7 @@ fn race(algorithm: Algorithm, limit: u64, walk: Walk, millis: u64) -> RaceOutcom
                 at_inserts += evicted;
                 evicted_so_far.fetch_add(evicted, Ordering::Relaxed);
                 refused_first += u64::from(decision.is_denied());
+                asked_at_insert.store(asked.load(Ordering::Relaxed), Ordering::Relaxed);
                 // Let the client ask a few times between evictions (a pass or more of its walk).
                 let between = match walk {
                     Walk::Forward { .. } => 5 + xorshift(&mut rng) % 100,
@@ -1005,6 +1013,14 @@ fn race(algorithm: Algorithm, limit: u64, walk: Walk, millis: u64) -> RaceOutcom
                 10 * W + position / 10 * W + xorshift(&mut rng) % W
             }
         };
+        // No further than `CLIENT_AHEAD` requests past the other thread's last insert (its wait
+        // between inserts is shorter, so the two never wait for each other).
+        while asked.load(Ordering::Relaxed)
+            >= asked_at_insert.load(Ordering::Relaxed) + CLIENT_AHEAD
+            && !evictor.is_finished()
+        {
+            thread::yield_now();
+        }
         NOW.set(reading);
         outcome.max_reading = outcome.max_reading.max(reading);
         outcome.requests += 1;
@@ -1030,6 +1046,10 @@ fn race(algorithm: Algorithm, limit: u64, walk: Walk, millis: u64) -> RaceOutcom
     );
     outcome
 }
+
+/// How many requests the client of a race may make past the other thread's last insert: more
+/// than that thread waits for between its inserts (fewer than 350).
+const CLIENT_AHEAD: u64 = 1_000;
 
 /// The evictions at the other thread's inserts a race needs to judge by (more than this), and
 /// how long past its time it may run to see them.
