@@ -680,6 +680,12 @@ fn several_limits_taken_in_the_plans_order_fail_the_moved_window_model() {
 }
 
 #[test]
+#[should_panic(expected = "an active client was evicted")]
+fn store_victim_by_its_own_reading_alone_fails_the_later_decision_model() {
+    crate::store::check_eviction_after_a_later_decision(StoreFault::VictimByItsOwnReadingAlone);
+}
+
+#[test]
 #[should_panic(expected = "more than one state for one client")]
 fn store_inserting_without_the_lock_fails_first_requests_model() {
     crate::store::check_first_requests(StoreFault::InsertWithoutLock);

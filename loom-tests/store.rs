@@ -9,7 +9,8 @@
 //! - An eviction racing a decision on the state being evicted, and a slot reused for another
 //!   client while a stale request holds it: no grant is made but from a fresh state's permits.
 //! - An eviction by an insert whose reading lags its victim's: the victim's next state gives back
-//!   one permit at most.
+//!   one permit at most. An eviction by an insert whose reading lags a decision made since takes
+//!   the client idle at that decision's reading, not the one it was made for.
 //! - A sweep racing requests: nothing is granted twice; racing a first request, it never
 //!   retires the fresh state before the request's decision (which would make it insert again).
 //! - A give-back (a grant undone: `RateLimiterService::give_back`) racing an eviction of its
@@ -19,11 +20,11 @@
 //! `negative_controls` runs each checker on a broken variant of the store and shows that it is
 //! caught: an insert without its lock, an insert that publishes its fresh state before deciding,
 //! a tag taken twice, a sweep that retires active states, an eviction that is not counted
-//! (a fresh state the eviction model cannot account for), and one that publishes only its own
-//! reading.
+//! (a fresh state the eviction model cannot account for), one that publishes only its own
+//! reading, and one that chooses its victim at its own reading alone.
 
 use loom::sync::Arc;
-use loom::sync::atomic::{AtomicU64, Ordering};
+use loom::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use loom::thread;
 
 use tollgate::Decision;
@@ -361,6 +362,64 @@ pub(crate) fn check_eviction_at_a_lagging_reading(fault: StoreFault) {
     });
 }
 
+/// Bob and Alice fill the bucket's two slots, each having used its one permit at 0. Alice asks
+/// again at `LATER` (granted: her state is idle by then) and says so on a flag; Carol's first
+/// request, with a reading of 0 that lags Alice's (a thread held after its reading), finds no
+/// state idle at 0 and evicts one. Where Carol's request began after Alice's decision (it read
+/// the flag set), the states' counts show a decision at `LATER`, where Bob's state is idle and
+/// Alice's is not: Carol takes Bob's slot, and Alice's state stands (refused again at `LATER`).
+/// However the two interleave, every grant but Alice's one at `LATER` comes from an eviction.
+/// Panics with "an active client was evicted" or "more grants than" otherwise.
+pub(crate) fn check_eviction_after_a_later_decision(fault: StoreFault) {
+    const LATER: u64 = 2 * WINDOW;
+    explore(2, move || {
+        let model = Arc::new(ModelStore::new([bucket(1), bucket(1)], fault));
+        // Alice's state last: of states alike at the evicting reading, the last is the one
+        // taken when nothing else tells them apart.
+        for client in [BOB, ALICE] {
+            assert!(model.request(client, 0), "the prefill is granted");
+        }
+        let alice_decided = Arc::new(AtomicBool::new(false));
+        let alice = {
+            let (model, alice_decided) = (Arc::clone(&model), Arc::clone(&alice_decided));
+            thread::spawn(move || {
+                let granted = model.request(ALICE, LATER);
+                // Release: Carol's request, reading this first, sees Alice's state as it left it.
+                alice_decided.store(true, Ordering::Release);
+                granted
+            })
+        };
+        let carol = {
+            let (model, alice_decided) = (Arc::clone(&model), Arc::clone(&alice_decided));
+            thread::spawn(move || {
+                // Acquire: pairs with the Release above.
+                let after_alice = alice_decided.load(Ordering::Acquire);
+                (after_alice, model.request(CAROL, 0))
+            })
+        };
+        let alice = alice.join().expect("Alice's request panicked");
+        let (after_alice, carol) = carol.join().expect("Carol's request panicked");
+        let alice_again = model.request(ALICE, LATER);
+        let evictions = model.store.evictions();
+        if after_alice {
+            assert!(
+                !alice_again && evictions == 1,
+                "an active client was evicted while an idle one was there: Alice granted again \
+                 at {LATER}: {alice_again}, {evictions} evictions"
+            );
+        }
+        let grants = [alice, carol, alice_again]
+            .into_iter()
+            .filter(|granted| *granted)
+            .count() as u64;
+        assert!(
+            grants <= 1 + evictions,
+            "more grants than Alice's one and the evictions: {grants} grants, {evictions} \
+             evictions"
+        );
+    });
+}
+
 /// Alice has used her permit; a sweep at the same instant frees only states indistinguishable
 /// from fresh, racing Bob's first two requests (his state is fresh until the first is granted,
 /// and may be retired then): Bob is granted once, never twice, and Alice's used permit stays
@@ -549,6 +608,11 @@ fn store_eviction_racing_a_decision_never_grants_more_than_fresh_states() {
 #[test]
 fn store_eviction_at_a_lagging_reading_gives_back_one_permit_at_most() {
     check_eviction_at_a_lagging_reading(StoreFault::None);
+}
+
+#[test]
+fn store_eviction_after_a_later_decision_takes_the_client_idle_since() {
+    check_eviction_after_a_later_decision(StoreFault::None);
 }
 
 #[test]

@@ -474,6 +474,13 @@ macro_rules! one_word_limit {
                     .map(|word| self.0.counted_up_to(word))
             }
 
+            fn counted_up_to<A: tollgate::loom_support::AtomicWord>(
+                &self,
+                state: &A,
+            ) -> Option<u64> {
+                self.0.counted_up_to_now(state)
+            }
+
             fn retire_if_idle<A: tollgate::loom_support::AtomicWord>(
                 &self,
                 state: &A,

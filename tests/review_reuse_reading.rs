@@ -22,17 +22,20 @@
 //! # Findings (at 5302e06)
 //!
 //! `a_request_held_after_its_second_reading_never_evicts_an_active_client_while_idle_ones_exist`
-//! fails for every method with `[evictions, key 8's peek, key 8's grants after] = [1, 4, 4]`
-//! (expected `[0, 0, 0]`): review_fill's held request, held after its *second* reading (0.5 s)
-//! instead of its first, still judges idleness at a reading older than what others did since.
-//! At 0.5 s no state is idle and all show nothing left, so the tie goes to the last slot: key 8,
-//! which spent its limit at 10.5 s, is evicted (counted) while keys 1..=7 are idle, and is
-//! granted its limit again at 10.5 s (8 at one reading under a limit of 4: within the bound of
-//! one limit per counted eviction, but an eviction the store promises not to make). The commit
-//! message of 5302e06 names this case as still open; the test pins it, ignored. (Judging
-//! idleness at the latest reading the bucket's states show others took fixes it, and refuses
-//! first requests in flight instead: see the comment before the eviction in the store's
-//! `reuse`.) Everything else here passes.
+//! failed for every method with `[evictions, key 8's peek, key 8's grants after] = [1, 4, 4]`
+//! (expected then `[0, 0, 0]`): review_fill's held request, held after its *second* reading
+//! (0.5 s) instead of its first, still judges idleness at a reading older than what others did
+//! since. At 0.5 s no state is idle and all show nothing left, so the tie went to the last slot:
+//! key 8, which spent its limit at 10.5 s, was evicted (counted) while keys 1..=7 are idle, and
+//! was granted its limit again at 10.5 s (8 at one reading under a limit of 4: within the bound
+//! of one limit per counted eviction, but a reset the store promises not to make). The test was
+//! ignored until the store's eviction chose among states alike at the insert's reading by their
+//! permits at the latest reading the bucket's states' counts show a decision took (see
+//! `victim_key` in the store): key 8 is kept and an idle key is taken. That is still an eviction,
+//! counted: idleness stays judged at the insert's own reading (judging it at the later one
+//! refuses first requests in flight: see the comment before the eviction in the store's `reuse`),
+//! and at 0.5 s the idle key's state had nothing left. So the test now expects
+//! `[at most 1, 0, 0]`. Everything else here passes.
 
 use std::cell::{Cell, RefCell};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -735,13 +738,12 @@ fn two_first_requests_of_one_key_parked_at_their_second_readings_share_one_state
 /// review_fill's held request, held after its *second* reading: keys 1..=8 spend their limit at
 /// 0.4 s; key 100's first request finds no free slot, reads the clock again (0.5 s) and is held
 /// there; at 10.5 s keys 1..=7 are idle and key 8 (in the last slot) spends its limit again; the
-/// request resumes. Seven slots are idle: the insert must reuse one, not evict (counted) the
-/// active key 8. Expected per method: `[evictions, key 8's peek, key 8's grants after]` =
-/// `[0, 0, 0]`.
+/// request resumes. Seven slots are idle at the readings taken since: the insert must take one
+/// of them, never reset the active key 8. It may count that as an eviction (at its own reading,
+/// 0.5 s, the idle key's state had nothing left: a request of that key in flight with a reading
+/// before 10.4 s could be answered otherwise). Expected per method: `[evictions, key 8's peek,
+/// key 8's grants after]` = `[at most 1, 0, 0]`, and keys 1..=7 all reported fresh.
 #[test]
-#[ignore = "open: an insert judges idleness at its own reading, which a thread held after taking \
-            it makes older than what others did since (fails every method: [1, 4, 4]); run with \
-            --ignored"]
 fn a_request_held_after_its_second_reading_never_evicts_an_active_client_while_idle_ones_exist() {
     let _serial = serial();
     let outcomes: Vec<(Algorithm, [u64; 3])> = STORE_METHODS
@@ -766,12 +768,19 @@ fn a_request_held_after_its_second_reading_never_evicts_an_active_client_while_i
                 harness.remaining([8])[0],
                 harness.spend(8),
             ];
+            assert_eq!(
+                harness.remaining(1..=7),
+                vec![LIMIT; 7],
+                "{algorithm}: keys 1..=7 (one of them evicted, or reused) after"
+            );
             harness.check_counts("a request held after its second reading");
             (algorithm, outcome)
         })
         .collect();
     assert!(
-        outcomes.iter().all(|(_, outcome)| *outcome == [0, 0, 0]),
+        outcomes
+            .iter()
+            .all(|(_, [evictions, peek, grants])| *evictions <= 1 && [*peek, *grants] == [0, 0]),
         "[evictions, key 8's peek, key 8's grants after] per method: {outcomes:?}"
     );
 }

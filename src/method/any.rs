@@ -324,6 +324,18 @@ impl AnyParams {
         on_state!(self, state, params, state => Method::retire_now(params, state), else false)
     }
 
+    /// Where a one-word `state`'s counts run up to now (the method's `counted_up_to` of the word
+    /// it holds: no later than the reading of the decision that wrote it), by a load; `None`
+    /// when it is retired, and for the sliding log, whose state is no word.
+    pub(crate) fn counted_up_to_now<A: AtomicWord>(&self, state: &A) -> Option<u64> {
+        match self {
+            AnyParams::TokenBucket(params) => params.counted_up_to_now(state),
+            AnyParams::FixedWindow(params) => params.counted_up_to_now(state),
+            AnyParams::SlidingWindowCounter(params) => params.counted_up_to_now(state),
+            AnyParams::SlidingWindowLog(_) => None,
+        }
+    }
+
     /// Retires a one-word `state` whatever it holds, as [`AnyParams::retire_now`] does, for an
     /// eviction: the clock reading its counts run up to (the method's `counted_up_to` of the
     /// word it retired), `None` if it already was. The sliding log, whose state is no word,

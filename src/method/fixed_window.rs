@@ -143,6 +143,15 @@ impl WindowParams {
             .saturating_add(index.saturating_mul(self.rule.window_nanos()))
     }
 
+    /// [`counted_up_to`](WindowParams::counted_up_to) of what `word` holds now (a load), `None` when it
+    /// is retired.
+    pub fn counted_up_to_now<A: AtomicWord>(&self, word: &A) -> Option<u64> {
+        // A snapshot, for an eviction's choice of victim only.
+        word::load_live(word)
+            .ok()
+            .map(|live| self.counted_up_to(live))
+    }
+
     #[inline]
     fn index_at(&self, now_nanos: u64) -> u64 {
         (now_nanos / self.rule.window_nanos()).min(self.max_index)

@@ -263,6 +263,14 @@ impl GcraParams {
             .saturating_add(ticks.div_ceil(self.ticks_per_nano))
     }
 
+    /// [`counted_up_to`](GcraParams::counted_up_to) of the TAT `tat` holds now (a load), `None`
+    /// when it is retired.
+    pub fn counted_up_to_now<A: AtomicWord>(&self, tat: &A) -> Option<u64> {
+        // Relaxed: a snapshot, for an eviction's choice of victim only.
+        let current = tat.load(Ordering::Relaxed);
+        (current != RETIRED).then(|| self.counted_up_to(current))
+    }
+
     /// The pure decision: what taking `n` permits at `now_nanos` from a bucket whose TAT is `tat`
     /// answers, and the TAT to store if it must change.
     #[inline]

@@ -137,10 +137,11 @@ impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher + Clone> ServiceBuilder<P, C, 
     /// window or the sliding window counter, each plan's table is allocated when the service is
     /// built, 17 bytes per client of capacity, and never grows: a new client whose slots are all
     /// taken reuses an idle client's slot (no answer changes), else evicts the client closest to
-    /// fresh among the 16 slots its key may use (counted by
-    /// [`RateLimiterService::evictions`](crate::RateLimiterService::evictions); an evicted
+    /// fresh among the 16 slots its key may use (at the request's reading; among clients alike
+    /// there, at the latest reading their states show a decision took), counted by
+    /// [`RateLimiterService::evictions`](crate::RateLimiterService::evictions). An evicted
     /// client starts afresh on its next request, which can give it at most one limit's worth
-    /// more, once, in permits asked one at a time; under the sliding window counter, two where
+    /// more, once, in permits asked one at a time (under the sliding window counter, two where
     /// its readings reach back into the window before its last). An attempt that takes nothing
     /// whatever the state (of 0 permits, or of more than the limit) makes no state for a new
     /// client, so it takes no place and evicts no one. The sliding log's clients, and those of a

@@ -786,6 +786,10 @@ impl WordLimit for &AnyParams {
         AnyParams::retire_evicted(self, state)
     }
 
+    fn counted_up_to<A: AtomicWord>(&self, state: &A) -> Option<u64> {
+        AnyParams::counted_up_to_now(self, state)
+    }
+
     fn retire_if_idle<A: AtomicWord>(&self, state: &A, now_nanos: u64) -> bool {
         AnyParams::retire_if_idle(self, state, now_nanos)
     }

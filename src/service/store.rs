@@ -52,8 +52,10 @@
 //!   (compare-and-swap of its tag from free to `BUSY`); otherwise a slot is *reused*: one made
 //!   under an earlier version, else one whose state is indistinguishable from fresh (retired by
 //!   one exchange on its state, so a state that is admitting is never taken), else the state
-//!   closest to fresh among the two buckets (the most permits available), which is an
-//!   **eviction**, counted. An insert evicts only while no slot of the two buckets is free or
+//!   closest to fresh among the two buckets (the most permits available at the insert's
+//!   reading; among states alike there, at the latest reading their counts show a decision
+//!   took, so that a request held after its reading takes a client idle since, not one used
+//!   since), which is an **eviction**, counted. An insert evicts only while no slot of the two buckets is free or
 //!   being freed by another thread (a sweep): holding its victim, it looks at the tags once more,
 //!   and where one is, it puts the victim back and inserts again (waiting for that slot), up to
 //!   four times a decision (a slot being taken by another insert looks the same). The request
@@ -250,6 +252,10 @@ pub enum StoreFault {
     /// An insert that evicts an active client while another slot of its buckets is being freed
     /// (a sweep's idle one).
     EvictPastRetiring,
+    /// An eviction that chooses its victim at the insert's own reading alone: a request held
+    /// after its reading takes the last of states all spent at that reading, though only that
+    /// one was used since and the others are idle at the readings taken since.
+    VictimByItsOwnReadingAlone,
     /// The insert's pass over a bucket looks at its slots one by one only where a tag has the
     /// key's fingerprint, not where a slot is being retired: a slot a sweep is freeing is not
     /// waited for, and the insert may evict an active client instead.
@@ -287,6 +293,9 @@ pub trait WordLimit {
     /// state's counts may run past the evicting insert's own reading, which can lag another
     /// thread's.
     fn retire_evicted<A: AtomicWord>(&self, state: &A) -> Option<u64>;
+    /// Where `state`'s counts run up to (what [`WordLimit::retire_evicted`] would answer), by a
+    /// load; `None` when it is retired or the method cannot tell.
+    fn counted_up_to<A: AtomicWord>(&self, state: &A) -> Option<u64>;
     /// Retires `state` if it is indistinguishable from a fresh one at `now_nanos`; whether it
     /// did.
     fn retire_if_idle<A: AtomicWord>(&self, state: &A, now_nanos: u64) -> bool;
@@ -852,7 +861,8 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
     }
 
     /// Takes a live slot of `place`'s buckets for reuse: one made under an earlier version, else
-    /// an idle one, else the one closest to fresh (an eviction). Its state is retired by this
+    /// an idle one, else the one closest to fresh (an eviction; see [`victim_key`]). Its state is
+    /// retired by this
     /// call, and its tag set to `BUSY`. Returns the slot's tag, the tag it held, and its state;
     /// `None` when each state it picked changed first, or when `may_defer` and another slot is
     /// being freed (see [`ClientStore::is_any_freed`]).
@@ -898,18 +908,34 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
         // show another thread took: a state reused as idle there must have that reading published
         // first (its client's next state is made as of `evicted_up_to`), and a fresh state made
         // after it may then refuse a first request in flight with an older reading (bc7cdf5 has
-        // the figures). So a request held after its reading may evict (counted, bounded as any other
-        // eviction) an active client while another state is idle at readings taken since.
+        // the figures). So where no state is idle at this reading, one is evicted (counted); the
+        // later reading only chooses which (see `victim_key`): of states alike at this reading,
+        // one idle since is taken before one used since (a request held after its reading would
+        // otherwise take the last of a bucket of states all spent at that reading, though only
+        // that one was used since).
         for _ in 0..EVICTION_TRIES {
+            let current = |(tag, state)| {
+                let seen = live(tag).filter(|seen| version_of(*seen) == head.version)?;
+                Some((tag, seen, state, self.salted(state, seen)))
+            };
+            // The latest reading the states' counts show a decision took, if later than this
+            // insert's.
+            let reached = if self.has_fault(StoreFault::VictimByItsOwnReadingAlone) {
+                now_nanos
+            } else {
+                self.slots(place)
+                    .filter_map(current)
+                    .filter_map(|(.., salted)| head.limit.counted_up_to(&salted))
+                    .fold(now_nanos, u64::max)
+            };
             let closest = self
                 .slots(place)
-                .filter_map(|(tag, state)| {
-                    let seen = live(tag).filter(|seen| version_of(*seen) == head.version)?;
-                    let salted = self.salted(state, seen);
-                    let available = head.limit.available(&salted, now_nanos)?;
-                    Some((available, tag, seen, state, salted))
+                .filter_map(current)
+                .filter_map(|(tag, seen, state, salted)| {
+                    let key = victim_key(&head.limit, &salted, now_nanos, reached)?;
+                    Some((key, tag, seen, state, salted))
                 })
-                .max_by_key(|(available, ..)| *available);
+                .max_by_key(|(key, ..)| *key);
             let (_, tag, seen, state, salted) = closest?;
             if take_live(tag, seen) {
                 // Holding the victim, a last look at the tags as they are now: a slot another
@@ -1643,6 +1669,25 @@ fn take_live<W: AtomicWord>(tag: &W, seen: u64) -> bool {
         && tag
             .compare_exchange(seen, seen | RETIRING, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
+}
+
+/// How close to fresh an eviction finds `state` (the victim is the greatest): the permits it has
+/// available at the insert's reading `now_nanos`, then, among states alike there, at `reached`,
+/// the latest reading the bucket's states' counts show a decision took (`now_nanos` where none
+/// is later). `None` when the state is retired.
+fn victim_key<W: AtomicWord, L: WordLimit>(
+    limit: &L,
+    state: &W,
+    now_nanos: u64,
+    reached: u64,
+) -> Option<(u64, u64)> {
+    let available = limit.available(state, now_nanos)?;
+    let available_later = if reached > now_nanos {
+        limit.available(state, reached)?
+    } else {
+        available
+    };
+    Some((available, available_later))
 }
 
 /// Takes the live slot whose tag read `seen` and retires its state if it is idle at `now_nanos`;

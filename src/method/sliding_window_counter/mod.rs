@@ -179,6 +179,15 @@ impl CounterParams {
             .saturating_add(index.saturating_mul(self.rule.window_nanos()))
     }
 
+    /// [`counted_up_to`](CounterParams::counted_up_to) of what `word` holds now (a load), `None` when it
+    /// is retired.
+    pub fn counted_up_to_now<A: AtomicWord>(&self, word: &A) -> Option<u64> {
+        // A snapshot, for an eviction's choice of victim only.
+        word::load_live(word)
+            .ok()
+            .map(|live| self.counted_up_to(live))
+    }
+
     /// The pure decision: what taking `n` permits at `now_nanos` from `word` answers, and the
     /// word to store if it must change. `word` must not be retired.
     // For the unit tests and the loom models; the limiters, which clamp the reading once per
