@@ -138,7 +138,7 @@ impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher + Clone> ServiceBuilder<P, C, 
     /// built, 17 bytes per client of capacity, and never grows: a new client whose slots are all
     /// taken reuses an idle client's slot (no answer changes), else evicts the client closest to
     /// fresh among the 16 slots its key may use (at the request's reading; among clients alike
-    /// there, at the latest reading their states show a decision took), counted by
+    /// there, the least recently used), counted by
     /// [`RateLimiterService::evictions`](crate::RateLimiterService::evictions). An evicted
     /// client starts afresh on its next request, which can give it at most one limit's worth
     /// more, once, in permits asked one at a time (under the sliding window counter, two where

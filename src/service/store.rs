@@ -53,8 +53,8 @@
 //!   under an earlier version, else one whose state is indistinguishable from fresh (retired by
 //!   one exchange on its state, so a state that is admitting is never taken), else the state
 //!   closest to fresh among the two buckets (the most permits available at the insert's
-//!   reading; among states alike there, at the latest reading their counts show a decision
-//!   took, so that a request held after its reading takes a client idle since, not one used
+//!   reading; among states alike there, the one whose counts end earliest, the least recently
+//!   used, so that a request held after its reading takes a client idle since, not one used
 //!   since), which is an **eviction**, counted. An insert evicts only while no slot of the two buckets is free or
 //!   being freed by another thread (a sweep): holding its victim, it looks at the tags once more,
 //!   and where one is, it puts the victim back and inserts again (waiting for that slot), up to
@@ -119,6 +119,7 @@
 // The store is public (doc-hidden) only for the `loom` feature's models.
 #![cfg_attr(not(feature = "loom"), allow(unreachable_pub))]
 
+use std::cmp::Reverse;
 use std::hash::BuildHasher;
 
 use crate::decision::Retired;
@@ -252,9 +253,9 @@ pub enum StoreFault {
     /// An insert that evicts an active client while another slot of its buckets is being freed
     /// (a sweep's idle one).
     EvictPastRetiring,
-    /// An eviction that chooses its victim at the insert's own reading alone: a request held
-    /// after its reading takes the last of states all spent at that reading, though only that
-    /// one was used since and the others are idle at the readings taken since.
+    /// An eviction that chooses its victim by its permits at the insert's own reading alone: a
+    /// request held after its reading takes the last of states all spent at that reading, though
+    /// only that one was used since and the others are idle at the readings taken since.
     VictimByItsOwnReadingAlone,
     /// The insert's pass over a bucket looks at its slots one by one only where a tag has the
     /// key's fingerprint, not where a slot is being retired: a slot a sweep is freeing is not
@@ -294,7 +295,8 @@ pub trait WordLimit {
     /// thread's.
     fn retire_evicted<A: AtomicWord>(&self, state: &A) -> Option<u64>;
     /// Where `state`'s counts run up to (what [`WordLimit::retire_evicted`] would answer), by a
-    /// load; `None` when it is retired or the method cannot tell.
+    /// load: for an eviction's choice of victim (see `victim_key`); `None` when it is retired or
+    /// the method cannot tell.
     fn counted_up_to<A: AtomicWord>(&self, state: &A) -> Option<u64>;
     /// Retires `state` if it is indistinguishable from a fresh one at `now_nanos`; whether it
     /// did.
@@ -908,31 +910,19 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
         // show another thread took: a state reused as idle there must have that reading published
         // first (its client's next state is made as of `evicted_up_to`), and a fresh state made
         // after it may then refuse a first request in flight with an older reading (bc7cdf5 has
-        // the figures). So where no state is idle at this reading, one is evicted (counted); the
-        // later reading only chooses which (see `victim_key`): of states alike at this reading,
-        // one idle since is taken before one used since (a request held after its reading would
-        // otherwise take the last of a bucket of states all spent at that reading, though only
-        // that one was used since).
+        // the figures). So where no state is idle at this reading, one is evicted (counted), and
+        // the states' own counts only choose which (see `victim_key`): of states alike at this
+        // reading, the least recently counted is taken (a request held after its reading would
+        // otherwise take the last of a bucket of states all spent at that reading, though that
+        // one may be the only one used since).
         for _ in 0..EVICTION_TRIES {
-            let current = |(tag, state)| {
-                let seen = live(tag).filter(|seen| version_of(*seen) == head.version)?;
-                Some((tag, seen, state, self.salted(state, seen)))
-            };
-            // The latest reading the states' counts show a decision took, if later than this
-            // insert's.
-            let reached = if self.has_fault(StoreFault::VictimByItsOwnReadingAlone) {
-                now_nanos
-            } else {
-                self.slots(place)
-                    .filter_map(current)
-                    .filter_map(|(.., salted)| head.limit.counted_up_to(&salted))
-                    .fold(now_nanos, u64::max)
-            };
+            let by_recency = !self.has_fault(StoreFault::VictimByItsOwnReadingAlone);
             let closest = self
                 .slots(place)
-                .filter_map(current)
-                .filter_map(|(tag, seen, state, salted)| {
-                    let key = victim_key(&head.limit, &salted, now_nanos, reached)?;
+                .filter_map(|(tag, state)| {
+                    let seen = live(tag).filter(|seen| version_of(*seen) == head.version)?;
+                    let salted = self.salted(state, seen);
+                    let key = victim_key(&head.limit, &salted, now_nanos, by_recency)?;
                     Some((key, tag, seen, state, salted))
                 })
                 .max_by_key(|(key, ..)| *key);
@@ -1672,22 +1662,25 @@ fn take_live<W: AtomicWord>(tag: &W, seen: u64) -> bool {
 }
 
 /// How close to fresh an eviction finds `state` (the victim is the greatest): the permits it has
-/// available at the insert's reading `now_nanos`, then, among states alike there, at `reached`,
-/// the latest reading the bucket's states' counts show a decision took (`now_nanos` where none
-/// is later). `None` when the state is retired.
+/// available at the insert's reading `now_nanos`, then (where `by_recency`), among states alike
+/// there, the earliest end of its counts (`WordLimit::counted_up_to`: the token bucket's TAT less
+/// a full bucket, a window's start), which is the state closest to fresh at every later reading
+/// and the least recently used. Each state is judged by its own counts, so one whose counts run
+/// far ahead (a clock stepped back, a thread reading ahead) changes no other's place. A state
+/// whose counts the method cannot tell ranks as the most recent. `None` when it is retired.
 fn victim_key<W: AtomicWord, L: WordLimit>(
     limit: &L,
     state: &W,
     now_nanos: u64,
-    reached: u64,
-) -> Option<(u64, u64)> {
+    by_recency: bool,
+) -> Option<(u64, Reverse<u64>)> {
     let available = limit.available(state, now_nanos)?;
-    let available_later = if reached > now_nanos {
-        limit.available(state, reached)?
+    let counted_up_to = if by_recency {
+        limit.counted_up_to(state).unwrap_or(u64::MAX)
     } else {
-        available
+        0
     };
-    Some((available, available_later))
+    Some((available, Reverse(counted_up_to)))
 }
 
 /// Takes the live slot whose tag read `seen` and retires its state if it is idle at `now_nanos`;
