@@ -797,7 +797,7 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
         probe.disarm();
         let reply = match reply {
             Ok(reply) => {
-                breaker.success(is_probe);
+                breaker.success();
                 reply
             }
             Err(Failed::Call(RedisError::Command { source }))
@@ -805,13 +805,13 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
             {
                 // Redis answered: this client's keys hold what the script cannot read. Its own
                 // error, under every policy; nothing an outage is made of.
-                breaker.success(is_probe);
+                breaker.success();
                 Counters::bump(&self.counters.errors);
                 return Err(RedisError::UnreadableValue { keys, source });
             }
             Err(Failed::Script(source)) if RedisError::is_script_error_code(&source) => {
                 // The same, from the request's own decision in a batch.
-                breaker.success(is_probe);
+                breaker.success();
                 Counters::bump(&self.counters.errors);
                 return Err(RedisError::UnreadableValue { keys, source });
             }

@@ -2,7 +2,7 @@
 //! keeps a dead Redis from costing every request a timeout.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::clock::duration_to_nanos;
@@ -111,7 +111,8 @@ pub(super) enum Gate {
 }
 
 /// The breaker's state, lock-free: the failures counted in a row, when the last one counted
-/// happened, the instant the circuit stays open until (0: closed), and whether a probe is out.
+/// happened, and one word holding both the instant the circuit stays open until (0: closed)
+/// and whether a probe is out.
 #[derive(Debug)]
 pub(super) struct Breaker {
     settings: CircuitBreaker,
@@ -119,9 +120,20 @@ pub(super) struct Breaker {
     failures: AtomicU32,
     /// Nanoseconds after `origin` of the last counted failure; 0 before the first.
     counted_at: AtomicU64,
-    /// Nanoseconds after `origin`; 0 when closed.
-    open_until: AtomicU64,
-    probing: AtomicBool,
+    /// Nanoseconds after `origin` the circuit stays open until, shifted left by one, with the
+    /// low bit set while a probe is out; 0 when closed. One word, so that the exchange that
+    /// takes the probe compares the very opening it saw cooled down: a probe that failed and
+    /// reopened the circuit meanwhile makes it fail, and no second probe goes out.
+    open: AtomicU64,
+}
+
+/// The low bit of [`Breaker::open`]: a probe is out.
+const PROBING: u64 = 1;
+
+/// [`Breaker::open`]'s word for a circuit open until `until` (nanoseconds after the origin,
+/// at least 1), no probe out.
+fn open_until(until: u64) -> u64 {
+    until.clamp(1, u64::MAX >> 1) << 1
 }
 
 impl Breaker {
@@ -131,8 +143,7 @@ impl Breaker {
             origin: Instant::now(),
             failures: AtomicU32::new(0),
             counted_at: AtomicU64::new(0),
-            open_until: AtomicU64::new(0),
-            probing: AtomicBool::new(false),
+            open: AtomicU64::new(0),
         }
     }
 
@@ -147,45 +158,56 @@ impl Breaker {
     }
 
     fn gate_at(&self, now: u64) -> Gate {
-        // Relaxed throughout: each field is a hint read on its own; a stale read costs at most
-        // one extra round trip or one extra fallback, never a wrong decision.
-        let until = self.open_until.load(Ordering::Relaxed);
-        if until == 0 {
-            return Gate::Closed;
-        }
-        if now < until {
-            return Gate::Open {
-                retry_in: Duration::from_nanos(until - now),
-            };
-        }
-        // Cooled down: exactly one request probes; the rest keep falling back meanwhile.
-        if self
-            .probing
-            .compare_exchange(false, true, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-        {
-            Gate::Probe
-        } else {
-            Gate::Open {
-                retry_in: Duration::ZERO,
+        self.gate_seen(self.open.load(Ordering::Relaxed), now)
+    }
+
+    /// The gate for a request that read [`Breaker::open`] as `seen`, at `now`.
+    fn gate_seen(&self, mut seen: u64, now: u64) -> Gate {
+        // Relaxed throughout: the word is the whole state of the circuit, read and exchanged on
+        // its own (nothing else is published through it); a stale read costs at most one extra
+        // round trip or one extra fallback, never a wrong decision, and the exchange that takes
+        // the probe fails on any change since the read.
+        loop {
+            if seen == 0 {
+                return Gate::Closed;
+            }
+            let until = seen >> 1;
+            if now < until {
+                return Gate::Open {
+                    retry_in: Duration::from_nanos(until - now),
+                };
+            }
+            if seen & PROBING != 0 {
+                return Gate::Open {
+                    retry_in: Duration::ZERO,
+                };
+            }
+            // Cooled down: exactly one request probes; the rest keep falling back meanwhile.
+            match self.open.compare_exchange_weak(
+                seen,
+                seen | PROBING,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Gate::Probe,
+                Err(current) => seen = current,
             }
         }
     }
 
     /// Records a successful round trip: the count starts again and the circuit closes.
-    pub(super) fn success(&self, probe: bool) {
-        // Relaxed: as in `gate_at`. Each word is read before it is cleared: on a healthy server
+    pub(super) fn success(&self) {
+        // Relaxed: as in `gate_seen`. Each word is read before it is cleared: on a healthy server
         // every round trip succeeds, and storing the 0 already there would still take the cache
         // line from every core whose `gate` reads it. (A success that reads 0 takes effect at
         // that read: a store of 0 over 0 would change nothing.)
         if self.failures.load(Ordering::Relaxed) != 0 {
             self.failures.store(0, Ordering::Relaxed);
         }
-        if self.open_until.load(Ordering::Relaxed) != 0 {
-            self.open_until.store(0, Ordering::Relaxed);
-        }
-        if probe {
-            self.probing.store(false, Ordering::Relaxed);
+        // Closed, with no probe out, whichever request succeeded (a probe still out when
+        // another request's success closes the circuit reopens it if it fails).
+        if self.open.load(Ordering::Relaxed) != 0 {
+            self.open.store(0, Ordering::Relaxed);
         }
     }
 
@@ -198,11 +220,12 @@ impl Breaker {
     fn failure_at(&self, probe: bool, sent_at: u64, now: u64) -> bool {
         let reopen = now.saturating_add(duration_to_nanos(self.settings.cool_down));
         if probe {
-            self.open_until.store(reopen, Ordering::Relaxed);
-            self.probing.store(false, Ordering::Relaxed);
+            // Open for another cool-down, the probe back in one store: a request that saw the
+            // cooled-down opening before it can no longer take a probe from it.
+            self.open.store(open_until(reopen), Ordering::Relaxed);
             return false;
         }
-        // Relaxed: as in `gate_at`. The exchange makes failures that race count once, as
+        // Relaxed: as in `gate_seen`. The exchange makes failures that race count once, as
         // failures of one moment.
         let counted_at = self.counted_at.load(Ordering::Relaxed);
         if sent_at < counted_at
@@ -220,8 +243,8 @@ impl Breaker {
             .saturating_add(1);
         failures >= self.settings.failures
             && self
-                .open_until
-                .compare_exchange(0, reopen, Ordering::Relaxed, Ordering::Relaxed)
+                .open
+                .compare_exchange(0, open_until(reopen), Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
     }
 }
@@ -412,7 +435,7 @@ mod tests {
         let breaker = breaker(Duration::from_secs(60));
         assert!(!breaker.failure_at(false, 1, TIMEOUT));
         assert!(!breaker.failure_at(false, TIMEOUT, 2 * TIMEOUT));
-        breaker.success(false);
+        breaker.success();
         assert!(!breaker.failure_at(false, 2 * TIMEOUT, 3 * TIMEOUT));
         assert!(!breaker.failure_at(false, 3 * TIMEOUT, 4 * TIMEOUT));
         assert_eq!(breaker.gate_at(4 * TIMEOUT), Gate::Closed);
@@ -439,7 +462,7 @@ mod tests {
         }
         assert_eq!(breaker.gate_at(200 * MS), Gate::Closed);
         // Each task sends again at once; the stall is over and they succeed.
-        breaker.success(false);
+        breaker.success();
         // A second stall, 64 more: counted once again, from zero.
         for task in 0..64 {
             let sent_at = 300 * MS + task * MS / 13;
@@ -495,7 +518,7 @@ mod tests {
         assert!(matches!(breaker.gate_at(4 * TIMEOUT), Gate::Open { .. }));
         let probe_at = 4 * TIMEOUT + 10 * MS;
         assert_eq!(breaker.gate_at(probe_at), Gate::Probe);
-        breaker.success(true);
+        breaker.success();
         assert_eq!(breaker.gate_at(probe_at), Gate::Closed);
         assert!(!breaker.failure_at(false, probe_at, probe_at + TIMEOUT));
         assert!(!breaker.failure_at(false, probe_at + TIMEOUT, probe_at + 2 * TIMEOUT));
@@ -537,6 +560,31 @@ mod tests {
         assert_eq!(breaker.gate_at(after + TIMEOUT + 10 * MS), Gate::Probe);
     }
 
+    /// A request reads the circuit cooled down; before its exchange, another takes the probe,
+    /// which fails at once (a refused connection) and reopens the circuit: the late request
+    /// sends no second probe, and the reopened circuit probes once after its cool-down.
+    #[test]
+    fn a_request_that_saw_the_circuit_cool_before_the_probe_failed_takes_no_probe() {
+        let breaker = breaker(Duration::from_millis(10));
+        for round in 1..=3 {
+            breaker.failure_at(false, round * TIMEOUT, (round + 1) * TIMEOUT);
+        }
+        let after = 4 * TIMEOUT + 10 * MS;
+        let late_read = breaker.open.load(Ordering::Relaxed);
+        assert_eq!(breaker.gate_at(after), Gate::Probe);
+        breaker.failure_at(true, after, after + MS);
+        let late = breaker.gate_seen(late_read, after + MS);
+        assert!(
+            matches!(late, Gate::Open { retry_in } if retry_in > Duration::ZERO),
+            "{late:?}"
+        );
+        assert_eq!(breaker.gate_at(after + 11 * MS), Gate::Probe);
+        assert!(matches!(
+            breaker.gate_at(after + 11 * MS),
+            Gate::Open { .. }
+        ));
+    }
+
     #[test]
     fn a_cooled_down_circuit_lets_exactly_one_probe_through() {
         let breaker = breaker(Duration::from_millis(1));
@@ -554,7 +602,7 @@ mod tests {
         assert!(matches!(breaker.gate(), Gate::Open { .. }));
         std::thread::sleep(Duration::from_millis(5));
         assert_eq!(breaker.gate(), Gate::Probe);
-        breaker.success(true);
+        breaker.success();
         assert_eq!(breaker.gate(), Gate::Closed);
     }
 
