@@ -974,13 +974,16 @@ fn race(algorithm: Algorithm, limit: u64, walk: Walk, millis: u64) -> RaceOutcom
                 at_inserts += evicted;
                 evicted_so_far.fetch_add(evicted, Ordering::Relaxed);
                 refused_first += u64::from(decision.is_denied());
-                asked_at_insert.store(asked.load(Ordering::Relaxed), Ordering::Relaxed);
+                // One load for both: the client may run up to `CLIENT_AHEAD` past what is
+                // stored here, so the wait below must end before that.
+                let asked_then = asked.load(Ordering::Relaxed);
+                asked_at_insert.store(asked_then, Ordering::Relaxed);
                 // Let the client ask a few times between evictions (a pass or more of its walk).
                 let between = match walk {
                     Walk::Forward { .. } => 5 + xorshift(&mut rng) % 100,
                     Walk::Passes => 50 + xorshift(&mut rng) % 300,
                 };
-                let until = asked.load(Ordering::Relaxed) + between;
+                let until = asked_then + between;
                 while asked.load(Ordering::Relaxed) < until && !stop.load(Ordering::Relaxed) {
                     std::hint::spin_loop();
                 }
