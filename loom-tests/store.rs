@@ -10,7 +10,7 @@
 //!   client while a stale request holds it: no grant is made but from a fresh state's permits.
 //! - An eviction by an insert whose reading lags its victim's: the victim's next state gives back
 //!   one permit at most. An eviction by an insert whose reading lags a decision made since takes
-//!   the least recently counted client, not the one that decision was made for.
+//!   a client idle at the reading that decision's counts show, not the one it was made for.
 //! - A sweep racing requests: nothing is granted twice; racing a first request, it never
 //!   retires the fresh state before the request's decision (which would make it insert again).
 //! - A give-back (a grant undone: `RateLimiterService::give_back`) racing an eviction of its
@@ -366,9 +366,9 @@ pub(crate) fn check_eviction_at_a_lagging_reading(fault: StoreFault) {
 /// again at `LATER` (granted: her state is idle by then) and says so on a flag; Carol's first
 /// request, with a reading of 0 that lags Alice's (a thread held after its reading), finds no
 /// state idle at 0 and evicts one. Where Carol's request began after Alice's decision (it read
-/// the flag set), Alice's counts end at `LATER` and Bob's at 0: of the two, alike at 0, Carol
-/// takes the least recently counted, Bob's slot, and Alice's state stands (refused again at
-/// `LATER`).
+/// the flag set), Alice's counts show a reading in `LATER`'s window, at which Bob's state is
+/// idle (from `WINDOW`) and Alice's is not (only from the window after): Carol takes Bob's
+/// slot, and Alice's state stands (refused again at `LATER`).
 /// However the two interleave, every grant but Alice's one at `LATER` comes from an eviction.
 /// Panics with "an active client was evicted" or "more grants than" otherwise.
 pub(crate) fn check_eviction_after_a_later_decision(fault: StoreFault) {

@@ -474,11 +474,11 @@ macro_rules! one_word_limit {
                     .map(|word| self.0.counted_up_to(word))
             }
 
-            fn counted_up_to<A: tollgate::loom_support::AtomicWord>(
+            fn counted_and_idle_from<A: tollgate::loom_support::AtomicWord>(
                 &self,
                 state: &A,
-            ) -> Option<u64> {
-                self.0.counted_up_to_now(state)
+            ) -> Option<(u64, u64)> {
+                self.0.counted_and_idle_from(state)
             }
 
             fn retire_if_idle<A: tollgate::loom_support::AtomicWord>(

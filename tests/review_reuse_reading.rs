@@ -29,9 +29,9 @@
 //! key 8, which spent its limit at 10.5 s, was evicted (counted) while keys 1..=7 are idle, and
 //! was granted its limit again at 10.5 s (8 at one reading under a limit of 4: within the bound
 //! of one limit per counted eviction, but a reset the store promises not to make). The test was
-//! ignored until the store's eviction chose among states alike at the insert's reading the one
-//! whose counts end earliest, the least recently used (see `victim_key` in the store): key 8 is
-//! kept and an idle key is taken. That is still an eviction,
+//! ignored until the store's eviction took first, of the states idle at the latest reading the
+//! bucket's counts show, the one idle from the earliest (see `Candidate::victim_key` in the
+//! store): key 8 is kept and an idle key is taken. That is still an eviction,
 //! counted: idleness stays judged at the insert's own reading (judging it at the later one
 //! refuses first requests in flight: see the comment before the eviction in the store's `reuse`),
 //! and at 0.5 s the idle key's state had nothing left. So the test now expects

@@ -32,8 +32,10 @@
 //! at 10.5 s (8 grants at one reading under a limit of 4: within the bound of one limit per
 //! counted eviction, but the reset df52588 set out to prevent). In the race with a thread 2 s
 //! ahead, the hot client was reset in 12 of 20 token-bucket runs and 1 of 20 sliding-window-
-//! counter runs. Ordering ties by each state's own counts (the earliest end first) passes all of
-//! them, and the race now asserts no reset with a thread ahead too.
+//! counter runs. Ordering ties by each state's own counts (the earliest end first, 6ed6a86), and
+//! then taking first, of the states idle at the latest reading known, the one idle from the
+//! earliest (review_victim_2 found the windowed methods' counts misleading), passes all of them,
+//! and the race asserts no reset with a thread ahead too.
 
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -612,8 +614,8 @@ fn race_once(algorithm: Algorithm, ahead: Option<i64>) -> (u64, u64) {
 /// 20 races per method, with no thread ahead and with one 2 s ahead: the hot key 8 is granted at
 /// 10.5 s, after its first limit, at most one limit per counted eviction (two under the sliding
 /// window counter), and is never reset at all: of the states spent at the lagging reading, the
-/// inserts take the least recently counted (keys 4..=7, idle since 0.4 s, then the new keys of
-/// the lagging thread), never key 8, counted at 10.5 s (nor keys 1..=3, counted ahead).
+/// inserts take those idle from the earliest readings (keys 4..=7, idle since 0.4 s, then the new
+/// keys of the lagging thread), never key 8, used at 10.5 s (nor keys 1..=3, used ahead).
 #[test]
 fn racing_skewed_inserts_give_the_hot_client_one_limit_per_eviction_at_most() {
     let _serial = serial();

@@ -324,14 +324,15 @@ impl AnyParams {
         on_state!(self, state, params, state => Method::retire_now(params, state), else false)
     }
 
-    /// Where a one-word `state`'s counts run up to now (the method's `counted_up_to` of the word
-    /// it holds: no later than the reading of the decision that wrote it), by a load; `None`
-    /// when it is retired, and for the sliding log, whose state is no word.
-    pub(crate) fn counted_up_to_now<A: AtomicWord>(&self, state: &A) -> Option<u64> {
+    /// Of a one-word `state` as it holds now (one load): where its counts run up to (the
+    /// method's `counted_up_to`), and the earliest clock reading at which it is
+    /// indistinguishable from a fresh one; `None` when it is retired, and for the sliding log,
+    /// whose state is no word.
+    pub(crate) fn counted_and_idle_from<A: AtomicWord>(&self, state: &A) -> Option<(u64, u64)> {
         match self {
-            AnyParams::TokenBucket(params) => params.counted_up_to_now(state),
-            AnyParams::FixedWindow(params) => params.counted_up_to_now(state),
-            AnyParams::SlidingWindowCounter(params) => params.counted_up_to_now(state),
+            AnyParams::TokenBucket(params) => params.counted_and_idle_from(state),
+            AnyParams::FixedWindow(params) => params.counted_and_idle_from(state),
+            AnyParams::SlidingWindowCounter(params) => params.counted_and_idle_from(state),
             AnyParams::SlidingWindowLog(_) => None,
         }
     }
@@ -378,6 +379,74 @@ mod tests {
         *state ^= *state >> 7;
         *state ^= *state << 17;
         *state
+    }
+
+    /// `counted_and_idle_from`'s idle reading is exact for every one-word method: over states made by requests at readings
+    /// in any order (fresh, refused, spent, refunded by none), a copy of the state is retired as
+    /// idle (`retire_if_idle`) at that reading and at later ones, and at no earlier one.
+    #[test]
+    fn a_state_is_idle_from_its_idle_from_reading_on_and_not_before() {
+        const ORIGIN: u64 = 3_700_000_000;
+        let rules = [
+            (5, Duration::from_secs(1)),
+            (3, Duration::from_millis(7)),
+            (1, Duration::from_secs(1)),
+            (1_000, Duration::from_millis(250)),
+        ];
+        for algorithm in [
+            Algorithm::TokenBucket,
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindowCounter,
+        ] {
+            for (limit, window) in rules {
+                let rule = Rule::new(limit, window).expect("a valid rule");
+                let params = AnyParams::new(algorithm, rule, ORIGIN).expect("a valid rule");
+                let window = u64::try_from(window.as_nanos()).expect("a short window");
+                let reading = |rng: &mut u64| ORIGIN + xorshift(rng) % (20 * window);
+                for seed in 1..300_u64 {
+                    let rng = &mut seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                    let since = reading(rng);
+                    let state = Word::new(params.fresh_word(since).expect("a one-word method"));
+                    for _ in 0..xorshift(rng) % 24 {
+                        let n = 1 + xorshift(rng) % limit.min(3);
+                        // Granted or refused alike: the state is what the test reads.
+                        let _decision = params
+                            .acquire(&state, n, &Reading(reading(rng)))
+                            .expect("a live state");
+                    }
+                    let context = format!("{algorithm:?}, {limit} per {window} ns, seed {seed}");
+                    let (counted_up_to, idle_from) =
+                        params.counted_and_idle_from(&state).expect("a live state");
+                    assert!(
+                        counted_up_to <= idle_from,
+                        "{context}: counted up to {counted_up_to}"
+                    );
+                    let idle_at = |now: u64| {
+                        let copy = Word::new(state.load(Ordering::Relaxed));
+                        params.retire_if_idle(&copy, now)
+                    };
+                    let mut readings = vec![idle_from, idle_from.saturating_add(1)];
+                    readings.extend((0..8).map(|_| reading(rng)));
+                    if idle_from > 0 {
+                        readings.push(idle_from - 1);
+                    }
+                    for now in readings {
+                        assert_eq!(
+                            idle_at(now),
+                            now >= idle_from,
+                            "{context}: idle from {idle_from}, retired as idle at {now}?"
+                        );
+                    }
+                    let retired = Word::new(state.load(Ordering::Relaxed));
+                    params.retire_now(&retired);
+                    assert_eq!(
+                        params.counted_and_idle_from(&retired),
+                        None,
+                        "{context}: retired"
+                    );
+                }
+            }
+        }
     }
 
     /// An evicted client's next state is made as of where its evicted one's counts end

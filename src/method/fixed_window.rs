@@ -143,13 +143,20 @@ impl WindowParams {
             .saturating_add(index.saturating_mul(self.rule.window_nanos()))
     }
 
-    /// [`counted_up_to`](WindowParams::counted_up_to) of what `word` holds now (a load), `None` when it
-    /// is retired.
-    pub fn counted_up_to_now<A: AtomicWord>(&self, word: &A) -> Option<u64> {
+    /// Of what `word` holds now (one load): its [`counted_up_to`](WindowParams::counted_up_to),
+    /// and the earliest clock reading at which it is indistinguishable from a fresh word
+    /// (`retire_if_idle` would retire it there and at every later reading, and at no earlier
+    /// one): the start of its window if it counts nothing, else of the next; `None` when it is
+    /// retired.
+    pub fn counted_and_idle_from<A: AtomicWord>(&self, word: &A) -> Option<(u64, u64)> {
         // A snapshot, for an eviction's choice of victim only.
-        word::load_live(word)
-            .ok()
-            .map(|live| self.counted_up_to(live))
+        let live = word::load_live(word).ok()?;
+        let (index, count) = self.unpack(live);
+        let idle_index = index.saturating_add(u64::from(count > 0));
+        let idle_from = self
+            .origin_nanos
+            .saturating_add(idle_index.saturating_mul(self.rule.window_nanos()));
+        Some((self.counted_up_to(live), idle_from))
     }
 
     #[inline]

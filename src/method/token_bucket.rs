@@ -263,12 +263,19 @@ impl GcraParams {
             .saturating_add(ticks.div_ceil(self.ticks_per_nano))
     }
 
-    /// [`counted_up_to`](GcraParams::counted_up_to) of the TAT `tat` holds now (a load), `None`
-    /// when it is retired.
-    pub fn counted_up_to_now<A: AtomicWord>(&self, tat: &A) -> Option<u64> {
+    /// Of the TAT `tat` holds now (one load): its [`counted_up_to`](GcraParams::counted_up_to),
+    /// and the earliest clock reading at which the bucket is full, indistinguishable from a
+    /// fresh one (`retire_if_idle` would retire it there and at every later reading, and at no
+    /// earlier one); `None` when it is retired.
+    pub fn counted_and_idle_from<A: AtomicWord>(&self, tat: &A) -> Option<(u64, u64)> {
         // Relaxed: a snapshot, for an eviction's choice of victim only.
         let current = tat.load(Ordering::Relaxed);
-        (current != RETIRED).then(|| self.counted_up_to(current))
+        (current != RETIRED).then(|| {
+            let idle_from = self
+                .origin_nanos
+                .saturating_add(current.div_ceil(self.ticks_per_nano));
+            (self.counted_up_to(current), idle_from)
+        })
     }
 
     /// The pure decision: what taking `n` permits at `now_nanos` from a bucket whose TAT is `tat`

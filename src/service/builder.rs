@@ -137,8 +137,9 @@ impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher + Clone> ServiceBuilder<P, C, 
     /// window or the sliding window counter, each plan's table is allocated when the service is
     /// built, 17 bytes per client of capacity, and never grows: a new client whose slots are all
     /// taken reuses an idle client's slot (no answer changes), else evicts the client closest to
-    /// fresh among the 16 slots its key may use (at the request's reading; among clients alike
-    /// there, the least recently used), counted by
+    /// fresh among the 16 slots its key may use (of those idle at the latest reading the request
+    /// or the slots' states show, the one idle longest; where none is, the most permits left at
+    /// the request's reading, then the least recently used), counted by
     /// [`RateLimiterService::evictions`](crate::RateLimiterService::evictions). An evicted
     /// client starts afresh on its next request, which can give it at most one limit's worth
     /// more, once, in permits asked one at a time (under the sliding window counter, two where

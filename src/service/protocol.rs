@@ -786,8 +786,8 @@ impl WordLimit for &AnyParams {
         AnyParams::retire_evicted(self, state)
     }
 
-    fn counted_up_to<A: AtomicWord>(&self, state: &A) -> Option<u64> {
-        AnyParams::counted_up_to_now(self, state)
+    fn counted_and_idle_from<A: AtomicWord>(&self, state: &A) -> Option<(u64, u64)> {
+        AnyParams::counted_and_idle_from(self, state)
     }
 
     fn retire_if_idle<A: AtomicWord>(&self, state: &A, now_nanos: u64) -> bool {

@@ -52,10 +52,17 @@
 //!   (compare-and-swap of its tag from free to `BUSY`); otherwise a slot is *reused*: one made
 //!   under an earlier version, else one whose state is indistinguishable from fresh (retired by
 //!   one exchange on its state, so a state that is admitting is never taken), else the state
-//!   closest to fresh among the two buckets (the most permits available at the insert's
-//!   reading; among states alike there, the one whose counts end earliest, the least recently
-//!   used, so that a request held after its reading takes a client idle since, not one used
-//!   since), which is an **eviction**, counted. An insert evicts only while no slot of the two buckets is free or
+//!   closest to fresh among the two buckets (of the states idle at the latest reading known to
+//!   have been taken, the insert's or one the states' counts show, the one idle from the
+//!   earliest; where none is, the most permits available at the insert's reading, then the
+//!   least recently counted: so that a request held after its reading takes a client idle at
+//!   the readings the bucket's states show since, never one that decided there), which is an
+//!   **eviction**, counted. A reading that leaves the bucket's states as they were (a peek, a
+//!   refusal, another plan's decision) is not seen: under the sliding window counter, whose
+//!   states' permits at an earlier reading do not order them as their idleness does, an insert
+//!   held across such a reading alone may take a client active there while another is idle
+//!   there (within the bound of one limit per eviction; `tests/review_victim_3.rs` has the
+//!   case). An insert evicts only while no slot of the two buckets is free or
 //!   being freed by another thread (a sweep): holding its victim, it looks at the tags once more,
 //!   and where one is, it puts the victim back and inserts again (waiting for that slot), up to
 //!   four times a decision (a slot being taken by another insert looks the same). The request
@@ -253,9 +260,10 @@ pub enum StoreFault {
     /// An insert that evicts an active client while another slot of its buckets is being freed
     /// (a sweep's idle one).
     EvictPastRetiring,
-    /// An eviction that chooses its victim by its permits at the insert's own reading alone: a
-    /// request held after its reading takes the last of states all spent at that reading, though
-    /// only that one was used since and the others are idle at the readings taken since.
+    /// An eviction that chooses its victim by its permits at the insert's own reading alone, not
+    /// first by which states are idle at the latest reading known to have been taken: a request
+    /// held after its reading takes the last of states all spent at that reading, though only
+    /// that one was used since and the others are idle at the readings taken since.
     VictimByItsOwnReadingAlone,
     /// The insert's pass over a bucket looks at its slots one by one only where a tag has the
     /// key's fingerprint, not where a slot is being retired: a slot a sweep is freeing is not
@@ -294,10 +302,13 @@ pub trait WordLimit {
     /// state's counts may run past the evicting insert's own reading, which can lag another
     /// thread's.
     fn retire_evicted<A: AtomicWord>(&self, state: &A) -> Option<u64>;
-    /// Where `state`'s counts run up to (what [`WordLimit::retire_evicted`] would answer), by a
-    /// load: for an eviction's choice of victim (see `victim_key`); `None` when it is retired or
-    /// the method cannot tell.
-    fn counted_up_to<A: AtomicWord>(&self, state: &A) -> Option<u64>;
+    /// Of `state` as it holds now (one load), for an eviction's choice of victim (see
+    /// `Candidate::victim_key`): where its counts run up to (what
+    /// [`WordLimit::retire_evicted`] would answer: no later than the reading of the decision
+    /// that wrote it), and the earliest clock reading at which it is indistinguishable from a
+    /// fresh one (idle there and at every later reading, at no earlier one); `None` when it is
+    /// retired or the method cannot tell.
+    fn counted_and_idle_from<A: AtomicWord>(&self, state: &A) -> Option<(u64, u64)>;
     /// Retires `state` if it is indistinguishable from a fresh one at `now_nanos`; whether it
     /// did.
     fn retire_if_idle<A: AtomicWord>(&self, state: &A, now_nanos: u64) -> bool;
@@ -863,9 +874,8 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
     }
 
     /// Takes a live slot of `place`'s buckets for reuse: one made under an earlier version, else
-    /// an idle one, else the one closest to fresh (an eviction; see [`victim_key`]). Its state is
-    /// retired by this
-    /// call, and its tag set to `BUSY`. Returns the slot's tag, the tag it held, and its state;
+    /// an idle one, else the one closest to fresh (an eviction; see
+    /// [`Candidate::victim_key`]). Its state is retired by this call, and its tag set to `BUSY`. Returns the slot's tag, the tag it held, and its state;
     /// `None` when each state it picked changed first, or when `may_defer` and another slot is
     /// being freed (see [`ClientStore::is_any_freed`]).
     fn reuse<L: WordLimit>(
@@ -878,7 +888,9 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
     ) -> Option<(&W, u64, &W)> {
         // Relaxed: published to the requests that meet the retired state by the Release of the
         // retiring exchange (their Acquire fence follows).
-        evicted_up_to.fetch_max(now_nanos, Ordering::Relaxed);
+        let published = evicted_up_to
+            .fetch_max(now_nanos, Ordering::Relaxed)
+            .max(now_nanos);
         let taken = |tag: &'_ W, seen: u64| {
             // This thread holds the slot (its retiring bit), so no one else changes the tag.
             // Release: a thread that reads the tag without the retiring bit (an insert settling
@@ -911,22 +923,49 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
         // first (its client's next state is made as of `evicted_up_to`), and a fresh state made
         // after it may then refuse a first request in flight with an older reading (bc7cdf5 has
         // the figures). So where no state is idle at this reading, one is evicted (counted), and
-        // the states' own counts only choose which (see `victim_key`): of states alike at this
-        // reading, the least recently counted is taken (a request held after its reading would
-        // otherwise take the last of a bucket of states all spent at that reading, though that
-        // one may be the only one used since).
+        // the states' own counts choose which (see `Candidate::victim_key`): a request held
+        // after its reading never takes a client that decided since while another is idle at
+        // that decision's reading.
         for _ in 0..EVICTION_TRIES {
-            let by_recency = !self.has_fault(StoreFault::VictimByItsOwnReadingAlone);
-            let closest = self
-                .slots(place)
-                .filter_map(|(tag, state)| {
-                    let seen = live(tag).filter(|seen| version_of(*seen) == head.version)?;
-                    let salted = self.salted(state, seen);
-                    let key = victim_key(&head.limit, &salted, now_nanos, by_recency)?;
-                    Some((key, tag, seen, state, salted))
-                })
-                .max_by_key(|(key, ..)| *key);
-            let (_, tag, seen, state, salted) = closest?;
+            let by_idleness = !self.has_fault(StoreFault::VictimByItsOwnReadingAlone);
+            // One look at each live state of the version, kept, and the latest reading known to
+            // have been taken: this insert's, the one published for evictions, and every one
+            // the states' counts show (each no later than its decision's reading).
+            let mut candidates: [[Option<Candidate<'_, W>>; B]; 2] =
+                [(); 2].map(|()| std::array::from_fn(|_| None));
+            let mut reached = published;
+            for (index, (tag, state)) in self.slots(place).enumerate() {
+                let Some(seen) = live(tag).filter(|seen| version_of(*seen) == head.version) else {
+                    continue;
+                };
+                let salted = self.salted(state, seen);
+                let Some(available) = head.limit.available(&salted, now_nanos) else {
+                    continue;
+                };
+                let counts = head.limit.counted_and_idle_from(&salted);
+                if let Some((counted_up_to, _)) = counts {
+                    reached = reached.max(counted_up_to);
+                }
+                candidates[index / B][index % B] = Some(Candidate {
+                    tag,
+                    seen,
+                    state,
+                    salted,
+                    available,
+                    counts,
+                });
+            }
+            let Candidate {
+                tag,
+                seen,
+                state,
+                salted,
+                ..
+            } = candidates
+                .into_iter()
+                .flatten()
+                .flatten()
+                .max_by_key(|candidate| candidate.victim_key(reached, by_idleness))?;
             if take_live(tag, seen) {
                 // Holding the victim, a last look at the tags as they are now: a slot another
                 // thread is freeing (a sweep's, most often) or has freed since the passes above
@@ -1661,26 +1700,48 @@ fn take_live<W: AtomicWord>(tag: &W, seen: u64) -> bool {
             .is_ok()
 }
 
-/// How close to fresh an eviction finds `state` (the victim is the greatest): the permits it has
-/// available at the insert's reading `now_nanos`, then (where `by_recency`), among states alike
-/// there, the earliest end of its counts (`WordLimit::counted_up_to`: the token bucket's TAT less
-/// a full bucket, a window's start), which is the state closest to fresh at every later reading
-/// and the least recently used. Each state is judged by its own counts, so one whose counts run
-/// far ahead (a clock stepped back, a thread reading ahead) changes no other's place. A state
-/// whose counts the method cannot tell ranks as the most recent. `None` when it is retired.
-fn victim_key<W: AtomicWord, L: WordLimit>(
-    limit: &L,
-    state: &W,
-    now_nanos: u64,
-    by_recency: bool,
-) -> Option<(u64, Reverse<u64>)> {
-    let available = limit.available(state, now_nanos)?;
-    let counted_up_to = if by_recency {
-        limit.counted_up_to(state).unwrap_or(u64::MAX)
-    } else {
-        0
-    };
-    Some((available, Reverse(counted_up_to)))
+/// A live state an eviction may take, as its one look at it read it.
+struct Candidate<'s, W> {
+    tag: &'s W,
+    seen: u64,
+    state: &'s W,
+    salted: SaltedWord<'s, W>,
+    /// The permits it has available at the insert's reading.
+    available: u64,
+    /// `WordLimit::counted_and_idle_from`.
+    counts: Option<(u64, u64)>,
+}
+
+impl<W> Candidate<'_, W> {
+    /// How close to fresh the eviction finds the state (the victim is the greatest), given
+    /// `reached`, the latest reading known to have been taken (the insert's, the one published
+    /// for evictions, and every one the bucket's states' counts show). First (where
+    /// `by_idleness`) the states idle at `reached`, none of whose clients decided since a
+    /// reading some thread has taken, and of those the one idle from the earliest reading: so a
+    /// request held after its reading never takes a client that decided at a reading the
+    /// bucket's states show, while another was idle there (a reading that writes no state, a
+    /// peek or a refusal, is not seen). Where none is, as at the insert's own reading: the most permits available there,
+    /// then the least recently counted, the one whose counts end earliest (a state active at
+    /// every reading taken is judged where the insert stands, so that one whose counts run far
+    /// ahead, a thread reading ahead, changes no other's place). A state the method cannot tell
+    /// of ranks as the most recent.
+    fn victim_key(
+        &self,
+        reached: u64,
+        by_idleness: bool,
+    ) -> (bool, Reverse<u64>, u64, Reverse<u64>) {
+        if !by_idleness {
+            return (false, Reverse(0), self.available, Reverse(0));
+        }
+        let (counted_up_to, idle_from) = self.counts.unwrap_or((u64::MAX, u64::MAX));
+        let idle = idle_from <= reached;
+        (
+            idle,
+            Reverse(if idle { idle_from } else { 0 }),
+            self.available,
+            Reverse(counted_up_to),
+        )
+    }
 }
 
 /// Takes the live slot whose tag read `seen` and retires its state if it is idle at `now_nanos`;
