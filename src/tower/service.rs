@@ -135,7 +135,8 @@ impl<Bk, X, P> Config<Bk, X, P> {
         // told. The client is told nothing: its response carries no `Retry-After` and no
         // `RateLimit` fields, which would announce a refusal it did not get (and make a
         // well-behaved client back off from a limit that is not enforced).
-        let mark = ratelimit_value(reported, policy).unwrap_or(HeaderValue::from_static("1"));
+        let mark =
+            ratelimit_value(reported, policy).unwrap_or(const { HeaderValue::from_static("1") });
         request
             .headers_mut()
             .insert(self.shadow_header.clone(), mark);
