@@ -381,12 +381,13 @@ mod tests {
         *state
     }
 
-    /// `counted_and_idle_from`'s idle reading is exact for every one-word method: over states made by requests at readings
-    /// in any order (fresh, refused, spent, refunded by none), a copy of the state is retired as
-    /// idle (`retire_if_idle`) at that reading and at later ones, and at no earlier one.
-    #[test]
-    fn a_state_is_idle_from_its_idle_from_reading_on_and_not_before() {
-        const ORIGIN: u64 = 3_700_000_000;
+    /// The clock reading the timelines of the tests below start at.
+    const ORIGIN: u64 = 3_700_000_000;
+
+    /// Calls `check` for each one-word method under rules of a few limits and windows, with the
+    /// method, the limit, the method's constants (their timeline starting at [`ORIGIN`]) and the
+    /// window in nanoseconds.
+    fn each_one_word_rule(mut check: impl FnMut(Algorithm, u64, &AnyParams, u64)) {
         let rules = [
             (5, Duration::from_secs(1)),
             (3, Duration::from_millis(7)),
@@ -402,51 +403,62 @@ mod tests {
                 let rule = Rule::new(limit, window).expect("a valid rule");
                 let params = AnyParams::new(algorithm, rule, ORIGIN).expect("a valid rule");
                 let window = u64::try_from(window.as_nanos()).expect("a short window");
-                let reading = |rng: &mut u64| ORIGIN + xorshift(rng) % (20 * window);
-                for seed in 1..300_u64 {
-                    let rng = &mut seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-                    let since = reading(rng);
-                    let state = Word::new(params.fresh_word(since).expect("a one-word method"));
-                    for _ in 0..xorshift(rng) % 24 {
-                        let n = 1 + xorshift(rng) % limit.min(3);
-                        // Granted or refused alike: the state is what the test reads.
-                        let _decision = params
-                            .acquire(&state, n, &Reading(reading(rng)))
-                            .expect("a live state");
-                    }
-                    let context = format!("{algorithm:?}, {limit} per {window} ns, seed {seed}");
-                    let (counted_up_to, idle_from) =
-                        params.counted_and_idle_from(&state).expect("a live state");
-                    assert!(
-                        counted_up_to <= idle_from,
-                        "{context}: counted up to {counted_up_to}"
-                    );
-                    let idle_at = |now: u64| {
-                        let copy = Word::new(state.load(Ordering::Relaxed));
-                        params.retire_if_idle(&copy, now)
-                    };
-                    let mut readings = vec![idle_from, idle_from.saturating_add(1)];
-                    readings.extend((0..8).map(|_| reading(rng)));
-                    if idle_from > 0 {
-                        readings.push(idle_from - 1);
-                    }
-                    for now in readings {
-                        assert_eq!(
-                            idle_at(now),
-                            now >= idle_from,
-                            "{context}: idle from {idle_from}, retired as idle at {now}?"
-                        );
-                    }
-                    let retired = Word::new(state.load(Ordering::Relaxed));
-                    params.retire_now(&retired);
-                    assert_eq!(
-                        params.counted_and_idle_from(&retired),
-                        None,
-                        "{context}: retired"
-                    );
-                }
+                check(algorithm, limit, &params, window);
             }
         }
+    }
+
+    /// `counted_and_idle_from`'s idle reading is exact for every one-word method: over states
+    /// made by requests at readings in any order (fresh, refused, spent, refunded by none), a
+    /// copy of the state is retired as idle (`retire_if_idle`) at that reading and at later
+    /// ones, and at no earlier one.
+    #[test]
+    fn a_state_is_idle_from_its_idle_from_reading_on_and_not_before() {
+        each_one_word_rule(|algorithm, limit, params, window| {
+            let reading = |rng: &mut u64| ORIGIN + xorshift(rng) % (20 * window);
+            for seed in 1..300_u64 {
+                let rng = &mut seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                let since = reading(rng);
+                let state = Word::new(params.fresh_word(since).expect("a one-word method"));
+                for _ in 0..xorshift(rng) % 24 {
+                    let n = 1 + xorshift(rng) % limit.min(3);
+                    // Granted or refused alike: the state is what the test reads.
+                    let _decision = params
+                        .acquire(&state, n, &Reading(reading(rng)))
+                        .expect("a live state");
+                }
+                let context = format!("{algorithm:?}, {limit} per {window} ns, seed {seed}");
+                let (counted_up_to, idle_from) =
+                    params.counted_and_idle_from(&state).expect("a live state");
+                assert!(
+                    counted_up_to <= idle_from,
+                    "{context}: counted up to {counted_up_to}"
+                );
+                let idle_at = |now: u64| {
+                    let copy = Word::new(state.load(Ordering::Relaxed));
+                    params.retire_if_idle(&copy, now)
+                };
+                let mut readings = vec![idle_from, idle_from.saturating_add(1)];
+                readings.extend((0..8).map(|_| reading(rng)));
+                if idle_from > 0 {
+                    readings.push(idle_from - 1);
+                }
+                for now in readings {
+                    assert_eq!(
+                        idle_at(now),
+                        now >= idle_from,
+                        "{context}: idle from {idle_from}, retired as idle at {now}?"
+                    );
+                }
+                let retired = Word::new(state.load(Ordering::Relaxed));
+                params.retire_now(&retired);
+                assert_eq!(
+                    params.counted_and_idle_from(&retired),
+                    None,
+                    "{context}: retired"
+                );
+            }
+        });
     }
 
     /// An evicted client's next state is made as of where its evicted one's counts end
@@ -459,75 +471,59 @@ mod tests {
     /// left: one limit is the bound on what the eviction gives back, not on that rounding.)
     #[test]
     fn a_state_made_as_of_where_an_evicted_one_counts_up_to_grants_at_most_one_limit_more() {
-        const ORIGIN: u64 = 3_700_000_000;
-        let rules = [
-            (5, Duration::from_secs(1)),
-            (3, Duration::from_millis(7)),
-            (1, Duration::from_secs(1)),
-            (1_000, Duration::from_millis(250)),
-        ];
-        for algorithm in [
-            Algorithm::TokenBucket,
-            Algorithm::FixedWindow,
-            Algorithm::SlidingWindowCounter,
-        ] {
-            for (limit, window) in rules {
-                let rule = Rule::new(limit, window).expect("a valid rule");
-                let params = AnyParams::new(algorithm, rule, ORIGIN).expect("a valid rule");
-                let window = u64::try_from(window.as_nanos()).expect("a short window");
-                let reading = |rng: &mut u64| ORIGIN + xorshift(rng) % (20 * window);
-                let permits = |rng: &mut u64| 1 + xorshift(rng) % limit.min(3);
-                for seed in 1..300_u64 {
-                    let rng = &mut seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-                    let evicted = Word::new(params.fresh_word(0).expect("a one-word method"));
-                    let mut last_grant = ORIGIN;
-                    for _ in 0..xorshift(rng) % 24 {
-                        let now = reading(rng);
-                        let decision = params
-                            .acquire(&evicted, permits(rng), &Reading(now))
-                            .expect("a live state");
-                        if decision.is_allowed() {
-                            last_grant = last_grant.max(now);
-                        }
+        each_one_word_rule(|algorithm, limit, params, window| {
+            let reading = |rng: &mut u64| ORIGIN + xorshift(rng) % (20 * window);
+            let permits = |rng: &mut u64| 1 + xorshift(rng) % limit.min(3);
+            for seed in 1..300_u64 {
+                let rng = &mut seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                let evicted = Word::new(params.fresh_word(0).expect("a one-word method"));
+                let mut last_grant = ORIGIN;
+                for _ in 0..xorshift(rng) % 24 {
+                    let now = reading(rng);
+                    let decision = params
+                        .acquire(&evicted, permits(rng), &Reading(now))
+                        .expect("a live state");
+                    if decision.is_allowed() {
+                        last_grant = last_grant.max(now);
                     }
-                    let twin = Word::new(evicted.load(Ordering::Relaxed));
-                    let up_to = params
-                        .retire_evicted(&evicted)
-                        .expect("a live state is retired");
-                    let context = format!("{algorithm:?}, {limit} per {window} ns, seed {seed}");
-                    assert!(
-                        up_to <= last_grant,
-                        "{context}: counted up to {up_to}, after the last grant at {last_grant}"
-                    );
-                    assert_eq!(params.retire_evicted(&evicted), None, "{context}");
-                    let fresh = Word::new(params.fresh_word(up_to).expect("a one-word method"));
-                    let (mut by_fresh, mut by_twin) = (0, 0);
-                    for _ in 0..48 {
-                        let now = reading(rng);
-                        let granted = |word: &Word| {
-                            params
-                                .acquire(word, 1, &Reading(now))
-                                .expect("a live state")
-                                .is_allowed()
-                        };
-                        by_fresh += u64::from(granted(&fresh));
-                        by_twin += u64::from(granted(&twin));
-                    }
-                    // The counter's fresh word also grants readings of the window before the
-                    // one it starts (a part of a limit, weighing that window as full), which the
-                    // evicted word may have refused: a second limit at most.
-                    let bound = match algorithm {
-                        Algorithm::SlidingWindowCounter => 2 * limit,
-                        _ => limit,
-                    };
-                    assert!(
-                        by_fresh <= by_twin + bound,
-                        "{context}: the fresh state granted {by_fresh} permits, the evicted one \
-                         {by_twin}, more than {bound} apart"
-                    );
                 }
+                let twin = Word::new(evicted.load(Ordering::Relaxed));
+                let up_to = params
+                    .retire_evicted(&evicted)
+                    .expect("a live state is retired");
+                let context = format!("{algorithm:?}, {limit} per {window} ns, seed {seed}");
+                assert!(
+                    up_to <= last_grant,
+                    "{context}: counted up to {up_to}, after the last grant at {last_grant}"
+                );
+                assert_eq!(params.retire_evicted(&evicted), None, "{context}");
+                let fresh = Word::new(params.fresh_word(up_to).expect("a one-word method"));
+                let (mut by_fresh, mut by_twin) = (0, 0);
+                for _ in 0..48 {
+                    let now = reading(rng);
+                    let granted = |word: &Word| {
+                        params
+                            .acquire(word, 1, &Reading(now))
+                            .expect("a live state")
+                            .is_allowed()
+                    };
+                    by_fresh += u64::from(granted(&fresh));
+                    by_twin += u64::from(granted(&twin));
+                }
+                // The counter's fresh word also grants readings of the window before the
+                // one it starts (a part of a limit, weighing that window as full), which the
+                // evicted word may have refused: a second limit at most.
+                let bound = match algorithm {
+                    Algorithm::SlidingWindowCounter => 2 * limit,
+                    _ => limit,
+                };
+                assert!(
+                    by_fresh <= by_twin + bound,
+                    "{context}: the fresh state granted {by_fresh} permits, the evicted one \
+                         {by_twin}, more than {bound} apart"
+                );
             }
-        }
+        });
     }
 
     /// An attempt that takes nothing whatever the state (0 permits, or more than the limit) is
@@ -535,7 +531,6 @@ mod tests {
     /// at any later or earlier reading, for every method; any other attempt is left to a state.
     #[test]
     fn an_attempt_taking_nothing_is_answered_as_a_fresh_state_answers_it() {
-        const ORIGIN: u64 = 3_700_000_000;
         for algorithm in Algorithm::ALL {
             for (limit, window) in [(5, 1_000_000_000), (3, 7_000_000), (1, 250_000_000)] {
                 let rule = Rule::new(limit, Duration::from_nanos(window)).expect("a valid rule");
