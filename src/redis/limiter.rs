@@ -793,7 +793,7 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
                 .await
                 .map_err(Failed::Call)
         };
-        let is_probe = probe.is_probe();
+        let probe_ticket = probe.ticket();
         probe.disarm();
         let reply = match reply {
             Ok(reply) => {
@@ -827,7 +827,7 @@ impl<P: Eq + fmt::Debug> RedisRateLimiter<P> {
                 if matches!(error, RedisError::Timeout { .. }) {
                     Counters::bump(&self.counters.timeouts);
                 }
-                if breaker.failure(is_probe, breaker_sent_at) {
+                if breaker.failure(probe_ticket, breaker_sent_at) {
                     Counters::bump(&self.counters.circuit_opens);
                 }
                 return self.fall_back(index, entry, client, n, mode, error);

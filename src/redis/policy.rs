@@ -70,7 +70,8 @@ pub enum Source {
 /// - **While open** no request is sent for `cool_down`; the [`FailurePolicy`] answers.
 /// - **Half-open**: once `cool_down` has passed, exactly one request probes Redis while the
 ///   others keep falling back. The probe's success **closes** the circuit; its failure (or the
-///   caller dropping it) keeps it open for another `cool_down`.
+///   caller dropping it) keeps it open for another `cool_down`. A probe that fails after the
+///   circuit closed meanwhile (another request's success), or opened again, changes nothing.
 ///
 /// On a Redis Cluster each of the 16,384 hash slots has a breaker of its own (1 MiB per
 /// limiter), chosen by the slot of the client's keys: a master's outage opens the circuits of
@@ -104,11 +105,18 @@ impl Default for CircuitBreaker {
 pub(super) enum Gate {
     /// Closed: ask Redis.
     Closed,
-    /// Half-open: this request is the one probe.
-    Probe,
+    /// Half-open: this request is the one probe, which reports with its ticket.
+    Probe(ProbeTicket),
     /// Open: do not ask; the next probe may go in `retry_in`.
     Open { retry_in: Duration },
 }
+
+/// The circuit as a probe took it (the word of [`Breaker::open`] with the probe's bit set): its
+/// failure reopens the circuit only if the circuit is still so, so that a probe that reports
+/// late (its round trip outlived a success that closed the circuit, or a later opening and the
+/// probe of that one) changes nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct ProbeTicket(u64);
 
 /// The breaker's state, lock-free: the failures counted in a row, when the last one counted
 /// happened, and one word holding both the instant the circuit stays open until (0: closed)
@@ -189,7 +197,7 @@ impl Breaker {
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             ) {
-                Ok(_) => return Gate::Probe,
+                Ok(_) => return Gate::Probe(ProbeTicket(seen | PROBING)),
                 Err(current) => seen = current,
             }
         }
@@ -211,18 +219,26 @@ impl Breaker {
         }
     }
 
-    /// Records a failed round trip sent at `sent_at` (from [`Breaker::now`]); returns whether
-    /// it opened the circuit.
-    pub(super) fn failure(&self, probe: bool, sent_at: u64) -> bool {
+    /// Records a failed round trip sent at `sent_at` (from [`Breaker::now`]), the probe of
+    /// `probe`'s ticket if it is one; returns whether it opened the circuit.
+    pub(super) fn failure(&self, probe: Option<ProbeTicket>, sent_at: u64) -> bool {
         self.failure_at(probe, sent_at, self.now())
     }
 
-    fn failure_at(&self, probe: bool, sent_at: u64, now: u64) -> bool {
+    fn failure_at(&self, probe: Option<ProbeTicket>, sent_at: u64, now: u64) -> bool {
         let reopen = now.saturating_add(duration_to_nanos(self.settings.cool_down));
-        if probe {
-            // Open for another cool-down, the probe back in one store: a request that saw the
-            // cooled-down opening before it can no longer take a probe from it.
-            self.open.store(open_until(reopen), Ordering::Relaxed);
+        if let Some(ProbeTicket(taken)) = probe {
+            // Open for another cool-down, the probe back, in one exchange: a request that saw
+            // the cooled-down opening before it can no longer take a probe from it. Only from
+            // the circuit as the probe took it: while its bit is set nothing but a success
+            // changes the word (to closed), and a closed circuit, or a later opening and its own
+            // probe, is newer news than this round trip. Relaxed: as in `gate_seen`.
+            let _ = self.open.compare_exchange(
+                taken,
+                open_until(reopen),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
             return false;
         }
         // Relaxed: as in `gate_seen`. The exchange makes failures that race count once, as
@@ -342,30 +358,34 @@ const CRC16_TABLE: [u16; 256] = {
 /// rather than never probing again.
 #[derive(Debug)]
 pub(super) struct ProbeGuard<'a> {
-    breaker: Option<&'a Breaker>,
+    probe: Option<(&'a Breaker, ProbeTicket)>,
 }
 
 impl<'a> ProbeGuard<'a> {
     pub(super) fn new(breaker: &'a Breaker, gate: Gate) -> ProbeGuard<'a> {
         ProbeGuard {
-            breaker: (gate == Gate::Probe).then_some(breaker),
+            probe: match gate {
+                Gate::Probe(ticket) => Some((breaker, ticket)),
+                Gate::Closed | Gate::Open { .. } => None,
+            },
         }
     }
 
-    pub(super) fn is_probe(&self) -> bool {
-        self.breaker.is_some()
+    /// The probe's ticket, if the request is the probe.
+    pub(super) fn ticket(&self) -> Option<ProbeTicket> {
+        self.probe.map(|(_, ticket)| ticket)
     }
 
     /// The probe reported; nothing to release.
     pub(super) fn disarm(mut self) {
-        self.breaker = None;
+        self.probe = None;
     }
 }
 
 impl Drop for ProbeGuard<'_> {
     fn drop(&mut self) {
-        if let Some(breaker) = self.breaker {
-            breaker.failure(true, 0);
+        if let Some((breaker, ticket)) = self.probe {
+            breaker.failure(Some(ticket), 0);
         }
     }
 }
@@ -416,7 +436,7 @@ mod tests {
         assert!(!std::ptr::eq(dead, breakers.of_key(&neighbour)));
         assert!(!std::ptr::eq(dead, live));
         assert!(std::ptr::eq(dead, breakers.of_key("bar{hash_tag}")));
-        assert!(dead.failure(false, dead.now()));
+        assert!(dead.failure(None, dead.now()));
         assert!(matches!(dead.gate(), Gate::Open { .. }));
         assert_eq!(live.gate(), Gate::Closed);
         // A server has one breaker for every key.
@@ -433,21 +453,21 @@ mod tests {
     #[test]
     fn the_circuit_opens_after_failures_one_after_another_only() {
         let breaker = breaker(Duration::from_secs(60));
-        assert!(!breaker.failure_at(false, 1, TIMEOUT));
-        assert!(!breaker.failure_at(false, TIMEOUT, 2 * TIMEOUT));
+        assert!(!breaker.failure_at(None, 1, TIMEOUT));
+        assert!(!breaker.failure_at(None, TIMEOUT, 2 * TIMEOUT));
         breaker.success();
-        assert!(!breaker.failure_at(false, 2 * TIMEOUT, 3 * TIMEOUT));
-        assert!(!breaker.failure_at(false, 3 * TIMEOUT, 4 * TIMEOUT));
+        assert!(!breaker.failure_at(None, 2 * TIMEOUT, 3 * TIMEOUT));
+        assert!(!breaker.failure_at(None, 3 * TIMEOUT, 4 * TIMEOUT));
         assert_eq!(breaker.gate_at(4 * TIMEOUT), Gate::Closed);
         assert!(
-            breaker.failure_at(false, 4 * TIMEOUT, 5 * TIMEOUT),
+            breaker.failure_at(None, 4 * TIMEOUT, 5 * TIMEOUT),
             "the third in a row opens it"
         );
         assert!(
             matches!(breaker.gate_at(5 * TIMEOUT), Gate::Open { retry_in } if retry_in > Duration::ZERO)
         );
         assert!(
-            !breaker.failure_at(false, 5 * TIMEOUT, 6 * TIMEOUT),
+            !breaker.failure_at(None, 5 * TIMEOUT, 6 * TIMEOUT),
             "opening is reported once"
         );
     }
@@ -458,7 +478,7 @@ mod tests {
         // 64 tasks' round trips, sent over the 5 ms before a stall, all time out.
         for task in 0..64 {
             let sent_at = 100 * MS + task * MS / 13;
-            assert!(!breaker.failure_at(false, sent_at, sent_at + TIMEOUT));
+            assert!(!breaker.failure_at(None, sent_at, sent_at + TIMEOUT));
         }
         assert_eq!(breaker.gate_at(200 * MS), Gate::Closed);
         // Each task sends again at once; the stall is over and they succeed.
@@ -466,7 +486,7 @@ mod tests {
         // A second stall, 64 more: counted once again, from zero.
         for task in 0..64 {
             let sent_at = 300 * MS + task * MS / 13;
-            assert!(!breaker.failure_at(false, sent_at, sent_at + TIMEOUT));
+            assert!(!breaker.failure_at(None, sent_at, sent_at + TIMEOUT));
         }
         assert_eq!(breaker.gate_at(400 * MS), Gate::Closed);
     }
@@ -476,7 +496,7 @@ mod tests {
         // The same 64 failures, each sent after the one before failed, do count: the stall test
         // above can fail.
         let breaker = breaker(Duration::from_secs(60));
-        let opened = (0..64).any(|task| breaker.failure_at(false, task * 2, task * 2 + 1));
+        let opened = (0..64).any(|task| breaker.failure_at(None, task * 2, task * 2 + 1));
         assert!(opened);
     }
 
@@ -496,7 +516,7 @@ mod tests {
                 .unwrap();
             let failed_at = sent_at + TIMEOUT;
             assert!(failed_at <= outage + 3 * TIMEOUT, "not open by {failed_at}");
-            if breaker.failure_at(false, sent_at, failed_at) {
+            if breaker.failure_at(None, sent_at, failed_at) {
                 opened_at = Some(failed_at);
             }
             sends[task] = failed_at;
@@ -509,19 +529,27 @@ mod tests {
         assert!(matches!(breaker.gate_at(opened_at), Gate::Open { .. }));
     }
 
+    /// The ticket of a gate that lets its request probe; panics on any other gate.
+    fn ticket(gate: Gate) -> ProbeTicket {
+        match gate {
+            Gate::Probe(ticket) => ticket,
+            other => panic!("not a probe: {other:?}"),
+        }
+    }
+
     #[test]
     fn a_success_closes_it_and_starts_the_count_again() {
         let breaker = breaker(Duration::from_millis(10));
         for round in 1..=3 {
-            breaker.failure_at(false, round * TIMEOUT, (round + 1) * TIMEOUT);
+            breaker.failure_at(None, round * TIMEOUT, (round + 1) * TIMEOUT);
         }
         assert!(matches!(breaker.gate_at(4 * TIMEOUT), Gate::Open { .. }));
         let probe_at = 4 * TIMEOUT + 10 * MS;
-        assert_eq!(breaker.gate_at(probe_at), Gate::Probe);
+        ticket(breaker.gate_at(probe_at));
         breaker.success();
         assert_eq!(breaker.gate_at(probe_at), Gate::Closed);
-        assert!(!breaker.failure_at(false, probe_at, probe_at + TIMEOUT));
-        assert!(!breaker.failure_at(false, probe_at + TIMEOUT, probe_at + 2 * TIMEOUT));
+        assert!(!breaker.failure_at(None, probe_at, probe_at + TIMEOUT));
+        assert!(!breaker.failure_at(None, probe_at + TIMEOUT, probe_at + 2 * TIMEOUT));
         assert_eq!(
             breaker.gate_at(probe_at + 2 * TIMEOUT),
             Gate::Closed,
@@ -533,31 +561,34 @@ mod tests {
     fn one_probe_at_a_time_among_many_callers() {
         let breaker = breaker(Duration::from_millis(10));
         for round in 1..=3 {
-            breaker.failure_at(false, round * TIMEOUT, (round + 1) * TIMEOUT);
+            breaker.failure_at(None, round * TIMEOUT, (round + 1) * TIMEOUT);
         }
         let after = 4 * TIMEOUT + 10 * MS;
-        let probes = std::thread::scope(|scope| {
+        let probes: Vec<ProbeTicket> = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..8)
                 .map(|_| {
                     scope.spawn(|| {
                         (0..1_000)
-                            .filter(|_| breaker.gate_at(after) == Gate::Probe)
-                            .count()
+                            .filter_map(|_| match breaker.gate_at(after) {
+                                Gate::Probe(ticket) => Some(ticket),
+                                Gate::Closed | Gate::Open { .. } => None,
+                            })
+                            .collect::<Vec<_>>()
                     })
                 })
                 .collect();
             handles
                 .into_iter()
-                .map(|handle| handle.join().unwrap())
-                .sum::<usize>()
+                .flat_map(|handle| handle.join().unwrap())
+                .collect()
         });
-        assert_eq!(probes, 1, "one probe until it reports");
-        breaker.failure_at(true, after, after + TIMEOUT);
+        assert_eq!(probes.len(), 1, "one probe until it reports");
+        breaker.failure_at(Some(probes[0]), after, after + TIMEOUT);
         assert!(matches!(
             breaker.gate_at(after + TIMEOUT),
             Gate::Open { .. }
         ));
-        assert_eq!(breaker.gate_at(after + TIMEOUT + 10 * MS), Gate::Probe);
+        ticket(breaker.gate_at(after + TIMEOUT + 10 * MS));
     }
 
     /// A request reads the circuit cooled down; before its exchange, another takes the probe,
@@ -567,18 +598,18 @@ mod tests {
     fn a_request_that_saw_the_circuit_cool_before_the_probe_failed_takes_no_probe() {
         let breaker = breaker(Duration::from_millis(10));
         for round in 1..=3 {
-            breaker.failure_at(false, round * TIMEOUT, (round + 1) * TIMEOUT);
+            breaker.failure_at(None, round * TIMEOUT, (round + 1) * TIMEOUT);
         }
         let after = 4 * TIMEOUT + 10 * MS;
         let late_read = breaker.open.load(Ordering::Relaxed);
-        assert_eq!(breaker.gate_at(after), Gate::Probe);
-        breaker.failure_at(true, after, after + MS);
+        let probe = ticket(breaker.gate_at(after));
+        breaker.failure_at(Some(probe), after, after + MS);
         let late = breaker.gate_seen(late_read, after + MS);
         assert!(
             matches!(late, Gate::Open { retry_in } if retry_in > Duration::ZERO),
             "{late:?}"
         );
-        assert_eq!(breaker.gate_at(after + 11 * MS), Gate::Probe);
+        ticket(breaker.gate_at(after + 11 * MS));
         assert!(matches!(
             breaker.gate_at(after + 11 * MS),
             Gate::Open { .. }
@@ -589,19 +620,19 @@ mod tests {
     fn a_cooled_down_circuit_lets_exactly_one_probe_through() {
         let breaker = breaker(Duration::from_millis(1));
         for _ in 0..3 {
-            breaker.failure(false, breaker.now());
+            breaker.failure(None, breaker.now());
         }
         std::thread::sleep(Duration::from_millis(5));
-        assert_eq!(breaker.gate(), Gate::Probe);
+        let probe = ticket(breaker.gate());
         assert!(
             matches!(breaker.gate(), Gate::Open { .. }),
             "one probe at a time"
         );
         // The probe fails: open for another cool-down, then probe again.
-        breaker.failure(true, breaker.now());
+        breaker.failure(Some(probe), breaker.now());
         assert!(matches!(breaker.gate(), Gate::Open { .. }));
         std::thread::sleep(Duration::from_millis(5));
-        assert_eq!(breaker.gate(), Gate::Probe);
+        ticket(breaker.gate());
         breaker.success();
         assert_eq!(breaker.gate(), Gate::Closed);
     }
@@ -610,17 +641,63 @@ mod tests {
     fn a_probe_dropped_before_it_reports_does_not_jam_the_circuit() {
         let breaker = breaker(Duration::from_millis(1));
         for _ in 0..3 {
-            breaker.failure(false, breaker.now());
+            breaker.failure(None, breaker.now());
         }
         std::thread::sleep(Duration::from_millis(5));
         let gate = breaker.gate();
-        assert_eq!(gate, Gate::Probe);
+        ticket(gate);
         drop(ProbeGuard::new(&breaker, gate));
-        std::thread::sleep(Duration::from_millis(5));
-        assert_eq!(
-            breaker.gate(),
-            Gate::Probe,
-            "a new probe after the cool-down"
+        assert!(
+            matches!(breaker.gate(), Gate::Open { retry_in } if retry_in > Duration::ZERO),
+            "open for another cool-down"
         );
+        std::thread::sleep(Duration::from_millis(5));
+        ticket(breaker.gate());
+    }
+
+    /// A probe whose round trip outlives the circuit's closing (another request's success)
+    /// fails late: the circuit stays closed, and opens again only after `failures` more.
+    #[test]
+    fn a_probe_failing_after_a_success_closed_the_circuit_leaves_it_closed() {
+        let breaker = breaker(Duration::from_millis(10));
+        for round in 1..=3 {
+            breaker.failure_at(None, round * TIMEOUT, (round + 1) * TIMEOUT);
+        }
+        let after = 4 * TIMEOUT + 10 * MS;
+        let stale = ticket(breaker.gate_at(after));
+        breaker.success();
+        breaker.failure_at(Some(stale), after, after + TIMEOUT);
+        assert_eq!(breaker.gate_at(after + TIMEOUT), Gate::Closed);
+    }
+
+    /// A probe outlives a success, the circuit's reopening and the next probe, then fails: the
+    /// next probe is still the only one out, and the circuit keeps the opening it was taken
+    /// from (no second probe after the stale failure's cool-down while the next is out).
+    #[test]
+    fn a_stale_probes_failure_releases_no_later_probe() {
+        let breaker = breaker(Duration::from_millis(10));
+        for round in 1..=3 {
+            breaker.failure_at(None, round * TIMEOUT, (round + 1) * TIMEOUT);
+        }
+        let first_at = 4 * TIMEOUT + 10 * MS;
+        let stale = ticket(breaker.gate_at(first_at));
+        breaker.success();
+        let reopened_at = 8 * TIMEOUT;
+        for round in 5..=7 {
+            breaker.failure_at(None, round * TIMEOUT, (round + 1) * TIMEOUT);
+        }
+        let second_at = reopened_at + 10 * MS;
+        ticket(breaker.gate_at(second_at));
+        breaker.failure_at(Some(stale), first_at, second_at + MS);
+        for later in [
+            second_at + MS,
+            second_at + 20 * MS,
+            second_at + 10 * TIMEOUT,
+        ] {
+            assert!(
+                matches!(breaker.gate_at(later), Gate::Open { retry_in } if retry_in == Duration::ZERO),
+                "at {later}: the second probe is still out"
+            );
+        }
     }
 }
