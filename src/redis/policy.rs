@@ -212,8 +212,8 @@ impl Breaker {
         if self.failures.load(Ordering::Relaxed) != 0 {
             self.failures.store(0, Ordering::Relaxed);
         }
-        // Closed, with no probe out, whichever request succeeded (a probe still out when
-        // another request's success closes the circuit reopens it if it fails).
+        // Closed, with no probe out, whichever request succeeded (a probe still out then finds,
+        // when it reports, the circuit no longer as it took it: see `failure_at`).
         if self.open.load(Ordering::Relaxed) != 0 {
             self.open.store(0, Ordering::Relaxed);
         }

@@ -62,8 +62,8 @@
 //!   states' permits at an earlier reading do not order them as their idleness does, an insert
 //!   held across such a reading alone may take a client active there while another is idle
 //!   there (within the bound of one limit per eviction; `tests/review_victim_3.rs` has the
-//!   case). An insert evicts only while no slot of the two buckets is free or
-//!   being freed by another thread (a sweep): holding its victim, it looks at the tags once more,
+//!   case). An insert evicts only while no slot of the two buckets is free or being freed by
+//!   another thread (a sweep): holding its victim, it looks at the tags once more,
 //!   and where one is, it puts the victim back and inserts again (waiting for that slot), up to
 //!   four times a decision (a slot being taken by another insert looks the same). The request
 //!   reads the clock before the lock (the clock is the user's), and again, with the lock let
@@ -875,9 +875,10 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
 
     /// Takes a live slot of `place`'s buckets for reuse: one made under an earlier version, else
     /// an idle one, else the one closest to fresh (an eviction; see
-    /// [`Candidate::victim_key`]). Its state is retired by this call, and its tag set to `BUSY`. Returns the slot's tag, the tag it held, and its state;
-    /// `None` when each state it picked changed first, or when `may_defer` and another slot is
-    /// being freed (see [`ClientStore::is_any_freed`]).
+    /// [`Candidate::victim_key`]). Its state is retired by this call, and its tag set to
+    /// `BUSY`. Returns the slot's tag, the tag it held, and its state; `None` when each state it
+    /// picked changed first, or when `may_defer` and another slot is being freed (see
+    /// [`ClientStore::is_any_freed`]).
     fn reuse<L: WordLimit>(
         &self,
         place: Place,
@@ -1720,11 +1721,11 @@ impl<W> Candidate<'_, W> {
     /// reading some thread has taken, and of those the one idle from the earliest reading: so a
     /// request held after its reading never takes a client that decided at a reading the
     /// bucket's states show, while another was idle there (a reading that writes no state, a
-    /// peek or a refusal, is not seen). Where none is, as at the insert's own reading: the most permits available there,
-    /// then the least recently counted, the one whose counts end earliest (a state active at
-    /// every reading taken is judged where the insert stands, so that one whose counts run far
-    /// ahead, a thread reading ahead, changes no other's place). A state the method cannot tell
-    /// of ranks as the most recent.
+    /// peek or a refusal, is not seen). Where none is, as at the insert's own reading: the most
+    /// permits available there, then the least recently counted, the one whose counts end
+    /// earliest (a state active at every reading taken is judged where the insert stands, so
+    /// that one whose counts run far ahead, a thread reading ahead, changes no other's place).
+    /// A state the method cannot tell of ranks as the most recent.
     fn victim_key(
         &self,
         reached: u64,
