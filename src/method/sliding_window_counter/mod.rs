@@ -175,6 +175,11 @@ impl CounterParams {
     /// before as full, and refuses every earlier reading.)
     pub fn counted_up_to(&self, word: u64) -> u64 {
         let (index, _, _) = self.unpack(word);
+        self.window_start(index)
+    }
+
+    /// The clock reading window `index` of the timeline starts at.
+    fn window_start(&self, index: u64) -> u64 {
         self.origin_nanos
             .saturating_add(index.saturating_mul(self.rule.window_nanos()))
     }
@@ -187,18 +192,14 @@ impl CounterParams {
     /// retired.
     pub fn counted_and_idle_from<A: AtomicWord>(&self, word: &A) -> Option<(u64, u64)> {
         // A snapshot, for an eviction's choice of victim only.
-        let live = word::load_live(word).ok()?;
-        let (index, current, previous) = self.unpack(live);
+        let (index, current, previous) = self.unpack(word::load_live(word).ok()?);
         let windows_on = if current > 0 {
             2
         } else {
             u64::from(previous > 0)
         };
         let idle_index = index.saturating_add(windows_on);
-        let idle_from = self
-            .origin_nanos
-            .saturating_add(idle_index.saturating_mul(self.rule.window_nanos()));
-        Some((self.counted_up_to(live), idle_from))
+        Some((self.window_start(index), self.window_start(idle_index)))
     }
 
     /// The pure decision: what taking `n` permits at `now_nanos` from `word` answers, and the
