@@ -220,6 +220,17 @@ impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher + Clone> ServiceBuilder<P, C, 
             ),
             clock: self.clock,
             hasher,
+            id: next_service_id(),
         })
     }
+}
+
+/// A number no other service of this process has.
+fn next_service_id() -> u64 {
+    // Not `crate::sync`'s atomic: a count outside every modelled protocol, which loom's
+    // statics could not hold.
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    // Relaxed: only uniqueness matters, which the read-modify-write gives.
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }

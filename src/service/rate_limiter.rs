@@ -87,6 +87,9 @@ pub struct RateLimiterService<K, P, C = MonotonicClock, S = SipState> {
     pub(super) evicted_up_to: Word,
     /// Hashes keys for the plans' stores (each plan's map has a copy of its own).
     pub(super) hasher: S,
+    /// This service's number, unique in the process: a plan's index found by one service is
+    /// used only by it (see `tower::KnownPlan`).
+    pub(super) id: u64,
 }
 
 impl<K, P, C, S> fmt::Debug for RateLimiterService<K, P, C, S>
@@ -265,6 +268,22 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let index = self.plan_index(plan)?;
+        self.decide_in(client, plan, index, n)
+    }
+
+    /// [`RateLimiterService::decide`] under the plan at `index` (which is `plan`'s).
+    #[inline(always)]
+    pub(super) fn decide_in<Q, T: Answer>(
+        &self,
+        client: &Q,
+        plan: &P,
+        index: usize,
+        n: u64,
+    ) -> Result<T, ServiceError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         let hash = self.hash_of(client);
         if let Some(stored) = self.plans.stored(index) {
             let place = stored.store.place(hash);
@@ -464,6 +483,13 @@ where
         protocol::made_as_of(&self.evicted_up_to)
     }
 
+    /// The index of `plan` in this service's table, with the service's number: what
+    /// [`RateLimiterService::acquire_verdict_in`] takes to skip comparing plans.
+    #[cfg(feature = "tower")]
+    pub(crate) fn plan_found(&self, plan: &P) -> Option<(u64, usize)> {
+        self.plans.index_of(plan).map(|index| (self.id, index))
+    }
+
     #[inline]
     pub(super) fn plan_index(&self, plan: &P) -> Result<usize, ServiceError> {
         self.plans
@@ -529,6 +555,35 @@ where
             Figures::Always => self.acquire_reported(client, plan, n).map(Verdict::from),
             Figures::OnRefusal => self
                 .decide::<Q, Checked>(client, plan, n)
+                .map(|Checked(verdict)| verdict),
+        }
+    }
+
+    /// [`RateLimiterService::acquire_verdict`] of the plan [`RateLimiterService::plan_found`]
+    /// answered `found` for. Where `found` is another service's, `plan` is looked up as usual.
+    #[cfg(feature = "tower")]
+    #[inline]
+    pub(crate) fn acquire_verdict_in<Q>(
+        &self,
+        client: &Q,
+        plan: &P,
+        (service, index): (u64, usize),
+        n: u64,
+        figures: Figures,
+    ) -> Result<Verdict, ServiceError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        if service != self.id {
+            return self.acquire_verdict(client, plan, n, figures);
+        }
+        match figures {
+            Figures::Always => self
+                .decide_in::<Q, Reporting>(client, plan, index, n)
+                .map(|Reporting(reported)| Verdict::from(reported)),
+            Figures::OnRefusal => self
+                .decide_in::<Q, Checked>(client, plan, index, n)
                 .map(|Checked(verdict)| verdict),
         }
     }

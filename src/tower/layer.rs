@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http::{HeaderName, Response};
 use tower_layer::Layer;
 
-use super::backend::RateLimitBackend;
+use super::backend::{KnownPlan, RateLimitBackend};
 use super::error::SetupError;
 use super::key::{KeyExtractor, RequestHead};
 use super::response::{BodyFormat, Fallback, Limited, PolicyName, PolicyNames};
@@ -39,6 +39,8 @@ pub(crate) struct Config<Bk, X, P> {
     pub(crate) backend: Bk,
     pub(crate) extractor: X,
     pub(crate) default_plan: P,
+    /// The default plan as the backend looked it up when the layer was built.
+    pub(crate) known_default: Option<KnownPlan>,
     pub(crate) policy_names: PolicyNames<P>,
     pub(crate) plan_fn: Option<Box<PlanFn<P>>>,
     pub(crate) cost_fn: Option<Box<CostFn>>,
@@ -186,6 +188,7 @@ impl<Bk, X, P> RateLimitLayer<Bk, X, P> {
                 backend,
                 extractor,
                 default_plan,
+                known_default: None,
                 policy_names,
                 plan_fn: None,
                 cost_fn: None,
@@ -210,6 +213,12 @@ impl<Bk, X, P> RateLimitLayer<Bk, X, P> {
     /// The backend that decides.
     pub fn backend(&self) -> &Bk {
         &self.config.backend
+    }
+
+    /// The default plan as the backend found it when the layer was built.
+    #[cfg(test)]
+    pub(crate) fn known_default(&self) -> Option<KnownPlan> {
+        self.config.known_default
     }
 }
 
@@ -386,6 +395,7 @@ impl<Bk, X, P> RateLimitLayerBuilder<Bk, X, P> {
                 None => {}
             }
         }
+        self.config.known_default = self.config.backend.known_plan(&self.config.default_plan);
         RateLimitLayer {
             config: Arc::new(self.config),
         }

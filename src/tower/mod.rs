@@ -64,7 +64,7 @@ mod stats;
 
 pub use crate::verdict::{Figures, Verdict};
 pub use addr::{Cidr, InvalidCidr};
-pub use backend::RateLimitBackend;
+pub use backend::{KnownPlan, RateLimitBackend};
 pub use body::ResponseBody;
 pub use client_ip::{ClientIp, ConnectionPeer, PeerSource};
 pub use error::{InvalidHeaderName, SetupError};

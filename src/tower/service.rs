@@ -200,9 +200,14 @@ where
             };
         };
         let chosen = config.plan_fn.as_ref().and_then(|plan_fn| plan_fn(&head));
-        let plan = chosen.as_ref().unwrap_or(&config.default_plan);
         let cost = config.cost_fn.as_ref().map_or(1, |cost_fn| cost_fn(&head));
-        let mut check = config.backend.check(&key, plan, cost, config.figures());
+        let plan = chosen.as_ref().unwrap_or(&config.default_plan);
+        let figures = config.figures();
+        let mut check = match config.known_default.filter(|_| chosen.is_none()) {
+            // The default plan, as the backend found it when the layer was built.
+            Some(known) => config.backend.check_known(&key, plan, known, cost, figures),
+            None => config.backend.check(&key, plan, cost, figures),
+        };
         // One poll in place: the in-process backend is always ready, and then nothing is boxed
         // and the inner service is called without being cloned.
         let mut noop = Context::from_waker(Waker::noop());
