@@ -288,7 +288,8 @@ fn config() -> Criterion {
 }
 
 /// A backend that answers every check with one fixed decision: the layer's own cost, without a
-/// limiter's.
+/// limiter's. As the in-process service does, a grant whose figures are not asked for is
+/// [`Verdict::allowed`] (nothing boxed).
 #[derive(Debug, Clone, Copy)]
 struct FixedDecision(tollgate::Decision);
 
@@ -296,8 +297,14 @@ impl RateLimitBackend<ClientKey, &'static str> for FixedDecision {
     type Error = tollgate::ServiceError;
     type Future = std::future::Ready<Result<Verdict, tollgate::ServiceError>>;
 
-    fn check(&self, _: &ClientKey, _: &&'static str, _: u64, _: Figures) -> Self::Future {
-        std::future::ready(Ok(Verdict::from(self.0)))
+    fn check(&self, _: &ClientKey, _: &&'static str, _: u64, figures: Figures) -> Self::Future {
+        std::future::ready(Ok(
+            if self.0.is_allowed() && figures == Figures::OnRefusal {
+                Verdict::allowed()
+            } else {
+                Verdict::from(self.0)
+            },
+        ))
     }
 }
 

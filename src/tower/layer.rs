@@ -62,6 +62,7 @@ impl<Bk: fmt::Debug, X: fmt::Debug, P: fmt::Debug> fmt::Debug for Config<Bk, X, 
             .field("backend", &self.backend)
             .field("extractor", &self.extractor)
             .field("default_plan", &self.default_plan)
+            .field("known_default", &self.known_default)
             .field("policy_names", &self.policy_names)
             .field("plan_fn", &self.plan_fn.is_some())
             .field("cost_fn", &self.cost_fn.is_some())
