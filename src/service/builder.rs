@@ -220,12 +220,14 @@ impl<P: Eq + fmt::Debug, C: Clock, S: BuildHasher + Clone> ServiceBuilder<P, C, 
             ),
             clock: self.clock,
             hasher,
+            #[cfg(feature = "tower")]
             id: next_service_id(),
         })
     }
 }
 
 /// A number no other service of this process has.
+#[cfg(feature = "tower")]
 fn next_service_id() -> u64 {
     // Not `crate::sync`'s atomic: a count outside every modelled protocol, which loom's
     // statics could not hold.

@@ -89,6 +89,7 @@ pub struct RateLimiterService<K, P, C = MonotonicClock, S = SipState> {
     pub(super) hasher: S,
     /// This service's number, unique in the process: a plan's index found by one service is
     /// used only by it (see `tower::KnownPlan`).
+    #[cfg(feature = "tower")]
     pub(super) id: u64,
 }
 
