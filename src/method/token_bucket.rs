@@ -258,7 +258,11 @@ impl GcraParams {
     /// to a nanosecond. It is no later than the reading of the grant that stored the TAT, which
     /// left at most a full bucket of debt.
     pub fn counted_up_to(&self, tat: u64) -> u64 {
-        let ticks = tat.saturating_sub(self.burst_ticks);
+        self.reading_at_tick(tat.saturating_sub(self.burst_ticks))
+    }
+
+    /// The earliest clock reading at or after tick `ticks` of the timeline.
+    fn reading_at_tick(&self, ticks: u64) -> u64 {
         self.origin_nanos
             .saturating_add(ticks.div_ceil(self.ticks_per_nano))
     }
@@ -270,12 +274,7 @@ impl GcraParams {
     pub fn counted_and_idle_from<A: AtomicWord>(&self, tat: &A) -> Option<(u64, u64)> {
         // Relaxed: a snapshot, for an eviction's choice of victim only.
         let current = tat.load(Ordering::Relaxed);
-        (current != RETIRED).then(|| {
-            let idle_from = self
-                .origin_nanos
-                .saturating_add(current.div_ceil(self.ticks_per_nano));
-            (self.counted_up_to(current), idle_from)
-        })
+        (current != RETIRED).then(|| (self.counted_up_to(current), self.reading_at_tick(current)))
     }
 
     /// The pure decision: what taking `n` permits at `now_nanos` from a bucket whose TAT is `tat`

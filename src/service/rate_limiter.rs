@@ -25,8 +25,10 @@ use crate::method::client_state::{StateRef, Version};
 use crate::method::several_limits::SeveralLimits;
 use crate::plans::{Together, limits_of};
 use crate::sync::Word;
+#[cfg(feature = "envoy")]
+use crate::verdict::Reported;
 #[cfg(feature = "tower")]
-use crate::verdict::{Figures, Reported, Verdict};
+use crate::verdict::{Figures, Verdict};
 use crate::{Algorithm, Decision, MonotonicClock, PlanStats, Rule, SipState};
 
 /// Rate limits many clients, each by the rule of its plan.
@@ -552,12 +554,8 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        match figures {
-            Figures::Always => self.acquire_reported(client, plan, n).map(Verdict::from),
-            Figures::OnRefusal => self
-                .decide::<Q, Checked>(client, plan, n)
-                .map(|Checked(verdict)| verdict),
-        }
+        let index = self.plan_index(plan)?;
+        self.verdict_in(client, plan, index, n, figures)
     }
 
     /// [`RateLimiterService::acquire_verdict`] of the plan [`RateLimiterService::plan_found`]
@@ -579,6 +577,24 @@ where
         if service != self.id {
             return self.acquire_verdict(client, plan, n, figures);
         }
+        self.verdict_in(client, plan, index, n, figures)
+    }
+
+    /// [`RateLimiterService::acquire_verdict`] under the plan at `index` (which is `plan`'s).
+    #[cfg(feature = "tower")]
+    #[inline(always)]
+    fn verdict_in<Q>(
+        &self,
+        client: &Q,
+        plan: &P,
+        index: usize,
+        n: u64,
+        figures: Figures,
+    ) -> Result<Verdict, ServiceError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         match figures {
             Figures::Always => self
                 .decide_in::<Q, Reporting>(client, plan, index, n)
@@ -592,7 +608,7 @@ where
     /// Takes `n` permits for `client` under `plan`, as [`RateLimiterService::acquire`] does, and
     /// answers with the decision and every figure a response reports of it: for a plan of
     /// several limits, each limit's, read in the same lookup.
-    #[cfg(feature = "tower")]
+    #[cfg(feature = "envoy")]
     pub(crate) fn acquire_reported<Q>(
         &self,
         client: &Q,
