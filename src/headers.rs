@@ -104,7 +104,7 @@ impl<'a> RateLimitFields<'a> {
     }
 
     /// Writes the `RateLimit-Policy` value: `"name";q=LIMIT;w=WINDOW_SECONDS` per limit.
-    pub(crate) fn write_policy(&self, out: &mut impl fmt::Write) -> fmt::Result {
+    pub(crate) fn write_policy(&self, out: &mut impl FieldWrite) -> fmt::Result {
         for (position, limit) in self.limits.iter().enumerate() {
             self.write_item_name(out, position)?;
             out.write_str(";q=")?;
@@ -119,7 +119,7 @@ impl<'a> RateLimitFields<'a> {
     }
 
     /// Writes the `RateLimit` value: `"name";r=REMAINING;t=RESET_SECONDS` per limit.
-    pub(crate) fn write_state(&self, out: &mut impl fmt::Write) -> fmt::Result {
+    pub(crate) fn write_state(&self, out: &mut impl FieldWrite) -> fmt::Result {
         for (position, limit) in self.limits.iter().enumerate() {
             self.write_item_name(out, position)?;
             write_state_parameters(out, limit)?;
@@ -128,7 +128,7 @@ impl<'a> RateLimitFields<'a> {
     }
 
     /// Writes the list separator before any item but the first, and the item's name.
-    fn write_item_name(&self, out: &mut impl fmt::Write, position: usize) -> fmt::Result {
+    fn write_item_name(&self, out: &mut impl FieldWrite, position: usize) -> fmt::Result {
         if position > 0 {
             out.write_str(", ")?;
         }
@@ -137,7 +137,7 @@ impl<'a> RateLimitFields<'a> {
 
     /// Writes the name of the item at `position` as a Structured Field String: quoted, with
     /// `"` and `\` escaped.
-    fn write_quoted_name(&self, out: &mut impl fmt::Write, position: usize) -> fmt::Result {
+    fn write_quoted_name(&self, out: &mut impl FieldWrite, position: usize) -> fmt::Result {
         out.write_char('"')?;
         let mut rest = self.plan;
         // A byte search: both are ASCII, so a match is a whole character (and much cheaper to
@@ -246,50 +246,72 @@ impl PreparedFields {
 }
 
 /// Writes one `RateLimit` item's parameters: `;r=REMAINING;t=RESET_SECONDS`.
-fn write_state_parameters(out: &mut impl fmt::Write, limit: &LimitFigures) -> fmt::Result {
+fn write_state_parameters(out: &mut impl FieldWrite, limit: &LimitFigures) -> fmt::Result {
     out.write_str(";r=")?;
     write_integer(out, sf_integer(limit.remaining))?;
     out.write_str(";t=")?;
     write_integer(out, sf_integer(seconds_rounded_up(limit.reset_after_nanos)))
 }
 
+/// What the fields' text is written into: a `fmt::Write` that may also take a run of ASCII bytes
+/// (an integer's digits) as they are.
+pub(crate) trait FieldWrite: fmt::Write {
+    /// Writes `ascii`, which holds ASCII bytes only. By default one character at a time; a writer
+    /// that holds bytes copies the run at once (a `&str` of them would be checked as UTF-8 first,
+    /// which costs more than writing them).
+    fn write_ascii(&mut self, ascii: &[u8]) -> fmt::Result {
+        ascii
+            .iter()
+            .try_for_each(|&byte| self.write_char(char::from(byte)))
+    }
+}
+
+impl FieldWrite for String {}
+
 /// Writes `value` in decimal (without the formatting machinery, which the layer would pay for
-/// on every response that carries the fields): two digits per division, from a table.
-pub(crate) fn write_integer(out: &mut impl fmt::Write, mut value: u64) -> fmt::Result {
+/// on every response that carries the fields): four digits per 64-bit division, then two per
+/// 32-bit one, from a table of pairs.
+pub(crate) fn write_integer(out: &mut impl FieldWrite, value: u64) -> fmt::Result {
     /// `00` to `99`, two bytes each.
     const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
                                 2021222324252627282930313233343536373839\
                                 4041424344454647484950515253545556575859\
                                 6061626364656667686970717273747576777879\
                                 8081828384858687888990919293949596979899";
-    // `u64::MAX` has 20 digits.
+    fn pair(index: u32) -> [u8; 2] {
+        let at = index as usize * 2;
+        [PAIRS[at], PAIRS[at + 1]]
+    }
+    // `u64::MAX` has 20 digits: the buffer is filled from its end.
     let mut digits = [0u8; 20];
     let mut start = digits.len();
-    while value >= 100 {
-        let pair = (value % 100) as usize * 2;
-        value /= 100;
-        start -= 2;
-        digits[start..start + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    let mut value = value;
+    while value >= 10_000 {
+        let four = (value % 10_000) as u32;
+        value /= 10_000;
+        start -= 4;
+        digits[start..start + 2].copy_from_slice(&pair(four / 100));
+        digits[start + 2..start + 4].copy_from_slice(&pair(four % 100));
     }
-    // The leading one or two digits: `value` is below 100.
-    if value >= 10 {
-        let pair = value as usize * 2;
+    // The leading one to four digits: `value` is below 10,000.
+    let mut value = value as u32;
+    if value >= 100 {
         start -= 2;
-        digits[start..start + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+        digits[start..start + 2].copy_from_slice(&pair(value % 100));
+        value /= 100;
+    }
+    if value >= 10 {
+        start -= 2;
+        digits[start..start + 2].copy_from_slice(&pair(value));
     } else {
         start -= 1;
         digits[start] = b'0' + value as u8;
     }
-    // Digit by digit: an ASCII character is one byte to push, where checking the digits as
-    // UTF-8 to write them as one string costs more than writing them.
-    for &digit in &digits[start..] {
-        out.write_char(char::from(digit))?;
-    }
-    Ok(())
+    out.write_ascii(&digits[start..])
 }
 
 /// Writes a window as the shortest whole number of one unit: `1s`, `10s`, `1h`, `1500ms`.
-fn write_compact_window(out: &mut impl fmt::Write, window_nanos: u64) -> fmt::Result {
+fn write_compact_window(out: &mut impl FieldWrite, window_nanos: u64) -> fmt::Result {
     for (unit, name) in [
         (86_400_000_000_000u64, "d"),
         (3_600_000_000_000, "h"),

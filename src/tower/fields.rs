@@ -10,7 +10,7 @@ use std::fmt;
 use http::header::RETRY_AFTER;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
-use crate::headers::{RateLimitFields, write_integer};
+use crate::headers::{FieldWrite, RateLimitFields, write_integer};
 use crate::verdict::Reported;
 
 /// `RateLimit-Policy` (the plan's quota and window).
@@ -112,34 +112,39 @@ impl ValueBuffer {
 }
 
 impl ValueBuffer {
+    /// Appends `bytes`: one copy while they fit on the stack. (Inline: the fields are written a
+    /// few bytes at a time.)
+    #[inline]
+    fn write_bytes(&mut self, bytes: &[u8]) {
+        let end = self.len + bytes.len();
+        match self.inline.get_mut(self.len..end) {
+            Some(free) if self.spilled.is_empty() => {
+                free.copy_from_slice(bytes);
+                self.len = end;
+            }
+            _ => self.spill(bytes),
+        }
+    }
+
     /// The write that does not fit on the stack: moves what is there to the heap, and goes on there.
     #[cold]
     #[inline(never)]
-    fn spill(&mut self, text: &str) {
+    fn spill(&mut self, bytes: &[u8]) {
         if self.spilled.is_empty() {
             self.spilled.extend_from_slice(&self.inline[..self.len]);
         }
-        self.spilled.extend_from_slice(text.as_bytes());
+        self.spilled.extend_from_slice(bytes);
     }
 }
 
 impl fmt::Write for ValueBuffer {
-    // Inline: the fields are written a few bytes at a time, and the common write is one copy.
     #[inline]
     fn write_str(&mut self, text: &str) -> fmt::Result {
-        let end = self.len + text.len();
-        match self.inline.get_mut(self.len..end) {
-            Some(free) if self.spilled.is_empty() => {
-                free.copy_from_slice(text.as_bytes());
-                self.len = end;
-            }
-            _ => self.spill(text),
-        }
+        self.write_bytes(text.as_bytes());
         Ok(())
     }
 
-    /// One byte for an ASCII character (the digits `write_integer` writes one at a time), where
-    /// the default encodes it and copies a slice of one.
+    /// One byte for an ASCII character, where the default encodes it and copies a slice of one.
     #[inline]
     fn write_char(&mut self, c: char) -> fmt::Result {
         match self.inline.get_mut(self.len) {
@@ -150,6 +155,17 @@ impl fmt::Write for ValueBuffer {
             }
             _ => self.write_str(c.encode_utf8(&mut [0; 4])),
         }
+    }
+}
+
+impl FieldWrite for ValueBuffer {
+    /// The digits of an integer, copied at once: the buffer holds bytes, so ASCII needs no
+    /// check as UTF-8 (and a header value's bytes are checked when it is made).
+    #[inline]
+    fn write_ascii(&mut self, ascii: &[u8]) -> fmt::Result {
+        debug_assert!(ascii.is_ascii());
+        self.write_bytes(ascii);
+        Ok(())
     }
 }
 
@@ -189,5 +205,20 @@ mod tests {
             short.write_char(c).unwrap();
         }
         assert_eq!(short.as_bytes(), "1é2".as_bytes());
+    }
+
+    #[test]
+    fn integers_are_written_as_display_writes_them_on_the_stack_and_past_it() {
+        let mut buffer = ValueBuffer::new();
+        let mut expected = String::new();
+        // Every count of digits, 1 to 20, written on until the values no longer fit on the
+        // stack and go on on the heap.
+        for value in (0..64).map(|shift| u64::MAX >> shift).chain([0]) {
+            write_integer(&mut buffer, value).unwrap();
+            buffer.write_char(',').unwrap();
+            expected.push_str(&format!("{value},"));
+        }
+        assert!(expected.len() > ValueBuffer::INLINE);
+        assert_eq!(buffer.as_bytes(), expected.as_bytes());
     }
 }
