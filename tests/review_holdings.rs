@@ -735,12 +735,18 @@ fn first_requests_racing_a_rule_change_start_the_client_at_most_once_per_change(
                 .build::<Key>()
                 .unwrap(),
         );
+        let lens = Arc::new(Mutex::new(Vec::new()));
         let answers = {
             let service = Arc::clone(&service);
+            let (watched, lens) = (Arc::clone(&service), Arc::clone(&lens));
             race_rounds(
                 3,
                 ROUNDS,
-                |_| {},
+                move |round| {
+                    if round > 0 {
+                        lens.lock().unwrap().push(watched.len());
+                    }
+                },
                 move |thread, round| {
                     if thread == 2 {
                         // The round's change: to the other limit.
@@ -761,10 +767,19 @@ fn first_requests_racing_a_rule_change_start_the_client_at_most_once_per_change(
             "{algorithm}: rounds granted more than two limits, or less than one (round, \
              grants by thread)"
         );
+        let lens = lens.lock().unwrap().clone();
+        let drops: Vec<(usize, usize, usize)> = lens
+            .iter()
+            .enumerate()
+            .filter(|&(round, &len)| len != round + 1)
+            .map(|(round, &len)| (round, len, answers[round].iter().sum::<u64>() as usize))
+            .take(5)
+            .collect();
         assert_eq!(
             (service.len(), service.evictions()),
             (ROUNDS, 0),
-            "{algorithm}: len, evictions"
+            "{algorithm}: len, evictions; first rounds off (round, len after it, grants): {drops:?} answers there: {:?}",
+            drops.first().map(|d| answers[d.0].clone())
         );
     }
 }
