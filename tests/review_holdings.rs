@@ -720,7 +720,12 @@ fn keys_sharing_a_home_bucket_racing_get_one_limit_each() {
 /// changes the plan's rule once during the round (3/s and 2/s in turn). A change starts the key
 /// afresh at most once: per round, at most the old limit plus the new one; and at least the
 /// smaller limit. One state per key at the end: `len()` the number of rounds (a large table,
-/// no eviction).
+/// no eviction). Every earlier round's state is of an earlier rule and stays (nothing sweeps, the
+/// clock never moves), so the table must keep every key's two buckets from filling: a key that
+/// finds no free slot there reuses, uncounted, another key's state of an earlier rule (which
+/// changes no answer, but `len()` does not grow). At 1 << 15 slots (8,000 keys, about 2 per
+/// bucket) that happened in about one run of 200; at 1 << 17 (one key per 2 buckets) the
+/// chance is below 10^-10 a run.
 #[test]
 fn first_requests_racing_a_rule_change_start_the_client_at_most_once_per_change() {
     let _serial = serial();
@@ -731,7 +736,7 @@ fn first_requests_racing_a_rule_change_start_the_client_at_most_once_per_change(
         let service: Arc<Service<SipState>> = Arc::new(
             ServiceBuilder::new(algorithm, clock)
                 .plan(PLAN, rule(LIMITS[0]))
-                .capacity(1 << 15)
+                .capacity(1 << 17)
                 .build::<Key>()
                 .unwrap(),
         );
