@@ -18,6 +18,7 @@ use std::marker::PhantomData;
 
 use super::client_map::ClientMap;
 use super::plan_table::{PinnedPlan, PlanHead};
+use super::stats::DecisionCounts;
 use super::store::{Holding, SlotWord, WordLimit, WordRequest};
 use crate::Decision;
 use crate::clock::{Clock, Reading};
@@ -632,19 +633,21 @@ impl<K: Hash + Eq, S: BuildHasher> Pinned for PinnedPlan<'_, K, S> {
 }
 
 /// A service call's request: `n` permits at `clock`'s reading, answered as `T`, each answer
-/// counted by `record` (with whether it was allowed) where it is made.
-pub(super) struct Asking<'c, T, C, R> {
+/// counted in the plan's decision counts (where the service keeps them) where it is made.
+pub(super) struct Asking<'c, T, C> {
     pub(super) n: u64,
     pub(super) clock: &'c C,
-    pub(super) record: R,
+    pub(super) counts: Option<&'c DecisionCounts>,
     pub(super) answer: PhantomData<T>,
 }
 
-impl<T: Answer, C, R: Fn(bool)> Asking<'_, T, C, R> {
+impl<T: Answer, C> Asking<'_, T, C> {
     /// Counts `answer`, and answers it.
-    #[inline]
+    #[inline(always)]
     fn counted(&self, answer: T) -> T {
-        (self.record)(answer.is_allowed());
+        if let Some(counts) = self.counts {
+            counts.record(answer.is_allowed());
+        }
         answer
     }
 }
@@ -654,13 +657,12 @@ impl<T: Answer, C, R: Fn(bool)> Asking<'_, T, C, R> {
 #[derive(Debug)]
 pub(super) struct InStore;
 
-impl<K, S, T, C, R> Request<PinnedPlan<'_, K, S>> for Asking<'_, T, C, R>
+impl<K, S, T, C> Request<PinnedPlan<'_, K, S>> for Asking<'_, T, C>
 where
     K: Hash + Eq,
     S: BuildHasher,
     T: Answer,
     C: Clock,
-    R: Fn(bool),
 {
     type Answer = Result<T, InStore>;
 
@@ -732,11 +734,10 @@ where
 }
 
 /// A request decided on a one-word state in a plan's store.
-impl<T, C, R> WordRequest<Word, &AnyParams> for Asking<'_, T, C, R>
+impl<T, C> WordRequest<Word, &AnyParams> for Asking<'_, T, C>
 where
     T: Answer,
     C: Clock,
-    R: Fn(bool),
 {
     const KEEPS_GRANTS: bool = T::KEEPS_GRANTS;
     type Answer = T;
@@ -766,6 +767,61 @@ where
     fn without_state(&self, limit: &&AnyParams, since_nanos: u64) -> Option<T> {
         let decision = limit.answer_taking_nothing(self.n, since_nanos, self.clock)?;
         Some(self.counted(T::from_decision(decision)))
+    }
+}
+
+/// `request`, decided only under a limit of the method `METHOD` (an [`Algorithm`] as `u8`): the
+/// service's own method, which a lookup of a known client names in its type. The lookup's code
+/// then holds that method's decision alone. With every method's, the others' called out of line,
+/// each lookup kept its slot's word in memory for them and saved the registers that their calls
+/// would clobber, whichever method decided. Under a limit of another method (which the service
+/// never has), the state answers as retired: nothing is written, and the request goes on to the
+/// full lookup, where every method decides (see `RateLimiterService::decide_in`).
+///
+/// [`Algorithm`]: crate::Algorithm
+pub(super) struct OfMethod<'r, R, const METHOD: u8>(pub(super) &'r R);
+
+impl<'a, R, const METHOD: u8> WordRequest<Word, &'a AnyParams> for OfMethod<'_, R, METHOD>
+where
+    R: WordRequest<Word, &'a AnyParams>,
+{
+    const KEEPS_GRANTS: bool = R::KEEPS_GRANTS;
+    type Answer = R::Answer;
+
+    #[inline(always)]
+    fn acquire(
+        &self,
+        limit: &&'a AnyParams,
+        state: &SlotWord<'_, Word>,
+    ) -> Result<R::Answer, Retired> {
+        if limit.algorithm() as u8 == METHOD {
+            self.0.acquire(limit, state)
+        } else {
+            Err(Retired)
+        }
+    }
+
+    #[inline(always)]
+    fn acquire_at(
+        &self,
+        limit: &&'a AnyParams,
+        state: &SlotWord<'_, Word>,
+        now_nanos: u64,
+    ) -> Result<R::Answer, Retired> {
+        if limit.algorithm() as u8 == METHOD {
+            self.0.acquire_at(limit, state, now_nanos)
+        } else {
+            Err(Retired)
+        }
+    }
+
+    #[inline(always)]
+    fn answered(&self, answer: R::Answer) -> R::Answer {
+        self.0.answered(answer)
+    }
+
+    fn without_state(&self, limit: &&'a AnyParams, since_nanos: u64) -> Option<R::Answer> {
+        self.0.without_state(limit, since_nanos)
     }
 }
 

@@ -8,7 +8,7 @@ use std::marker::PhantomData;
 use super::builder::ServiceBuilder;
 use super::client_map::ClientMap;
 use super::plan_table::{PinnedPlan, PlanTable, PlanVersion};
-use super::protocol::{self, Answer, Asking, MAX_LOOKUP_TRIES};
+use super::protocol::{self, Answer, Asking, MAX_LOOKUP_TRIES, OfMethod};
 #[cfg(feature = "tower")]
 use super::protocol::{Checked, Reporting};
 #[cfg(feature = "envoy")]
@@ -290,9 +290,20 @@ where
         let hash = self.hash_of(client);
         if let Some(stored) = self.plans.stored(index) {
             let place = stored.store.place(hash);
-            if let Some(answer) =
-                store::decide_at_home(stored.store, place, &stored, &self.asking(index, n))
-            {
+            let asking = self.asking(index, n);
+            // The token bucket, named in the request's type (see `OfMethod`); the other
+            // methods' lookups decide as any method's.
+            let answer = if self.plans.algorithm() == Algorithm::TokenBucket {
+                store::decide_at_home(
+                    stored.store,
+                    place,
+                    &stored,
+                    &OfMethod::<_, { Algorithm::TokenBucket as u8 }>(&asking),
+                )
+            } else {
+                store::decide_at_home(stored.store, place, &stored, &asking)
+            };
+            if let Some(answer) = answer {
                 return Ok(answer);
             }
         }
@@ -302,20 +313,11 @@ where
     /// The request of `n` permits under the plan at `index`, its answer counted in the plan's
     /// decision counts (read once, here) where the service keeps them.
     #[inline(always)]
-    fn asking<T: Answer>(
-        &self,
-        index: usize,
-        n: u64,
-    ) -> Asking<'_, T, C, impl Fn(bool) + use<'_, T, K, P, C, S>> {
-        let counts = self.plans.counts(index);
+    fn asking<T: Answer>(&self, index: usize, n: u64) -> Asking<'_, T, C> {
         Asking {
             n,
             clock: &self.clock,
-            record: move |allowed| {
-                if let Some(counts) = counts {
-                    counts.record(allowed);
-                }
-            },
+            counts: self.plans.counts(index),
             answer: PhantomData::<T>,
         }
     }
@@ -1120,5 +1122,43 @@ mod give_back {
         let (reported, grant) = service.reserve_reported(&1, &"plan", 2).expect("a plan");
         assert!(reported.decision().is_allowed());
         assert!(grant.is_none());
+    }
+}
+
+#[cfg(test)]
+mod of_method {
+    use super::{OfMethod, store};
+    use crate::decision::Admit;
+    use crate::{Algorithm, FakeClock, Rule, ServiceBuilder};
+
+    /// The lookup of a known client names its service's method (`OfMethod`); under a limit of
+    /// another method it answers nothing and writes nothing, and the full lookup decides.
+    #[test]
+    fn a_lookup_that_names_another_method_leaves_the_state_to_the_full_lookup() {
+        let service = ServiceBuilder::new(Algorithm::TokenBucket, FakeClock::new())
+            .plan("plan", Rule::per_hour(5).expect("a rule"))
+            .build::<u64>()
+            .expect("a service");
+        assert!(service.allow(&1, &"plan").expect("a plan"));
+        let remaining = || service.peek(&1, &"plan").expect("a plan").remaining();
+        assert_eq!(remaining(), 4);
+        let index = service.plan_index(&"plan").expect("a plan");
+        let stored = service.plans.stored(index).expect("the plan's store");
+        let place = stored.store.place(service.hash_of(&1_u64));
+        let asking = service.asking::<Admit>(index, 1);
+        let other = OfMethod::<_, { Algorithm::FixedWindow as u8 }>(&asking);
+        assert_eq!(
+            store::decide_at_home(stored.store, place, &stored, &other),
+            None
+        );
+        assert_eq!(remaining(), 4, "nothing taken under another method's name");
+        let own = OfMethod::<_, { Algorithm::TokenBucket as u8 }>(&asking);
+        assert_eq!(
+            store::decide_at_home(stored.store, place, &stored, &own),
+            Some(Admit::Granted)
+        );
+        assert_eq!(remaining(), 3);
+        assert!(service.allow(&1, &"plan").expect("a plan"));
+        assert_eq!(remaining(), 2);
     }
 }

@@ -1126,10 +1126,23 @@ where
     P::Limit: WordLimit,
     R: WordRequest<W, P::Limit>,
 {
-    match probe(store, &store.buckets[place.home], place, plan, request) {
-        Probed::Answer(answer) => Some(answer),
-        Probed::KeySeen | Probed::KeyAbsent => None,
+    let bucket = &store.buckets[place.home];
+    // The first slot with the key's fingerprint alone, found as `probe` finds it. Any other
+    // case (no such slot; a slot that does not answer, as a state retired meanwhile or another
+    // key's of the same fingerprint) is left to `decide_beyond_home`, which looks at every
+    // slot: the look then ends at its decision, and keeps nothing for another slot's (which
+    // made the lookup hold the bucket's values in memory across the decision).
+    let first = (0..B).position(|at| {
+        // Acquire: as `probe`'s.
+        bucket.tags[at].load(Ordering::Acquire) & FINGERPRINT == place.fingerprint
+    })?;
+    let (tag, state) = (&bucket.tags[first], &bucket.states[first]);
+    // Acquire: as `probe`'s.
+    let seen = tag.load(Ordering::Acquire);
+    if seen & FINGERPRINT != place.fingerprint {
+        return None;
     }
+    decide_on_slot(store, plan, request, tag, state, seen)
 }
 
 /// The second step of [`decide`] (its arguments are `decide`'s): both buckets, home first (the
