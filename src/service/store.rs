@@ -1128,10 +1128,12 @@ where
 {
     let bucket = &store.buckets[place.home];
     // The first slot with the key's fingerprint alone, found as `probe` finds it. Any other
-    // case (no such slot; a slot that does not answer, as a state retired meanwhile or another
-    // key's of the same fingerprint) is left to `decide_beyond_home`, which looks at every
-    // slot: the look then ends at its decision, and keeps nothing for another slot's (which
-    // made the lookup hold the bucket's values in memory across the decision).
+    // case (no such slot; a slot that does not answer: its state retired or being retired, of
+    // an earlier version, or the slot changed hands meanwhile) is left to `decide_beyond_home`,
+    // which looks at every slot: the look then ends at its decision, and keeps nothing for
+    // another slot's (which made the lookup hold the bucket's values in memory across the
+    // decision). A state of another key with the same fingerprint answers, as any look at it
+    // does: keys are not stored (see the module docs).
     let first = (0..B).position(|at| {
         // Acquire: as `probe`'s.
         bucket.tags[at].load(Ordering::Acquire) & FINGERPRINT == place.fingerprint
@@ -1235,8 +1237,8 @@ where
 enum Probed<A> {
     /// The answer of a slot of the key's.
     Answer(A),
-    /// A tag with the key's fingerprint, whose slot did not answer (a state retired meanwhile,
-    /// of an earlier version, or another key's of the same fingerprint).
+    /// A tag with the key's fingerprint, whose slot did not answer (a state retired or being
+    /// retired, of an earlier version, or a slot that changed hands meanwhile).
     KeySeen,
     /// No tag with the key's fingerprint.
     KeyAbsent,
@@ -1261,7 +1263,7 @@ where
     // Where the first slot with the key's fingerprint is, by a loop of constant length that
     // holds nothing else (unrolled: a few instructions a slot, for a bucket that answers or
     // not); then slot by slot from there, past a slot that does not answer (a state retired
-    // meanwhile, or another key's of the same fingerprint).
+    // or being retired, of an earlier version, or a slot that changed hands meanwhile).
     let Some(first) = (0..B).position(|at| {
         // Acquire: pairs with the Release that published the tag (a state's, or a freed
         // slot's), as every read of the probe (the loop below reads again the one it decides on).
