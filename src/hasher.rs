@@ -29,8 +29,9 @@ use std::hash::{BuildHasher, Hasher};
 /// clients cannot aim at a collision. Clones share their keys; neither type prints them.
 #[derive(Clone)]
 pub struct SipState {
-    k0: u64,
-    k1: u64,
+    /// SipHash's state before the first word, made from the keys once (their XOR with the
+    /// algorithm's constants), so that a hash does not redo it.
+    initial: [u64; 4],
 }
 
 impl SipState {
@@ -40,8 +41,7 @@ impl SipState {
         // hashes under one fresh state are 128 bits no one can foresee without its keys.
         let random = std::hash::RandomState::new();
         SipState {
-            k0: random.hash_one(0_u8),
-            k1: random.hash_one(1_u8),
+            initial: initial_state(random.hash_one(0_u8), random.hash_one(1_u8)),
         }
     }
 }
@@ -64,7 +64,7 @@ impl BuildHasher for SipState {
 
     #[inline]
     fn build_hasher(&self) -> SipHasher13 {
-        SipHasher13(Sip::new(self.k0, self.k1))
+        SipHasher13(Sip::from_initial(self.initial))
     }
 }
 
@@ -168,10 +168,9 @@ impl<const C: usize, const D: usize> Hasher for Sip<C, D> {
         let mut end = self.clone();
         let last = ((self.length as u64 & 0xff) << 56) | self.pending;
         end.word(last);
+        // (`v2` is not one the opening taken by `word` reads.)
         end.v2 ^= 0xff;
-        for _ in 0..D {
-            end.round();
-        }
+        end.rounds(D);
         end.v0 ^ end.v1 ^ end.v2 ^ end.v3
     }
 }
@@ -191,25 +190,63 @@ struct Sip<const C: usize, const D: usize> {
     length: usize,
 }
 
+/// SipHash's state under the keys `k0` and `k1` before the first word, as [`Sip`] keeps it:
+/// with the first round's opening steps taken (see [`Sip::round_opening`]).
+fn initial_state(k0: u64, k1: u64) -> [u64; 4] {
+    let mut state = Sip::<1, 3> {
+        v0: k0 ^ 0x736f_6d65_7073_6575,
+        v1: k1 ^ 0x646f_7261_6e64_6f6d,
+        v2: k0 ^ 0x6c79_6765_6e65_7261,
+        v3: k1 ^ 0x7465_6462_7974_6573,
+        pending: 0,
+        pending_len: 0,
+        length: 0,
+    };
+    state.round_opening();
+    [state.v0, state.v1, state.v2, state.v3]
+}
+
 impl<const C: usize, const D: usize> Sip<C, D> {
-    #[inline]
+    #[cfg(test)]
     fn new(k0: u64, k1: u64) -> Self {
+        Self::from_initial(initial_state(k0, k1))
+    }
+
+    /// A hasher from the state [`initial_state`] made.
+    #[inline]
+    fn from_initial([v0, v1, v2, v3]: [u64; 4]) -> Self {
+        const {
+            assert!(
+                C >= 1 && D >= 1,
+                "SipHash makes at least one round of each kind"
+            )
+        };
         Sip {
-            v0: k0 ^ 0x736f_6d65_7073_6575,
-            v1: k1 ^ 0x646f_7261_6e64_6f6d,
-            v2: k0 ^ 0x6c79_6765_6e65_7261,
-            v3: k1 ^ 0x7465_6462_7974_6573,
+            v0,
+            v1,
+            v2,
+            v3,
             pending: 0,
             pending_len: 0,
             length: 0,
         }
     }
 
+    /// A SipRound's opening steps: they read and write `v0` and `v1` alone, which nothing
+    /// between two rounds changes (a word is XORed into `v3` before its rounds, into `v0` after
+    /// them, where this follows). So the state is kept with the next round's opening taken:
+    /// taken at the end of a word for the next, and for the first word once per key, in
+    /// [`initial_state`].
     #[inline(always)]
-    fn round(&mut self) {
+    fn round_opening(&mut self) {
         self.v0 = self.v0.wrapping_add(self.v1);
         self.v1 = self.v1.rotate_left(13) ^ self.v0;
         self.v0 = self.v0.rotate_left(32);
+    }
+
+    /// The rest of a SipRound, after [`Sip::round_opening`].
+    #[inline(always)]
+    fn round_rest(&mut self) {
         self.v2 = self.v2.wrapping_add(self.v3);
         self.v3 = self.v3.rotate_left(16) ^ self.v2;
         self.v0 = self.v0.wrapping_add(self.v3);
@@ -219,14 +256,23 @@ impl<const C: usize, const D: usize> Sip<C, D> {
         self.v2 = self.v2.rotate_left(32);
     }
 
-    /// Compresses one whole message word.
+    /// `rounds` SipRounds (at least one) on a state kept with the first one's opening taken.
+    #[inline(always)]
+    fn rounds(&mut self, rounds: usize) {
+        self.round_rest();
+        for _ in 1..rounds {
+            self.round_opening();
+            self.round_rest();
+        }
+    }
+
+    /// Compresses one whole message word, and takes the next round's opening.
     #[inline(always)]
     fn word(&mut self, word: u64) {
         self.v3 ^= word;
-        for _ in 0..C {
-            self.round();
-        }
+        self.rounds(C);
         self.v0 ^= word;
+        self.round_opening();
     }
 
     /// Writes the `size` (1 to 8) low bytes of `bytes`, the first byte lowest.
@@ -473,7 +519,8 @@ mod tests {
         let mut keys = std::collections::HashSet::new();
         for state in &states {
             assert!(
-                keys.insert(state.k0) && keys.insert(state.k1),
+                // `k0` and `k1` XORed with constants (words the round's opening leaves).
+                keys.insert(state.initial[2]) && keys.insert(state.initial[3]),
                 "a key drawn twice"
             );
         }
