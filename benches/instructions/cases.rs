@@ -247,6 +247,42 @@ pub(crate) const CASES: &[Case] = &[
         },
     },
     Case {
+        name: "service_lookup_fixed_window/tollgate",
+        label: "service lookup, fixed window, default hasher",
+        decisions_per_round: 1,
+        rounds: PER_DECISION_ROUNDS,
+        run: |rounds| {
+            let service = tollgate_service_of_method(
+                Algorithm::FixedWindow,
+                window_rule(),
+                service_capacity(LOOKUP_CLIENTS),
+            );
+            drive(
+                Lookup::new(service, LOOKUP_CLIENTS)?,
+                rounds,
+                Expect::Allowed,
+            )
+        },
+    },
+    Case {
+        name: "service_lookup_sliding_window_counter/tollgate",
+        label: "service lookup, sliding window counter, default hasher",
+        decisions_per_round: 1,
+        rounds: PER_DECISION_ROUNDS,
+        run: |rounds| {
+            let service = tollgate_service_of_method(
+                Algorithm::SlidingWindowCounter,
+                counter_rule(),
+                service_capacity(LOOKUP_CLIENTS),
+            );
+            drive(
+                Lookup::new(service, LOOKUP_CLIENTS)?,
+                rounds,
+                Expect::Allowed,
+            )
+        },
+    },
+    Case {
         name: "service_lookup_default_hasher/governor",
         label: "service lookup, default hasher",
         decisions_per_round: 1,
@@ -605,6 +641,19 @@ fn tollgate_service_of_capacity<S: BuildHasher + Clone>(
         .capacity(capacity)
         .build()
         .expect("the rule is valid for the token bucket")
+}
+
+/// A service of `method` under `rule`, with the default hasher.
+fn tollgate_service_of_method(
+    method: Algorithm,
+    rule: Rule,
+    capacity: usize,
+) -> TollgateService<SipState> {
+    ServiceBuilder::new(method, MonotonicClock::new())
+        .plan(Plan::Standard, rule)
+        .capacity(capacity)
+        .build()
+        .expect("the rule is valid for the method")
 }
 
 /// governor's keyed limiter (a `DashMap` of GCRA words) on its default clock, hasher `S`.
