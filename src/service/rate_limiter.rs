@@ -288,6 +288,7 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let hash = self.hash_of(client);
+        let mut absent_at_home = None;
         if let Some(stored) = self.plans.stored(index) {
             let place = stored.store.place(hash);
             let asking = self.asking(index, n);
@@ -303,11 +304,12 @@ where
             } else {
                 store::decide_at_home(stored.store, place, &stored, &asking)
             };
-            if let Some(answer) = answer {
-                return Ok(answer);
+            match answer {
+                Ok(answer) => return Ok(answer),
+                Err(absent) => absent_at_home = absent,
             }
         }
-        self.decide_at_length(client, plan, index, hash, n)
+        self.decide_at_length(client, plan, index, hash, n, absent_at_home)
     }
 
     /// The request of `n` permits under the plan at `index`, its answer counted in the plan's
@@ -323,7 +325,8 @@ where
     }
 
     /// [`RateLimiterService::decide`] where the home bucket of the plan's store (if it has one)
-    /// did not answer: `client`, of keyed hash `hash`, under the plan at `index`.
+    /// did not answer: `client`, of keyed hash `hash`, under the plan at `index`, with what the
+    /// look at home saw where it found no tag of the client's (`absent_at_home`).
     #[inline(never)]
     fn decide_at_length<Q, T: Answer>(
         &self,
@@ -332,6 +335,7 @@ where
         index: usize,
         hash: u64,
         n: u64,
+        mut absent_at_home: Option<store::AbsentAtHome>,
     ) -> Result<T, ServiceError>
     where
         K: Borrow<Q>,
@@ -348,6 +352,8 @@ where
                     place,
                     &stored,
                     &request,
+                    // The look at home's, on the first pass alone.
+                    absent_at_home.take(),
                     &self.evicted_up_to,
                     |version| self.retire_in_map(index, client, version),
                     || self.clock.now_nanos(),
@@ -1149,13 +1155,14 @@ mod of_method {
         let other = OfMethod::<_, { Algorithm::FixedWindow as u8 }>(&asking);
         assert_eq!(
             store::decide_at_home(stored.store, place, &stored, &other),
-            None
+            Err(None),
+            "the client's slot found, and answering as retired"
         );
         assert_eq!(remaining(), 4, "nothing taken under another method's name");
         let own = OfMethod::<_, { Algorithm::TokenBucket as u8 }>(&asking);
         assert_eq!(
             store::decide_at_home(stored.store, place, &stored, &own),
-            Some(Admit::Granted)
+            Ok(Admit::Granted)
         );
         assert_eq!(remaining(), 3);
         assert!(service.allow(&1, &"plan").expect("a plan"));

@@ -5,14 +5,14 @@
 //!
 //! # Layout
 //!
-//! Slots in buckets of `B` (8 in production): a bucket is `B` tag words then `B` state words,
-//! two cache lines. A slot's tag is `version (16 bits) | busy (1) | retiring (1) | generation
-//! (6) | fingerprint (40)`: free when the busy bit and the fingerprint are 0, *being filled* by
-//! the one thread that claimed it when the busy bit is set, and otherwise *live*: a state made
-//! under that version of the plan's limits for the key of that fingerprint (40 bits of the key's
-//! keyed hash, never 0). The generation counts the states the slot has held (wrapping at 64).
-//! The state word is the method's own (a TAT, a packed window), stored XORed with the holding's
-//! salt (see below).
+//! Slots in buckets of `B` (8 in production): a bucket is `B` tag words, then `B` state words,
+//! then its insert lock (below). A slot's tag is `version (16 bits) | busy (1) | retiring (1) |
+//! generation (6) | fingerprint (40)`: free when the busy bit and the fingerprint are 0, *being
+//! filled* by the one thread that claimed it when the busy bit is set, and otherwise *live*: a
+//! state made under that version of the plan's limits for the key of that fingerprint (40 bits
+//! of the key's keyed hash, never 0). The generation counts the states the slot has held
+//! (wrapping at 64). The state word is the method's own (a TAT, a packed window), stored XORed
+//! with the holding's salt (see below).
 //!
 //! A slot changes hands only through its tag: a thread that retires a live state first sets the
 //! tag's retiring bit by an exchange from the tag it read, which exactly one thread wins for one
@@ -20,8 +20,8 @@
 //! anew, or (when an idle state turned out active) puts the tag back. Decisions change only the
 //! state, by the method's own exchange, so a retirement never lands on a state other than the
 //! one whose tag it won. One lock word per bucket serializes the inserts of the keys whose
-//! home the bucket is, and counts its holdings; decisions never take it. A one-word client
-//! costs 16 bytes, and the locks one more per client.
+//! home the bucket is, and counts its holdings; decisions never take it (they read its count:
+//! see below). A one-word client costs 16 bytes, and the locks one more per client.
 //!
 //! Keys are not stored: a key is its fingerprint and its two buckets (its *home*, from the
 //! hash's high bits, and another from a remix of it). Two keys share a state only if they share
@@ -38,10 +38,12 @@
 //!
 //! # Protocol
 //!
-//! - **Decision on a known client** ([`decide`]): probe the key's two buckets for its
-//!   fingerprint (Acquire loads of the tags), read the plan's current limits *after* the lookup,
-//!   decide on the state with the method's own compare-and-swap, and check that the slot's tag
-//!   is still the one found (else the answer is dropped and the decision looks again). A state
+//! - **Decision on a known client** ([`decide`]): read the home lock's count of holdings, probe
+//!   the key's two buckets for its fingerprint (Acquire loads of the tags; the count serves the
+//!   insert that follows a look that found none), read the plan's current limits *after* the
+//!   lookup, decide on the state with the method's own compare-and-swap, and check that the
+//!   slot's tag is still the one found (else the answer is dropped and the decision looks
+//!   again). A state
 //!   made under an earlier version is retired and its slot freed; a retired state (evicted,
 //!   swept or being replaced) makes the probe go on, and then insert.
 //! - **Insert** ([`ClientStore::insert`]), under the home bucket's lock: a live state for the
@@ -211,11 +213,15 @@ pub struct Place {
     hash: u64,
 }
 
-/// `B` slots: their tags, then their states.
+/// `B` slots: their tags, then their states; then the insert lock of the keys whose home the
+/// bucket is (beside the slots, so that a look at the bucket finds it without another bounds
+/// check: the decision reads it before its look at home, see [`decide_at_home`]).
 #[derive(Debug)]
 struct Bucket<W, const B: usize> {
     tags: [W; B],
     states: [W; B],
+    /// 1 while an insert of a key whose home this bucket is runs; its holdings counted above.
+    insert_lock: W,
 }
 
 /// A plan's clients in a fixed table (see the module's docs).
@@ -223,8 +229,6 @@ struct Bucket<W, const B: usize> {
 #[derive(Debug)]
 pub struct ClientStore<W, const B: usize = SLOTS_PER_BUCKET> {
     buckets: Box<[Bucket<W, B>]>,
-    /// One per bucket: 1 while an insert of a key whose home it is runs.
-    insert_locks: Box<[W]>,
     /// How many states were evicted (taken from a client that was not idle).
     evictions: W,
     /// The keys of the holdings' salts (see [`ClientStore::salt_of`]): random for each store.
@@ -434,9 +438,9 @@ impl<W: OwnedWord, const B: usize> ClientStore<W, B> {
                 .map(|_| Bucket {
                     tags: std::array::from_fn(|_| W::new(0)),
                     states: std::array::from_fn(|_| W::new(0)),
+                    insert_lock: W::new(0),
                 })
                 .collect(),
-            insert_locks: (0..buckets).map(|_| W::new(0)).collect(),
             evictions: W::new(0),
             #[cfg(feature = "loom")]
             fault: StoreFault::None,
@@ -753,7 +757,7 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
     #[inline(always)]
     pub fn holdings(&self, place: Place) -> Option<u64> {
         // Acquire: see above.
-        let word = self.insert_locks[place.home].load(Ordering::Acquire);
+        let word = self.buckets[place.home].insert_lock.load(Ordering::Acquire);
         (word & HELD == 0).then_some(word)
     }
 
@@ -762,7 +766,7 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
     #[inline(always)]
     fn insert_lock(&self, place: Place, expected: Option<u64>) -> Option<InsertLock<'_, W>> {
         (!self.has_fault(StoreFault::InsertWithoutLock))
-            .then(|| InsertLock::take(&self.insert_locks[place.home], expected))
+            .then(|| InsertLock::take(&self.buckets[place.home].insert_lock, expected))
     }
 
     /// The insert's passes over the key's buckets (`home`, then `other`), under the insert
@@ -1095,12 +1099,13 @@ where
     R: WordRequest<W, P::Limit>,
 {
     match decide_at_home(store, place, plan, request) {
-        Some(answer) => Stored::Answer(answer),
-        None => decide_beyond_home(
+        Ok(answer) => Stored::Answer(answer),
+        Err(absent) => decide_beyond_home(
             store,
             place,
             plan,
             request,
+            absent,
             evicted_up_to,
             before_insert,
             now_nanos,
@@ -1108,18 +1113,26 @@ where
     }
 }
 
+/// What [`decide_at_home`] saw where it found no tag with the key's fingerprint: the home
+/// lock's word, read before its look at the bucket ([`ClientStore::holdings`]), so that
+/// [`decide_beyond_home`] need not look at the bucket again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct AbsentAtHome {
+    lock_word: u64,
+}
+
 /// The first step of [`decide`]: the home bucket alone. A known key's state is there unless the
 /// bucket was full when the key came, so the other bucket is computed only where the home does
-/// not answer (`None`). A look that does not answer writes nothing a decision reads (at most it
-/// retires a state of earlier limits, as any look does), so [`decide_beyond_home`] may follow it
-/// at any later time.
+/// not answer (`Err`, with what the look saw where it saw no tag of the key's). A look that
+/// does not answer writes nothing a decision reads (at most it retires a state of earlier
+/// limits, as any look does), so [`decide_beyond_home`] may follow it at any later time.
 #[inline(always)]
 pub(crate) fn decide_at_home<W, const B: usize, P, R>(
     store: &ClientStore<W, B>,
     place: Place,
     plan: &P,
     request: &R,
-) -> Option<R::Answer>
+) -> Result<R::Answer, Option<AbsentAtHome>>
 where
     W: AtomicWord,
     P: StorePlan,
@@ -1127,6 +1140,12 @@ where
     R: WordRequest<W, P::Limit>,
 {
     let bucket = &store.buckets[place.home];
+    // The home lock's word, read before the look (but in a negative control, after it), as
+    // `decide_beyond_home` reads it before its own: where this look finds no tag of the key's,
+    // that step looks at the other bucket alone, and a first request looks at home once.
+    let count_first = !store.has_fault(StoreFault::HoldingsReadAfterTheLook);
+    // Acquire: as `holdings`'.
+    let lock_word = count_first.then(|| bucket.insert_lock.load(Ordering::Acquire));
     // The first slot with the key's fingerprint alone, found as `probe` finds it. Any other
     // case (no such slot; a slot that does not answer: its state retired or being retired, of
     // an earlier version, or the slot changed hands meanwhile) is left to `decide_beyond_home`,
@@ -1134,28 +1153,37 @@ where
     // another slot's (which made the lookup hold the bucket's values in memory across the
     // decision). A state of another key with the same fingerprint answers, as any look at it
     // does: keys are not stored (see the module docs).
-    let first = (0..B).position(|at| {
+    let Some(first) = (0..B).position(|at| {
         // Acquire: as `probe`'s.
         bucket.tags[at].load(Ordering::Acquire) & FINGERPRINT == place.fingerprint
-    })?;
+    }) else {
+        // Acquire: as `holdings`'.
+        let lock_word = lock_word.unwrap_or_else(|| bucket.insert_lock.load(Ordering::Acquire));
+        return Err(Some(AbsentAtHome { lock_word }));
+    };
     let (tag, state) = (&bucket.tags[first], &bucket.states[first]);
     // Acquire: as `probe`'s.
     let seen = tag.load(Ordering::Acquire);
     if seen & FINGERPRINT != place.fingerprint {
-        return None;
+        return Err(None);
     }
-    decide_on_slot(store, plan, request, tag, state, seen)
+    decide_on_slot(store, plan, request, tag, state, seen).ok_or(None)
 }
 
-/// The second step of [`decide`] (its arguments are `decide`'s): both buckets, home first (the
-/// order of [`decide_at_home`]'s look, which this repeats after reading the home lock's count),
-/// then (as often as another thread's change makes it) an insert and both buckets again.
+/// The second step of [`decide`] (its arguments are `decide`'s, and what [`decide_at_home`]'s
+/// look saw, `absent_at_home`, where it found no tag of the key's): both buckets, home first (the
+/// order of [`decide_at_home`]'s look, which this repeats after reading the home lock's count;
+/// but where that look found no tag of the key's after reading the count, this takes its count
+/// and looks at the other bucket alone), then (as often as another thread's change makes it) an
+/// insert and both buckets again.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn decide_beyond_home<W, const B: usize, P, R>(
     store: &ClientStore<W, B>,
     place: Place,
     plan: &P,
     request: &R,
+    mut absent_at_home: Option<AbsentAtHome>,
     evicted_up_to: &W,
     before_insert: impl Fn(Version),
     now_nanos: impl Fn() -> u64,
@@ -1172,20 +1200,23 @@ where
         // one again: the count must come first): if the look finds no tag of the key's and the
         // insert takes the lock at this count, the insert skips its passes (see `holdings`).
         let count_first = !store.has_fault(StoreFault::HoldingsReadAfterTheLook);
-        let mut holdings = if count_first {
-            store.holdings(place)
-        } else {
-            None
+        // The home look's count serves the first pass alone (a later one follows an insert).
+        let home_look = absent_at_home.take();
+        let mut holdings = match home_look {
+            Some(absent) => (absent.lock_word & HELD == 0).then_some(absent.lock_word),
+            None if count_first => store.holdings(place),
+            None => None,
         };
         let mut key_seen = false;
-        for bucket in store.buckets(place) {
+        // Where the home look found no tag of the key's, its look is this pass's at home.
+        for bucket in store.buckets(place).skip(usize::from(home_look.is_some())) {
             match probe(store, bucket, place, plan, request) {
                 Probed::Answer(answer) => return Stored::Answer(answer),
                 Probed::KeySeen => key_seen = true,
                 Probed::KeyAbsent => {}
             }
         }
-        if !count_first {
+        if !count_first && home_look.is_none() {
             holdings = store.holdings(place);
         }
         let absent_as_of = holdings.filter(|_| !key_seen);
@@ -1338,9 +1369,24 @@ where
         // from that state (its client pays one permit for the race, and no client is granted
         // one more).
     } else if version < head.version {
-        store.retire_earlier(&head, tag, seen, state);
+        retire_earlier_apart(store, head, tag, seen, state);
     }
     None
+}
+
+/// [`ClientStore::retire_earlier`] for a look that found a state of earlier limits: out of
+/// line, with the plan's head passed in registers, so that the look does not keep it in memory
+/// for this rare case.
+#[cold]
+#[inline(never)]
+fn retire_earlier_apart<W: AtomicWord, const B: usize, L: WordLimit>(
+    store: &ClientStore<W, B>,
+    head: StoreHead<L>,
+    tag: &W,
+    seen: u64,
+    state: &W,
+) {
+    store.retire_earlier(&head, tag, seen, state);
 }
 
 /// Whether the insert must look at `bucket`'s slots one by one (see
