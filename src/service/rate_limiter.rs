@@ -364,17 +364,36 @@ where
                 }
             }
             // `Err(InStore)` (see `protocol::InStore`): the plan changed back to one limit meanwhile; decide in the store.
-            if let Ok(answer) = protocol::decide(
-                &self.plans.pin(index),
-                client,
-                &request,
-                &self.evicted_up_to,
-                || Self::unstable_key(plan),
-            )? {
+            if let Ok(answer) = self.decide_in_map(client, plan, index, &request)? {
                 return Ok(answer);
             }
         }
         Err(Self::unstable_key(plan))
+    }
+
+    /// [`RateLimiterService::decide_at_length`] in the map of the plan at `index` (a plan of
+    /// several limits): out of line, so that the store's path, which every first request of a
+    /// plan of one limit takes, does not make room for the map's (its pin, its thread's slot).
+    #[cold]
+    #[inline(never)]
+    fn decide_in_map<Q, T: Answer>(
+        &self,
+        client: &Q,
+        plan: &P,
+        index: usize,
+        request: &Asking<'_, T, C>,
+    ) -> Result<Result<T, protocol::InStore>, ServiceError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        protocol::decide(
+            &self.plans.pin(index),
+            client,
+            request,
+            &self.evicted_up_to,
+            || Self::unstable_key(plan),
+        )
     }
 
     /// The keyed hash of `client`, as `BuildHasher::hash_one` computes it, always inlined into
@@ -404,9 +423,21 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        if !self.plans.had_several(index) {
-            return;
+        if self.plans.had_several(index) {
+            self.retire_in_map_apart(index, client, version);
         }
+    }
+
+    /// [`RateLimiterService::retire_in_map`] past its check: out of line, so that an insert into
+    /// the store (every first request) does not make room for the map's look (its pin, its
+    /// thread's slot), which only a plan that has had several limits makes.
+    #[cold]
+    #[inline(never)]
+    fn retire_in_map_apart<Q>(&self, index: usize, client: &Q, version: Version)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         let pinned = self.plans.pin(index);
         if let Some(entry) = pinned.clients().get(client, pinned.guard())
             && entry.state.version() <= version
