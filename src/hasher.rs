@@ -9,10 +9,11 @@
 //! keys drawn from std's own random source, and stays SipHash-1-3 whatever std's default becomes.
 //! Only the cost differs: std's hasher takes every integer as a byte slice through its general
 //! buffering path, where this one folds an integer of 8 bytes or fewer into the pending word with
-//! one shift and one or. The service's lookup of a `u64` client executes about 38 instructions
-//! fewer with it in the default release profile (BENCHMARKS.md, "Instructions per decision": 328
-//! with std's `RandomState`, 290); with thin LTO, which folds std's path as well, the two cost
-//! the same (284, 286).
+//! one shift and one or; and what depends on the keys alone (their XOR with SipHash's constants,
+//! the first round's opening steps) is computed once per [`SipState`], not once per hash. The
+//! service's lookup of a `u64` client executes about 57 instructions fewer with it in the default
+//! release profile (BENCHMARKS.md, "Instructions per decision": 290 with std's `RandomState`,
+//! 233); with thin LTO, which folds std's path as well, 10 fewer (244, 234).
 
 use std::fmt;
 use std::hash::{BuildHasher, Hasher};
