@@ -254,11 +254,11 @@ where
     /// decision on the state it finds (`store::decide_at_home`), is all this inlines into its
     /// entry point (`allow`, `acquire`, ...). Everything else (the other bucket, an insert, a
     /// plan of several limits, a retry) is [`RateLimiterService::decide_at_length`], called out
-    /// of line, which looks at the home bucket again after reading its lock's count (see
-    /// `store::decide_beyond_home`). Inlined, the insert's many live values made the compiler
-    /// save registers and spill values on every lookup: 32 instructions of 297 (default
-    /// release), 33 of 293 (thin LTO). A first request pays the second look and the call: 58
-    /// more, of 570 and 595.
+    /// of line. The look at home reads the home lock's count before it, so where it finds no
+    /// tag of the key's, that step takes the count and looks at the other bucket alone (see
+    /// `store::decide_beyond_home`): a first request looks at its home bucket once. Inlined,
+    /// the insert's many live values made the compiler save registers and spill values on every
+    /// lookup: 32 instructions of 297 (default release), 33 of 293 (thin LTO).
     #[inline(always)]
     pub(super) fn decide<Q, T: Answer>(
         &self,

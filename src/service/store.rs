@@ -135,7 +135,8 @@ use crate::decision::Retired;
 use crate::method::client_state::Version;
 use crate::sync::{AtomicWord, Ordering, OwnedWord};
 
-/// Slots per bucket in production: 8 tags fill one cache line, 8 states another.
+/// Slots per bucket in production: 8 tags and 8 states, 128 bytes with 8-byte words (136 with
+/// the bucket's insert lock: a bucket spans two or three cache lines, not aligned to them).
 pub(crate) const SLOTS_PER_BUCKET: usize = 8;
 
 /// The fingerprint's bits in a tag: 40, never all 0 in a live tag.
@@ -220,7 +221,8 @@ pub struct Place {
 struct Bucket<W, const B: usize> {
     tags: [W; B],
     states: [W; B],
-    /// 1 while an insert of a key whose home this bucket is runs; its holdings counted above.
+    /// The lock of the inserts of keys whose home this bucket is: `HELD` while one runs, plus
+    /// twice the holdings released so far (see [`InsertLock`]).
     insert_lock: W,
 }
 
@@ -1148,11 +1150,12 @@ where
     let lock_word = count_first.then(|| bucket.insert_lock.load(Ordering::Acquire));
     // The first slot with the key's fingerprint alone, found as `probe` finds it. Any other
     // case (no such slot; a slot that does not answer: its state retired or being retired, of
-    // an earlier version, or the slot changed hands meanwhile) is left to `decide_beyond_home`,
-    // which looks at every slot: the look then ends at its decision, and keeps nothing for
-    // another slot's (which made the lookup hold the bucket's values in memory across the
-    // decision). A state of another key with the same fingerprint answers, as any look at it
-    // does: keys are not stored (see the module docs).
+    // an earlier version, or the slot changed hands meanwhile) is left to `decide_beyond_home`
+    // (which, where this look found no tag of the key's, takes the lock's word read before it
+    // and looks at the other bucket alone; else at both): the look then ends at its decision,
+    // and keeps nothing for another slot's (which made the lookup hold the bucket's values in
+    // memory across the decision). A state of another key with the same fingerprint answers,
+    // as any look at it does: keys are not stored (see the module docs).
     let Some(first) = (0..B).position(|at| {
         // Acquire: as `probe`'s.
         bucket.tags[at].load(Ordering::Acquire) & FINGERPRINT == place.fingerprint
@@ -1196,8 +1199,10 @@ where
 {
     let mut inserts = 0;
     loop {
-        // The home lock's count of holdings, read before this look at both buckets (the home
-        // one again: the count must come first): if the look finds no tag of the key's and the
+        // The home lock's count of holdings, read before this pass's look (on a first pass
+        // after `decide_at_home` found no tag of the key's, the count it read before its look
+        // at home, which stands for this pass's at home; else read here, before a look at both
+        // buckets: the count must come first): if the look finds no tag of the key's and the
         // insert takes the lock at this count, the insert skips its passes (see `holdings`).
         let count_first = !store.has_fault(StoreFault::HoldingsReadAfterTheLook);
         // The home look's count serves the first pass alone (a later one follows an insert).
