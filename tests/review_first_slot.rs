@@ -3,7 +3,6 @@
 //! 40-bit fingerprint placed by an identity hasher, stale first slots, a first slot that changes
 //! hands while a decision on it is parked, and a race of one fingerprint over several homes.
 
-use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -15,7 +14,7 @@ mod park;
 #[path = "support/stress.rs"]
 mod stress;
 
-use park::{Park, park_at, parked_or_none, step_towards_park};
+use park::{PARK_AT_READING, ParkingClock, park_at, parked_or_none};
 use stress::Identity;
 
 const FP_MASK: u64 = (1 << 40) - 1;
@@ -37,20 +36,6 @@ fn key_with(fp: u64, buckets: u64, from: u64, want: impl Fn(u64, u64) -> bool) -
         .map(|high| (high << 40) | fp)
         .find(|&k| want(home(k, buckets), other(k, buckets)))
         .unwrap()
-}
-
-thread_local! {
-    static PARK_AT_READING: RefCell<Option<Park>> = const { RefCell::new(None) };
-}
-
-#[derive(Debug, Clone, Default)]
-struct ParkingClock(FakeClock);
-
-impl Clock for ParkingClock {
-    fn now_nanos(&self) -> u64 {
-        step_towards_park(&PARK_AT_READING);
-        self.0.now_nanos()
-    }
 }
 
 fn spend<C: Clock>(s: &RateLimiterService<u64, &'static str, C, Identity>, key: u64) -> u64 {

@@ -29,20 +29,22 @@
 
 use std::cell::RefCell;
 use std::hash::{BuildHasher, Hash, Hasher};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{Sender, channel};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tollgate::{Algorithm, FakeClock, RateLimiterService, Rule, ServiceBuilder, SipState};
 
 #[path = "support/park.rs"]
 mod park;
-use park::{Park, park_at, parked_or_none, step_towards_park};
+use park::{Park, Parked, park_request, step_towards_park};
 #[path = "support/grants.rs"]
 mod grants;
 use grants::grants_until_denied;
+#[path = "support/race.rs"]
+mod race;
+use race::{off_rounds, race_rounds};
 
 /// The methods whose clients live in the fixed store.
 const STORE_METHODS: [Algorithm; 3] = [
@@ -53,8 +55,6 @@ const STORE_METHODS: [Algorithm; 3] = [
 
 const PLAN: &str = "p";
 const WINDOW: Duration = Duration::from_secs(1);
-/// How long any wait here may take before the test fails as hung.
-const PATIENCE: Duration = Duration::from_secs(30);
 
 fn rule(limit: u64) -> Rule {
     Rule::new(limit, WINDOW).unwrap()
@@ -162,47 +162,16 @@ fn service_with_a_gap<S: BuildHasher + Clone>(
 }
 
 /// A first request of `key`, on a thread of its own, parked between its look at the buckets
-/// (which found nothing) and its insert.
-struct Parked {
-    resume: Sender<()>,
-    request: thread::JoinHandle<bool>,
-}
-
-fn park_first_request<S>(service: &Arc<Service<S>>, key: Key) -> Parked
+/// (which found nothing) and its insert: at its second hash (the first places the key; the
+/// second is the map's lookup, after the look).
+fn park_first_request<S>(service: &Arc<Service<S>>, key: Key) -> Parked<bool>
 where
     S: BuildHasher + Send + Sync + 'static,
 {
     let service = Arc::clone(service);
-    // The request's thread asks for its park, and hands the park's channels back.
-    let (channels_tx, channels_rx) = channel();
-    let request = thread::spawn(move || {
-        // Hash 1 places the key; hash 2 is the map's lookup, after the look.
-        channels_tx.send(park_at(&PARK, 2)).unwrap();
-        let granted = service.allow(&key, &PLAN).unwrap();
-        assert!(
-            parked_or_none(&PARK),
-            "the request parked at its second hash"
-        );
-        granted
-    });
-    let (parked, resume) = channels_rx.recv().unwrap();
-    parked
-        .recv_timeout(PATIENCE)
-        .expect("the first request parks between its look and its insert");
-    Parked { resume, request }
-}
-
-impl Parked {
-    /// Resumes the request; its answer (within [`PATIENCE`]).
-    fn resume(self) -> bool {
-        self.resume.send(()).unwrap();
-        let started = Instant::now();
-        while !self.request.is_finished() {
-            assert!(started.elapsed() < PATIENCE, "the resumed request hung");
-            thread::sleep(millis(1));
-        }
-        self.request.join().unwrap()
-    }
+    park_request(&PARK, 2, "between its look and its insert", move || {
+        service.allow(&key, &PLAN).unwrap()
+    })
 }
 
 /// Asks for `key` until denied (at most `up_to + 1` asks); how many permits it got.
@@ -412,106 +381,6 @@ fn a_change_to_several_limits_in_the_gap_leaves_the_new_entry_in_place() {
 // Races.
 // ---------------------------------------------------------------------------------------------
 
-/// Runs `rounds` rounds of `threads` threads: each round starts on all of them at once (they
-/// spin on a flag), runs `work(thread, round)`, and the round's last thread runs
-/// `between(next round)` before starting the next. Returns each round's answers, by thread.
-fn race_rounds(
-    threads: usize,
-    rounds: usize,
-    between: impl Fn(usize) + Send + Sync + 'static,
-    work: impl Fn(usize, usize) -> u64 + Send + Sync + 'static,
-) -> Vec<Vec<u64>> {
-    struct Shared<B, W> {
-        /// Round `r` runs once this is past `r`.
-        go: AtomicUsize,
-        done: AtomicUsize,
-        abort: AtomicBool,
-        answers: Vec<AtomicU64>,
-        between: B,
-        work: W,
-    }
-    /// Stops every thread when one panics.
-    struct AbortOnPanic<'a>(&'a AtomicBool);
-    impl Drop for AbortOnPanic<'_> {
-        fn drop(&mut self) {
-            if thread::panicking() {
-                self.0.store(true, Ordering::SeqCst);
-            }
-        }
-    }
-    let shared = Arc::new(Shared {
-        go: AtomicUsize::new(0),
-        done: AtomicUsize::new(0),
-        abort: AtomicBool::new(false),
-        answers: (0..threads * rounds).map(|_| AtomicU64::new(0)).collect(),
-        between,
-        work,
-    });
-    (shared.between)(0);
-    shared.go.store(1, Ordering::SeqCst);
-    let handles: Vec<_> = (0..threads)
-        .map(|thread| {
-            let shared = Arc::clone(&shared);
-            thread::spawn(move || {
-                let _abort = AbortOnPanic(&shared.abort);
-                for round in 0..rounds {
-                    // Each round's wait is bounded, not the whole run (which a loaded machine
-                    // may stretch far past `PATIENCE`).
-                    let started = Instant::now();
-                    let mut spins = 0_u32;
-                    while shared.go.load(Ordering::Acquire) <= round {
-                        assert!(
-                            !shared.abort.load(Ordering::SeqCst),
-                            "another thread failed"
-                        );
-                        assert!(started.elapsed() < PATIENCE, "round {round} never started");
-                        spins += 1;
-                        if spins.is_multiple_of(256) {
-                            thread::yield_now();
-                        } else {
-                            std::hint::spin_loop();
-                        }
-                    }
-                    let answer = (shared.work)(thread, round);
-                    shared.answers[round * threads + thread].store(answer, Ordering::SeqCst);
-                    if shared.done.fetch_add(1, Ordering::AcqRel) + 1 == threads * (round + 1) {
-                        if round + 1 < rounds {
-                            (shared.between)(round + 1);
-                        }
-                        shared.go.store(round + 2, Ordering::Release);
-                    }
-                }
-            })
-        })
-        .collect();
-    for handle in handles {
-        if let Err(panic) = handle.join() {
-            std::panic::resume_unwind(panic);
-        }
-    }
-    (0..rounds)
-        .map(|round| {
-            (0..threads)
-                .map(|thread| shared.answers[round * threads + thread].load(Ordering::SeqCst))
-                .collect()
-        })
-        .collect()
-}
-
-/// How many rounds are not as `expected`, and the first ten of them with their answers.
-fn off_rounds(
-    answers: &[Vec<u64>],
-    expected: impl Fn(usize) -> bool,
-) -> (usize, Vec<(usize, Vec<u64>)>) {
-    let off: Vec<_> = answers
-        .iter()
-        .enumerate()
-        .filter(|(round, _)| !expected(*round))
-        .map(|(round, answers)| (round, answers.clone()))
-        .collect();
-    (off.len(), off.into_iter().take(10).collect())
-}
-
 /// [`race_rounds`] on `service` where, between rounds, the clock moves on 3 windows (the
 /// earlier rounds' keys are then idle) and a sweep frees their slots. Returns each round's
 /// answers, by thread, and `len()` at the end of each round (before the clock moves on).
@@ -587,7 +456,7 @@ fn first_requests_of_one_fresh_key_racing_get_one_state_and_one_grant() {
         };
         let grants = |round: usize| answers[round].iter().sum::<u64>();
         assert_eq!(
-            off_rounds(&answers, |round| grants(round) == 1),
+            off_rounds(&answers, |round, _| grants(round) == 1),
             (0, vec![]),
             "{algorithm}: rounds not granted exactly once (round, answers by thread)"
         );
@@ -643,7 +512,7 @@ fn first_requests_racing_sweeps_in_a_small_table_get_one_limit() {
         let sweeps = sweeper.join().unwrap();
         let grants = |round: usize| answers[round].iter().sum::<u64>();
         assert_eq!(
-            off_rounds(&answers, |round| grants(round) == LIMIT),
+            off_rounds(&answers, |round, _| grants(round) == LIMIT),
             (0, vec![]),
             "{algorithm}: rounds not granted exactly the limit (round, grants by thread)"
         );
@@ -702,7 +571,7 @@ fn keys_sharing_a_home_bucket_racing_get_one_limit_each() {
             })
             .collect();
         assert_eq!(
-            off_rounds(&per_key, |round| per_key[round].iter().all(|&g| g == LIMIT)),
+            off_rounds(&per_key, |_, grants| grants.iter().all(|&g| g == LIMIT)),
             (0, vec![]),
             "{algorithm}: rounds where a key was not granted exactly its limit (round, grants \
              by key)"
@@ -767,7 +636,7 @@ fn first_requests_racing_a_rule_change_start_the_client_at_most_once_per_change(
         };
         let grants = |round: usize| answers[round].iter().sum::<u64>();
         assert_eq!(
-            off_rounds(&answers, |round| (2..=5).contains(&grants(round))),
+            off_rounds(&answers, |round, _| (2..=5).contains(&grants(round))),
             (0, vec![]),
             "{algorithm}: rounds granted more than two limits, or less than one (round, \
              grants by thread)"

@@ -27,126 +27,40 @@
 //! first requests catches it in most runs on a loaded two-core machine (a few rounds in
 //! 60,000), not every run.
 
-use std::cell::RefCell;
-use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, Sender, channel};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tollgate::{Algorithm, Clock, FakeClock, RateLimiterService, Rule, ServiceBuilder};
 
-/// The methods whose clients live in the fixed store.
-const STORE_METHODS: [Algorithm; 3] = [
-    Algorithm::TokenBucket,
-    Algorithm::FixedWindow,
-    Algorithm::SlidingWindowCounter,
-];
+#[path = "support/grants.rs"]
+mod grants;
+#[path = "support/park.rs"]
+mod park;
+#[path = "support/race.rs"]
+mod race;
+#[path = "support/stress.rs"]
+mod stress;
 
-const PLAN: &str = "p";
+use grants::grants_until_denied;
+use park::{PARK_AT_READING, Parked, ParkingClock, park_request};
+use race::{off_rounds, race_rounds};
+use stress::{Identity, PLAN, STORE_METHODS, key_at, serial};
+
 const LIMIT: u64 = 3;
 const WINDOW: Duration = Duration::from_secs(1);
 /// Two buckets of 8.
 const CAPACITY: usize = 16;
-const BUCKETS: u64 = 2;
-/// How long any wait here may take before the test fails as hung.
-const PATIENCE: Duration = Duration::from_secs(30);
+const BUCKETS: usize = 2;
 
 fn rule(limit: u64) -> Rule {
     Rule::new(limit, WINDOW).unwrap()
 }
 
-/// One test at a time: the parks and the races want the machine's cores.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-    ONE_AT_A_TIME
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-}
-
-// ---------------------------------------------------------------------------------------------
-// Placement: the hash is the key.
-// ---------------------------------------------------------------------------------------------
-
-#[derive(Debug, Clone, Copy, Default)]
-struct Identity;
-
-struct IdentityHasher(u64);
-
-impl Hasher for IdentityHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &byte in bytes {
-            self.0 = (self.0 << 8) | u64::from(byte);
-        }
-    }
-    fn write_u64(&mut self, value: u64) {
-        self.0 = value;
-    }
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-impl BuildHasher for Identity {
-    type Hasher = IdentityHasher;
-    fn build_hasher(&self) -> IdentityHasher {
-        IdentityHasher(0)
-    }
-}
-
-/// The store's home bucket of `hash` (mirrors its private `bucket_of`).
-fn home_of(hash: u64) -> u64 {
-    ((u128::from(hash) * u128::from(BUCKETS)) >> 64) as u64
-}
-
-/// The store's other bucket of `hash` (mirrors `ClientStore::other_of`).
-fn other_of(hash: u64) -> u64 {
-    home_of((hash ^ (hash >> 31)).wrapping_mul(0x9E37_79B9_7F4A_7C15))
-}
-
 /// The key of fingerprint `fingerprint` (its low 40 bits, distinct per key) whose home is
-/// bucket 0 and whose other bucket is bucket 1.
+/// bucket 0 and whose other bucket is bucket 1 (under [`Identity`], the key is its hash).
 fn key_home0_other1(fingerprint: u64) -> u64 {
-    assert!(fingerprint > 0 && fingerprint < 1 << 40);
-    (0..1 << 23)
-        .map(|high: u64| (high << 40) | fingerprint)
-        .find(|&key| home_of(key) == 0 && other_of(key) == 1)
-        .expect("a key of home 0, other 1")
-}
-
-// ---------------------------------------------------------------------------------------------
-// A clock that parks a thread at its nth reading.
-// ---------------------------------------------------------------------------------------------
-
-struct Park {
-    countdown: usize,
-    parked: Sender<()>,
-    resume: Receiver<()>,
-}
-
-thread_local! {
-    static PARK_AT_READING: RefCell<Option<Park>> = const { RefCell::new(None) };
-}
-
-#[derive(Debug, Clone)]
-struct ParkingClock(FakeClock);
-
-impl Clock for ParkingClock {
-    fn now_nanos(&self) -> u64 {
-        PARK_AT_READING.with(|park| {
-            let mut park = park.borrow_mut();
-            if let Some(plan) = park.as_mut() {
-                plan.countdown -= 1;
-                if plan.countdown == 0 {
-                    let plan = park.take().expect("just seen");
-                    plan.parked.send(()).expect("the test waits for the park");
-                    plan.resume.recv().expect("the test resumes the thread");
-                }
-            }
-        });
-        self.0.now_nanos()
-    }
+    key_at(fingerprint, 0, 1, BUCKETS)
 }
 
 type Service = RateLimiterService<u64, &'static str, ParkingClock, Identity>;
@@ -163,51 +77,12 @@ fn service(algorithm: Algorithm, clock: &FakeClock, limit: u64) -> Arc<Service> 
     )
 }
 
-/// A request of `key` on a thread of its own, parked at its first clock reading.
-struct Parked {
-    resume: Sender<()>,
-    request: thread::JoinHandle<bool>,
-}
-
-fn park_first_request(service: &Arc<Service>, key: u64) -> Parked {
+/// A first request of `key` on a thread of its own, parked at its first clock reading.
+fn park_first_request(service: &Arc<Service>, key: u64) -> Parked<bool> {
     let service = Arc::clone(service);
-    let (channels_tx, channels_rx) = channel();
-    let request = thread::spawn(move || {
-        let (parked_tx, parked_rx) = channel();
-        let (resume_tx, resume_rx) = channel();
-        PARK_AT_READING.with(|park| {
-            *park.borrow_mut() = Some(Park {
-                countdown: 1,
-                parked: parked_tx,
-                resume: resume_rx,
-            });
-        });
-        channels_tx.send((parked_rx, resume_tx)).unwrap();
-        let granted = service.allow(&key, &PLAN).unwrap();
-        assert!(
-            PARK_AT_READING.with(|park| park.borrow().is_none()),
-            "the request read the clock (and parked)"
-        );
-        granted
-    });
-    let (parked, resume) = channels_rx.recv().unwrap();
-    parked
-        .recv_timeout(PATIENCE)
-        .expect("the first request parks at its first reading");
-    Parked { resume, request }
-}
-
-impl Parked {
-    /// Resumes the request; its answer (within [`PATIENCE`]).
-    fn resume(self) -> bool {
-        self.resume.send(()).unwrap();
-        let started = Instant::now();
-        while !self.request.is_finished() {
-            assert!(started.elapsed() < PATIENCE, "the resumed request hung");
-            thread::sleep(Duration::from_millis(1));
-        }
-        self.request.join().unwrap()
-    }
+    park_request(&PARK_AT_READING, 1, "at its first reading", move || {
+        service.allow(&key, &PLAN).unwrap()
+    })
 }
 
 /// Asks for `key` until denied (at most `up_to + 1` asks); how many permits it got.
@@ -216,11 +91,7 @@ fn spend<C: Clock, S: BuildHasher>(
     key: u64,
     up_to: u64,
 ) -> u64 {
-    let mut granted = 0;
-    while granted <= up_to && service.allow(&key, &PLAN).unwrap() {
-        granted += 1;
-    }
-    granted
+    grants_until_denied(up_to, || service.allow(&key, &PLAN).unwrap())
 }
 
 /// (allowed, denied) under the plan.
@@ -308,7 +179,11 @@ fn a_state_put_while_a_first_request_is_parked_is_found() {
             spent_fillers(&service, 0, fillers);
             let key = key_home0_other1(0x77_7777);
             let parked = park_first_request(&service, key);
-            assert_eq!(spend(&service, key, LIMIT), LIMIT, "{algorithm}: in the gap");
+            assert_eq!(
+                spend(&service, key, LIMIT),
+                LIMIT,
+                "{algorithm}: in the gap"
+            );
             let late = parked.resume();
             assert_eq!(
                 (
@@ -345,7 +220,11 @@ fn a_state_put_in_the_other_bucket_then_a_home_slot_swept_is_found() {
         let active = spent_fillers(&service, 0, 7);
         let key = key_home0_other1(0x55_5555);
         let parked = park_first_request(&service, key);
-        assert_eq!(spend(&service, key, LIMIT), LIMIT, "{algorithm}: in the gap");
+        assert_eq!(
+            spend(&service, key, LIMIT),
+            LIMIT,
+            "{algorithm}: in the gap"
+        );
         assert_eq!((service.len(), service.evictions()), (9, 0), "{algorithm}");
         assert_eq!(service.sweep(), 1, "{algorithm}: the idle filler swept");
         let late = parked.resume();
@@ -444,7 +323,11 @@ fn a_rule_change_while_parked_reuses_a_stale_slot_and_starts_the_client_once() {
             );
             // Seventeen keys in sixteen slots, all active now: the last filler to come back
             // evicts one client, and only it.
-            assert_eq!(service.evictions(), 1, "{algorithm}, K in the gap: {key_in_the_gap}");
+            assert_eq!(
+                service.evictions(),
+                1,
+                "{algorithm}, K in the gap: {key_in_the_gap}"
+            );
         }
     }
 }
@@ -461,7 +344,11 @@ fn a_state_put_and_swept_while_parked_leaves_one_fresh_state() {
         let service = service(algorithm, &clock, LIMIT);
         let key = key_home0_other1(0x66_6666);
         let parked = park_first_request(&service, key);
-        assert_eq!(spend(&service, key, LIMIT), LIMIT, "{algorithm}: in the gap");
+        assert_eq!(
+            spend(&service, key, LIMIT),
+            LIMIT,
+            "{algorithm}: in the gap"
+        );
         clock.advance(3 * WINDOW);
         assert_eq!(service.sweep(), 1, "{algorithm}: K swept");
         assert_eq!(service.len(), 0);
@@ -483,104 +370,67 @@ fn a_state_put_and_swept_while_parked_leaves_one_fresh_state() {
 // Races.
 // ---------------------------------------------------------------------------------------------
 
-/// Runs `rounds` rounds of `threads` threads: each round starts on all of them at once (they
-/// spin on a flag), runs `work(thread, round)`, and the round's last thread runs
-/// `between(round just ended)` before starting the next. Returns each round's answers.
-fn race_rounds(
-    threads: usize,
-    rounds: usize,
-    between: impl Fn(usize) + Send + Sync + 'static,
-    work: impl Fn(usize, usize) -> u64 + Send + Sync + 'static,
-) -> Vec<Vec<u64>> {
-    struct Shared<B, W> {
-        go: AtomicUsize,
-        done: AtomicUsize,
-        abort: AtomicBool,
-        answers: Vec<AtomicU64>,
-        between: B,
-        work: W,
-    }
-    struct AbortOnPanic<'a>(&'a AtomicBool);
-    impl Drop for AbortOnPanic<'_> {
-        fn drop(&mut self) {
-            if thread::panicking() {
-                self.0.store(true, Ordering::SeqCst);
-            }
-        }
-    }
-    let shared = Arc::new(Shared {
-        go: AtomicUsize::new(1),
-        done: AtomicUsize::new(0),
-        abort: AtomicBool::new(false),
-        answers: (0..threads * rounds).map(|_| AtomicU64::new(0)).collect(),
-        between,
-        work,
-    });
-    let handles: Vec<_> = (0..threads)
-        .map(|thread| {
-            let shared = Arc::clone(&shared);
-            thread::spawn(move || {
-                let _abort = AbortOnPanic(&shared.abort);
-                for round in 0..rounds {
-                    let started = Instant::now();
-                    let mut spins = 0_u32;
-                    while shared.go.load(Ordering::Acquire) <= round {
-                        assert!(!shared.abort.load(Ordering::SeqCst), "another thread failed");
-                        assert!(started.elapsed() < PATIENCE, "round {round} never started");
-                        spins += 1;
-                        if spins.is_multiple_of(256) {
-                            thread::yield_now();
-                        } else {
-                            std::hint::spin_loop();
-                        }
-                    }
-                    let answer = (shared.work)(thread, round);
-                    shared.answers[round * threads + thread].store(answer, Ordering::SeqCst);
-                    if shared.done.fetch_add(1, Ordering::AcqRel) + 1 == threads * (round + 1) {
-                        (shared.between)(round);
-                        shared.go.store(round + 2, Ordering::Release);
-                    }
-                }
-            })
-        })
-        .collect();
-    for handle in handles {
-        if let Err(panic) = handle.join() {
-            std::panic::resume_unwind(panic);
-        }
-    }
-    (0..rounds)
-        .map(|round| {
-            (0..threads)
-                .map(|thread| shared.answers[round * threads + thread].load(Ordering::SeqCst))
-                .collect()
-        })
-        .collect()
-}
-
-/// The first ten rounds where `ok` fails, and how many there were.
-fn off_rounds<T: Clone>(values: &[T], ok: impl Fn(usize, &T) -> bool) -> (usize, Vec<(usize, T)>) {
-    let off: Vec<_> = values
-        .iter()
-        .enumerate()
-        .filter(|(round, value)| !ok(*round, value))
-        .map(|(round, value)| (round, value.clone()))
-        .collect();
-    (off.len(), off.into_iter().take(10).collect())
-}
-
 type PlainService = RateLimiterService<u64, &'static str, FakeClock, Identity>;
 
-fn plain_service(algorithm: Algorithm, clock: &FakeClock) -> Arc<PlainService> {
+fn plain_service(algorithm: Algorithm, clock: &FakeClock, limit: u64) -> Arc<PlainService> {
     Arc::new(
         ServiceBuilder::new(algorithm, clock.clone())
-            .plan(PLAN, rule(LIMIT))
+            .plan(PLAN, rule(limit))
             .capacity(CAPACITY)
             .hasher(Identity)
             .count_decisions(true)
             .build::<u64>()
             .unwrap(),
     )
+}
+
+/// [`race_rounds`] on `service`, where `at_round_end` reads the service at the end of each
+/// round and `between` runs after it, before the next round. Returns each round's answers, by
+/// thread, and each round's reading.
+fn race_rounds_read<T: Send + 'static>(
+    service: &Arc<PlainService>,
+    threads: usize,
+    rounds: usize,
+    at_round_end: impl Fn(&PlainService) -> T + Send + Sync + 'static,
+    between: impl Fn(&PlainService) + Send + Sync + 'static,
+    work: impl Fn(&PlainService, usize, usize) -> u64 + Send + Sync + 'static,
+) -> (Vec<Vec<u64>>, Vec<T>) {
+    let readings = Arc::new(Mutex::new(Vec::new()));
+    let at_round_end = Arc::new(at_round_end);
+    let answers = {
+        let (racing, watched, readings_of_rounds, read) = (
+            Arc::clone(service),
+            Arc::clone(service),
+            Arc::clone(&readings),
+            Arc::clone(&at_round_end),
+        );
+        race_rounds(
+            threads,
+            rounds,
+            // Before each round but the first: the end of the one before.
+            move |round| {
+                if round > 0 {
+                    let reading = read(&watched);
+                    readings_of_rounds.lock().unwrap().push(reading);
+                    between(&watched);
+                }
+            },
+            move |thread, round| work(&racing, thread, round),
+        )
+    };
+    let mut readings = std::mem::take(&mut *readings.lock().unwrap());
+    readings.push(at_round_end(service));
+    (answers, readings)
+}
+
+/// Between rounds: the clock moves on three windows (the round's clients are then idle) and a
+/// sweep frees their slots.
+fn sweep_after_windows(clock: &FakeClock) -> impl Fn(&PlainService) + Send + Sync + 'static {
+    let clock = clock.clone();
+    move |service| {
+        clock.advance(3 * WINDOW);
+        service.sweep();
+    }
 }
 
 /// Both of a key's buckets full of active clients, the clock still: each round, three threads
@@ -595,8 +445,8 @@ fn first_requests_of_one_key_racing_in_a_full_table_evict_once_and_grant_one_lim
     const ROUNDS: usize = 3_000;
     for algorithm in STORE_METHODS {
         let clock = FakeClock::starting_at(Duration::from_secs(10));
-        let service = plain_service(algorithm, &clock);
-        let twin = plain_service(algorithm, &clock);
+        let service = plain_service(algorithm, &clock, LIMIT);
+        let twin = plain_service(algorithm, &clock, LIMIT);
         let key_of = |round: usize| key_home0_other1(0x10_0000 + round as u64);
         for i in 0..16 {
             let filler = key_home0_other1(0x1000 + i);
@@ -609,22 +459,14 @@ fn first_requests_of_one_key_racing_in_a_full_table_evict_once_and_grant_one_lim
             .collect();
         assert_eq!(twin.evictions(), ROUNDS as u64, "{algorithm}: the twin");
         let keys: Vec<u64> = (0..ROUNDS).map(key_of).collect();
-        let states = Arc::new(Mutex::new(Vec::new()));
-        let answers = {
-            let (racing, watched, states) =
-                (Arc::clone(&service), Arc::clone(&service), Arc::clone(&states));
-            race_rounds(
-                THREADS,
-                ROUNDS,
-                move |_| {
-                    states
-                        .lock()
-                        .unwrap()
-                        .push((watched.len(), watched.evictions()));
-                },
-                move |_, round| spend(&*racing, keys[round], LIMIT),
-            )
-        };
+        let (answers, states) = race_rounds_read(
+            &service,
+            THREADS,
+            ROUNDS,
+            |service| (service.len(), service.evictions()),
+            |_| {},
+            move |service, _, round| spend(service, keys[round], LIMIT),
+        );
         let grants: Vec<u64> = answers.iter().map(|a| a.iter().sum()).collect();
         assert_eq!(
             off_rounds(&grants, |round, &g| g == reference[round]),
@@ -632,7 +474,6 @@ fn first_requests_of_one_key_racing_in_a_full_table_evict_once_and_grant_one_lim
             "{algorithm}: rounds granted other than the twin (round, grants); twin {:?}",
             &reference[..5]
         );
-        let states = states.lock().unwrap().clone();
         assert_eq!(
             off_rounds(&states, |round, &(len, evictions)| len == CAPACITY
                 && evictions == round as u64 + 1),
@@ -644,7 +485,10 @@ fn first_requests_of_one_key_racing_in_a_full_table_evict_once_and_grant_one_lim
         let asked: u64 = grants.iter().sum::<u64>() + (THREADS * ROUNDS) as u64 + 16;
         assert_eq!(
             counts(&*service),
-            (16 * LIMIT + grants.iter().sum::<u64>(), asked - grants.iter().sum::<u64>()),
+            (
+                16 * LIMIT + grants.iter().sum::<u64>(),
+                asked - grants.iter().sum::<u64>()
+            ),
             "{algorithm}: allowed, denied"
         );
     }
@@ -662,44 +506,31 @@ fn first_requests_of_one_key_racing_inserts_of_its_home_neighbours_get_one_limit
     const NEIGHBOURS: u64 = 3;
     for algorithm in STORE_METHODS {
         let clock = FakeClock::starting_at(Duration::from_secs(10));
-        let service = plain_service(algorithm, &clock);
+        let service = plain_service(algorithm, &clock, LIMIT);
         let key = |round: usize, index: u64| key_home0_other1(1 + round as u64 * 4 + index);
         let keys: Arc<Vec<[u64; 4]>> = Arc::new(
             (0..ROUNDS)
                 .map(|round| std::array::from_fn(|index| key(round, index as u64)))
                 .collect(),
         );
-        let lens = Arc::new(Mutex::new(Vec::new()));
-        let answers = {
-            let (racing, watched, lens, clock) = (
-                Arc::clone(&service),
-                Arc::clone(&service),
-                Arc::clone(&lens),
-                clock.clone(),
-            );
-            race_rounds(
-                3,
-                ROUNDS,
-                move |_| {
-                    lens.lock().unwrap().push(watched.len());
-                    clock.advance(3 * WINDOW);
-                    watched.sweep();
-                },
-                move |thread, round| {
-                    let keys = &keys[round];
-                    if thread < 2 {
-                        spend(&*racing, keys[0], LIMIT)
-                    } else {
-                        // Each neighbour's grants, 16 bits apiece.
-                        (1..=NEIGHBOURS).fold(0, |packed, index| {
-                            packed
-                                | spend(&*racing, keys[index as usize], LIMIT)
-                                    << (16 * (index - 1))
-                        })
-                    }
-                },
-            )
-        };
+        let (answers, lens) = race_rounds_read(
+            &service,
+            3,
+            ROUNDS,
+            PlainService::len,
+            sweep_after_windows(&clock),
+            move |service, thread, round| {
+                let keys = &keys[round];
+                if thread < 2 {
+                    spend(service, keys[0], LIMIT)
+                } else {
+                    // Each neighbour's grants, 16 bits apiece.
+                    (1..=NEIGHBOURS).fold(0, |packed, index| {
+                        packed | spend(service, keys[index as usize], LIMIT) << (16 * (index - 1))
+                    })
+                }
+            },
+        );
         let per_key: Vec<Vec<u64>> = answers
             .iter()
             .map(|a| {
@@ -714,7 +545,6 @@ fn first_requests_of_one_key_racing_inserts_of_its_home_neighbours_get_one_limit
             "{algorithm}: rounds where a key was not granted exactly its limit (round, grants: \
              K, then its neighbours)"
         );
-        let lens = lens.lock().unwrap().clone();
         assert_eq!(
             off_rounds(&lens, |_, &len| len == 4),
             (0, vec![]),
@@ -743,42 +573,23 @@ fn single_first_requests_of_one_key_from_four_threads_grant_once() {
     const ROUNDS: usize = 20_000;
     for algorithm in STORE_METHODS {
         let clock = FakeClock::starting_at(Duration::from_secs(10));
-        let service: Arc<PlainService> = Arc::new(
-            ServiceBuilder::new(algorithm, clock.clone())
-                .plan(PLAN, rule(1))
-                .capacity(CAPACITY)
-                .hasher(Identity)
-                .count_decisions(true)
-                .build::<u64>()
-                .unwrap(),
+        let service = plain_service(algorithm, &clock, 1);
+        let keys: Vec<u64> = (0..ROUNDS)
+            .map(|round| key_home0_other1(1 + round as u64))
+            .collect();
+        let (answers, lens) = race_rounds_read(
+            &service,
+            THREADS,
+            ROUNDS,
+            PlainService::len,
+            sweep_after_windows(&clock),
+            move |service, _, round| u64::from(service.allow(&keys[round], &PLAN).unwrap()),
         );
-        let keys: Arc<Vec<u64>> =
-            Arc::new((0..ROUNDS).map(|round| key_home0_other1(1 + round as u64)).collect());
-        let lens = Arc::new(Mutex::new(Vec::new()));
-        let answers = {
-            let (racing, watched, lens, clock) = (
-                Arc::clone(&service),
-                Arc::clone(&service),
-                Arc::clone(&lens),
-                clock.clone(),
-            );
-            race_rounds(
-                THREADS,
-                ROUNDS,
-                move |_| {
-                    lens.lock().unwrap().push(watched.len());
-                    clock.advance(3 * WINDOW);
-                    watched.sweep();
-                },
-                move |_, round| u64::from(racing.allow(&keys[round], &PLAN).unwrap()),
-            )
-        };
         assert_eq!(
             off_rounds(&answers, |_, a| a.iter().sum::<u64>() == 1),
             (0, vec![]),
             "{algorithm}: rounds not granted exactly once (round, answers by thread)"
         );
-        let lens = lens.lock().unwrap().clone();
         assert_eq!(
             off_rounds(&lens, |_, &len| len == 1),
             (0, vec![]),

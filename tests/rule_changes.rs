@@ -14,7 +14,7 @@ use tollgate::{Algorithm, Clock, FakeClock, MonotonicClock, RateLimiterService, 
 
 #[path = "support/park.rs"]
 mod park;
-use park::{Park, park_at, step_towards_park};
+use park::{PARK_AT_READING, Park, ParkingClock, park_at, step_towards_park};
 
 /// A client key whose `Hash` parks the hashing thread at its `n`th hash, when that thread has
 /// asked for it: a stand-in for the thread being preempted at that point of a request.
@@ -23,20 +23,6 @@ struct ParkingKey(u64);
 
 thread_local! {
     static PARK: RefCell<Option<Park>> = const { RefCell::new(None) };
-    static PARK_AT_READING: RefCell<Option<Park>> = const { RefCell::new(None) };
-}
-
-/// A clock (a [`FakeClock`]'s readings) that parks the reading thread at its `n`th reading, when
-/// that thread has asked for it: a stand-in for the thread being preempted at that point of a
-/// request.
-#[derive(Debug, Clone, Default)]
-struct ParkingClock(FakeClock);
-
-impl Clock for ParkingClock {
-    fn now_nanos(&self) -> u64 {
-        step_towards_park(&PARK_AT_READING);
-        self.0.now_nanos()
-    }
 }
 
 /// On this thread, park at the `nth` clock reading of a `ParkingClock` from now on.

@@ -1,13 +1,38 @@
 //! Parking a test's thread at a chosen step of a request (its `n`th hash of a key, its `n`th
 //! clock reading): a stand-in for the thread being preempted at that point. A test keeps one
 //! thread-local `Option<Park>` per kind of step, steps it from the key's `Hash` (or the clock),
-//! and asks for a park with [`park_at`].
+//! and asks for a park with [`park_at`]. A [`ParkingClock`] steps [`PARK_AT_READING`] at each
+//! reading; [`park_request`] runs a request on a thread of its own, parked at a chosen step.
 
 #![allow(dead_code)]
 
 use std::cell::RefCell;
 use std::sync::mpsc::{Receiver, Sender, channel};
-use std::thread::LocalKey;
+use std::thread::{self, LocalKey};
+use std::time::{Duration, Instant};
+
+use tollgate::{Clock, FakeClock};
+
+/// How long a park, or a resumed request, may take before the test fails as hung.
+pub(crate) const PATIENCE: Duration = Duration::from_secs(30);
+
+thread_local! {
+    /// The park of a thread at its `n`th reading of a [`ParkingClock`].
+    pub(crate) static PARK_AT_READING: RefCell<Option<Park>> = const { RefCell::new(None) };
+}
+
+/// A clock (a [`FakeClock`]'s readings) that parks the reading thread at its `n`th reading, when
+/// that thread has asked for it (`park_at(&PARK_AT_READING, n)`): a stand-in for the thread
+/// being preempted at that point of a request.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ParkingClock(pub(crate) FakeClock);
+
+impl Clock for ParkingClock {
+    fn now_nanos(&self) -> u64 {
+        step_towards_park(&PARK_AT_READING);
+        self.0.now_nanos()
+    }
+}
 
 /// A park asked for on one thread.
 pub(crate) struct Park {
@@ -54,4 +79,47 @@ pub(crate) fn park_at(
 /// Whether this thread's park at `point` has happened (or none was asked for).
 pub(crate) fn parked_or_none(point: &'static LocalKey<RefCell<Option<Park>>>) -> bool {
     point.with(|park| park.borrow().is_none())
+}
+
+/// A request on a thread of its own, parked (see [`park_request`]).
+pub(crate) struct Parked<T> {
+    resume: Sender<()>,
+    request: thread::JoinHandle<T>,
+}
+
+/// Runs `request` on a thread of its own, parked at its `nth` step towards `point` (`where_`
+/// names that step, for the failure messages); returns once it has parked (within
+/// [`PATIENCE`]). The request's thread fails where the request ends without having parked.
+pub(crate) fn park_request<T: Send + 'static>(
+    point: &'static LocalKey<RefCell<Option<Park>>>,
+    nth: usize,
+    where_: &'static str,
+    request: impl FnOnce() -> T + Send + 'static,
+) -> Parked<T> {
+    // The request's thread asks for its park, and hands the park's channels back.
+    let (channels_tx, channels_rx) = channel();
+    let request = thread::spawn(move || {
+        channels_tx.send(park_at(point, nth)).unwrap();
+        let answer = request();
+        assert!(parked_or_none(point), "the request parked {where_}");
+        answer
+    });
+    let (parked, resume) = channels_rx.recv().unwrap();
+    parked
+        .recv_timeout(PATIENCE)
+        .unwrap_or_else(|_| panic!("the request parks {where_}"));
+    Parked { resume, request }
+}
+
+impl<T> Parked<T> {
+    /// Resumes the request; its answer (within [`PATIENCE`]).
+    pub(crate) fn resume(self) -> T {
+        self.resume.send(()).unwrap();
+        let started = Instant::now();
+        while !self.request.is_finished() {
+            assert!(started.elapsed() < PATIENCE, "the resumed request hung");
+            thread::sleep(Duration::from_millis(1));
+        }
+        self.request.join().unwrap()
+    }
 }
