@@ -251,36 +251,14 @@ pub(crate) const CASES: &[Case] = &[
         label: "service lookup, fixed window, default hasher",
         decisions_per_round: 1,
         rounds: PER_DECISION_ROUNDS,
-        run: |rounds| {
-            let service = tollgate_service_of_method(
-                Algorithm::FixedWindow,
-                window_rule(),
-                service_capacity(LOOKUP_CLIENTS),
-            );
-            drive(
-                Lookup::new(service, LOOKUP_CLIENTS)?,
-                rounds,
-                Expect::Allowed,
-            )
-        },
+        run: |rounds| lookup_of_method(Algorithm::FixedWindow, window_rule(), rounds),
     },
     Case {
         name: "service_lookup_sliding_window_counter/tollgate",
         label: "service lookup, sliding window counter, default hasher",
         decisions_per_round: 1,
         rounds: PER_DECISION_ROUNDS,
-        run: |rounds| {
-            let service = tollgate_service_of_method(
-                Algorithm::SlidingWindowCounter,
-                counter_rule(),
-                service_capacity(LOOKUP_CLIENTS),
-            );
-            drive(
-                Lookup::new(service, LOOKUP_CLIENTS)?,
-                rounds,
-                Expect::Allowed,
-            )
-        },
+        run: |rounds| lookup_of_method(Algorithm::SlidingWindowCounter, counter_rule(), rounds),
     },
     Case {
         name: "service_lookup_default_hasher/governor",
@@ -643,17 +621,19 @@ fn tollgate_service_of_capacity<S: BuildHasher + Clone>(
         .expect("the rule is valid for the token bucket")
 }
 
-/// A service of `method` under `rule`, with the default hasher.
-fn tollgate_service_of_method(
-    method: Algorithm,
-    rule: Rule,
-    capacity: usize,
-) -> TollgateService<SipState> {
-    ServiceBuilder::new(method, MonotonicClock::new())
+/// The lookup of a known client (`Lookup`, every decision allowed) in a service of `method`
+/// under `rule`, with the default hasher.
+fn lookup_of_method(method: Algorithm, rule: Rule, rounds: u64) -> Result<u64, String> {
+    let service: TollgateService<SipState> = ServiceBuilder::new(method, MonotonicClock::new())
         .plan(Plan::Standard, rule)
-        .capacity(capacity)
+        .capacity(service_capacity(LOOKUP_CLIENTS))
         .build()
-        .expect("the rule is valid for the method")
+        .expect("the rule is valid for the method");
+    drive(
+        Lookup::new(service, LOOKUP_CLIENTS)?,
+        rounds,
+        Expect::Allowed,
+    )
 }
 
 /// governor's keyed limiter (a `DashMap` of GCRA words) on its default clock, hasher `S`.
