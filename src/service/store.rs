@@ -5,14 +5,15 @@
 //!
 //! # Layout
 //!
-//! Slots in buckets of `B` (8 in production): a bucket is `B` tag words, then `B` state words,
-//! then its insert lock (below). A slot's tag is `version (16 bits) | busy (1) | retiring (1) |
-//! generation (6) | fingerprint (40)`: free when the busy bit and the fingerprint are 0, *being
-//! filled* by the one thread that claimed it when the busy bit is set, and otherwise *live*: a
-//! state made under that version of the plan's limits for the key of that fingerprint (40 bits
-//! of the key's keyed hash, never 0). The generation counts the states the slot has held
-//! (wrapping at 64). The state word is the method's own (a TAT, a packed window), stored XORed
-//! with the holding's salt (see below).
+//! Slots in buckets of `B` (8 in production): a bucket is its insert lock (below), then `B` tag
+//! words, then `B` state words (the lock first, so that it shares a cache line with the tags
+//! that a decision reads right after it). A slot's tag is `version (16 bits) | busy (1) |
+//! retiring (1) | generation (6) | fingerprint (40)`: free when the busy bit and the fingerprint
+//! are 0, *being filled* by the one thread that claimed it when the busy bit is set, and
+//! otherwise *live*: a state made under that version of the plan's limits for the key of that
+//! fingerprint (40 bits of the key's keyed hash, never 0). The generation counts the states the
+//! slot has held (wrapping at 64). The state word is the method's own (a TAT, a packed window),
+//! stored XORed with the holding's salt (see below).
 //!
 //! A slot changes hands only through its tag: a thread that retires a live state first sets the
 //! tag's retiring bit by an exchange from the tag it read, which exactly one thread wins for one
@@ -136,7 +137,7 @@ use crate::method::client_state::Version;
 use crate::sync::{AtomicWord, Ordering, OwnedWord};
 
 /// Slots per bucket in production: 8 tags and 8 states, 128 bytes with 8-byte words (136 with
-/// the bucket's insert lock: a bucket spans two or three cache lines, not aligned to them).
+/// the bucket's insert lock, not aligned to cache lines).
 pub(crate) const SLOTS_PER_BUCKET: usize = 8;
 
 /// The fingerprint's bits in a tag: 40, never all 0 in a live tag.
@@ -214,16 +215,21 @@ pub struct Place {
     hash: u64,
 }
 
-/// `B` slots: their tags, then their states; then the insert lock of the keys whose home the
-/// bucket is (beside the slots, so that a look at the bucket finds it without another bounds
-/// check: the decision reads it before its look at home, see [`decide_at_home`]).
+/// The insert lock of the keys whose home the bucket is, then `B` slots: their tags, then their
+/// states. The lock is beside the slots, so that a look at the bucket finds it without another
+/// bounds check (the decision reads it before its look at home, see [`decide_at_home`]), and in
+/// front of the tags (`repr(C)` keeps that order), so that it shares its cache line with the
+/// first tags, which that look reads next: after it, a lock read a cache line of its own (one
+/// more line missed in the first level per lookup of a known client, 2.84 against 1.91 under
+/// callgrind's cache simulation).
 #[derive(Debug)]
+#[repr(C)]
 struct Bucket<W, const B: usize> {
-    tags: [W; B],
-    states: [W; B],
     /// The lock of the inserts of keys whose home this bucket is: `HELD` while one runs, plus
     /// twice the holdings released so far (see [`InsertLock`]).
     insert_lock: W,
+    tags: [W; B],
+    states: [W; B],
 }
 
 /// A plan's clients in a fixed table (see the module's docs).
