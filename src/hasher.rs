@@ -12,8 +12,8 @@
 //! one shift and one or; and what depends on the keys alone (their XOR with SipHash's constants,
 //! the first round's opening steps) is computed once per [`SipState`], not once per hash. The
 //! service's lookup of a `u64` client executes about 57 instructions fewer with it in the default
-//! release profile (BENCHMARKS.md, "Instructions per decision": 290 with std's `RandomState`,
-//! 233); with thin LTO, which folds std's path as well, 10 fewer (244, 234).
+//! release profile (BENCHMARKS.md, "Instructions per decision": 289 with std's `RandomState`,
+//! 232); with thin LTO, which folds std's path as well, 10 fewer (244, 234).
 
 use std::fmt;
 use std::hash::{BuildHasher, Hasher};
