@@ -44,7 +44,7 @@ mod grants;
 use grants::grants_until_denied;
 #[path = "support/race.rs"]
 mod race;
-use race::{off_rounds, race_rounds};
+use race::{off_rounds, race_rounds, race_rounds_read};
 
 /// The methods whose clients live in the fixed store.
 const STORE_METHODS: [Algorithm; 3] = [
@@ -391,37 +391,17 @@ fn race_rounds_between_sweeps<S: BuildHasher + Send + Sync + 'static>(
     rounds: usize,
     work: impl Fn(&Service<S>, usize) -> u64 + Send + Sync + 'static,
 ) -> (Vec<Vec<u64>>, Vec<usize>) {
-    let lens = Arc::new(Mutex::new(Vec::new()));
-    let answers = {
-        let (service, sweeping, lens) =
-            (Arc::clone(service), Arc::clone(service), Arc::clone(&lens));
-        race_rounds(
-            threads,
-            rounds,
-            move |round| {
-                if round > 0 {
-                    lens.lock().unwrap().push(sweeping.len());
-                }
-                clock.advance(3 * WINDOW);
-                sweeping.sweep();
-            },
-            move |_, round| work(&service, round),
-        )
-    };
-    let mut lens = lens.lock().unwrap().clone();
-    lens.push(service.len());
-    (answers, lens)
-}
-
-/// How many rounds ended with a `len()` other than `expected`, and the first ten of them.
-fn off_lens(lens: &[usize], expected: usize) -> (usize, Vec<(usize, usize)>) {
-    let off: Vec<_> = lens
-        .iter()
-        .copied()
-        .enumerate()
-        .filter(|&(_, len)| len != expected)
-        .collect();
-    (off.len(), off.into_iter().take(10).collect())
+    race_rounds_read(
+        service,
+        threads,
+        rounds,
+        Service::len,
+        move |service| {
+            clock.advance(3 * WINDOW);
+            service.sweep();
+        },
+        move |service, _, round| work(service, round),
+    )
 }
 
 /// Rounds of one fresh key raced by `THREADS` threads at one clock instant, each asking once
@@ -517,7 +497,7 @@ fn first_requests_racing_sweeps_in_a_small_table_get_one_limit() {
             "{algorithm}: rounds not granted exactly the limit (round, grants by thread)"
         );
         assert_eq!(
-            off_lens(&lens, 1),
+            off_rounds(&lens, |_, &len| len == 1),
             (0, vec![]),
             "{algorithm}: rounds ending with other than one state (round, len)"
         );
@@ -577,7 +557,7 @@ fn keys_sharing_a_home_bucket_racing_get_one_limit_each() {
              by key)"
         );
         assert_eq!(
-            off_lens(&lens, KEYS as usize),
+            off_rounds(&lens, |_, &len| len == KEYS as usize),
             (0, vec![]),
             "{algorithm}: rounds ending with other than one state per key (round, len)"
         );
@@ -609,31 +589,24 @@ fn first_requests_racing_a_rule_change_start_the_client_at_most_once_per_change(
                 .build::<Key>()
                 .unwrap(),
         );
-        let lens = Arc::new(Mutex::new(Vec::new()));
-        let answers = {
-            let service = Arc::clone(&service);
-            let (watched, lens) = (Arc::clone(&service), Arc::clone(&lens));
-            race_rounds(
-                3,
-                ROUNDS,
-                move |round| {
-                    if round > 0 {
-                        lens.lock().unwrap().push(watched.len());
-                    }
-                },
-                move |thread, round| {
-                    if thread == 2 {
-                        // The round's change: to the other limit.
-                        service
-                            .set_rule(&PLAN, rule(LIMITS[(round + 1) % 2]))
-                            .unwrap();
-                        0
-                    } else {
-                        spend(&service, Key(round as u64), LIMITS[0] + LIMITS[1])
-                    }
-                },
-            )
-        };
+        let (answers, lens) = race_rounds_read(
+            &service,
+            3,
+            ROUNDS,
+            Service::len,
+            |_| {},
+            move |service, thread, round| {
+                if thread == 2 {
+                    // The round's change: to the other limit.
+                    service
+                        .set_rule(&PLAN, rule(LIMITS[(round + 1) % 2]))
+                        .unwrap();
+                    0
+                } else {
+                    spend(service, Key(round as u64), LIMITS[0] + LIMITS[1])
+                }
+            },
+        );
         let grants = |round: usize| answers[round].iter().sum::<u64>();
         assert_eq!(
             off_rounds(&answers, |round, _| (2..=5).contains(&grants(round))),
@@ -641,7 +614,6 @@ fn first_requests_racing_a_rule_change_start_the_client_at_most_once_per_change(
             "{algorithm}: rounds granted more than two limits, or less than one (round, \
              grants by thread)"
         );
-        let lens = lens.lock().unwrap().clone();
         let drops: Vec<(usize, usize, usize)> = lens
             .iter()
             .enumerate()

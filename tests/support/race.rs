@@ -3,8 +3,8 @@
 
 #![allow(dead_code)]
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -95,6 +95,48 @@ pub(crate) fn race_rounds(
                 .collect()
         })
         .collect()
+}
+
+/// [`race_rounds`] on `subject`: before each round, `between(subject)` runs (after the reading
+/// of the round before, where there is one); at the end of each round, `at_round_end(subject)`
+/// reads it. Returns each round's answers, by thread, and each round's reading.
+pub(crate) fn race_rounds_read<S, T>(
+    subject: &Arc<S>,
+    threads: usize,
+    rounds: usize,
+    at_round_end: impl Fn(&S) -> T + Send + Sync + 'static,
+    between: impl Fn(&S) + Send + Sync + 'static,
+    work: impl Fn(&S, usize, usize) -> u64 + Send + Sync + 'static,
+) -> (Vec<Vec<u64>>, Vec<T>)
+where
+    S: Send + Sync + 'static,
+    T: Send + 'static,
+{
+    let readings = Arc::new(Mutex::new(Vec::new()));
+    let at_round_end = Arc::new(at_round_end);
+    let answers = {
+        let (racing, watched, readings_of_rounds, read) = (
+            Arc::clone(subject),
+            Arc::clone(subject),
+            Arc::clone(&readings),
+            Arc::clone(&at_round_end),
+        );
+        race_rounds(
+            threads,
+            rounds,
+            move |round| {
+                if round > 0 {
+                    let reading = read(&watched);
+                    readings_of_rounds.lock().unwrap().push(reading);
+                }
+                between(&watched);
+            },
+            move |thread, round| work(&racing, thread, round),
+        )
+    };
+    let mut readings = std::mem::take(&mut *readings.lock().unwrap());
+    readings.push(at_round_end(subject));
+    (answers, readings)
 }
 
 /// How many of `values` (one a round) are not `ok`, and the first ten of them with their rounds.
