@@ -28,8 +28,11 @@ pin_project! {
 pin_project! {
     #[project = StateProj]
     enum State<F, ResB, E> {
-        /// The request was let through; `fields` are added to the inner service's response.
-        Inner { #[pin] future: F, fields: Option<Box<LimitFields>> },
+        /// The request was let through, and its response goes back as it is.
+        Inner { #[pin] future: F },
+        /// The request was let through; `fields` are added to the inner service's response. (A
+        /// state apart: the common one above then has no fields to take or to drop.)
+        InnerWithFields { #[pin] future: F, fields: Option<Box<LimitFields>> },
         /// The layer answered itself.
         Answer { response: Option<Box<Response<Bytes>>> },
         /// The backend is still deciding.
@@ -40,7 +43,7 @@ pin_project! {
 impl<F, ResB, E> fmt::Debug for ResponseFuture<F, ResB, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
-            State::Inner { .. } => "Inner",
+            State::Inner { .. } | State::InnerWithFields { .. } => "Inner",
             State::Answer { .. } => "Answer",
             State::Pending { .. } => "Pending",
         };
@@ -52,9 +55,11 @@ impl<F, ResB, E> fmt::Debug for ResponseFuture<F, ResB, E> {
 
 impl<F, ResB, E> ResponseFuture<F, ResB, E> {
     pub(crate) fn inner(future: F, fields: Option<Box<LimitFields>>) -> Self {
-        ResponseFuture {
-            state: State::Inner { future, fields },
-        }
+        let state = match fields {
+            None => State::Inner { future },
+            fields => State::InnerWithFields { future, fields },
+        };
+        ResponseFuture { state }
     }
 
     pub(crate) fn answer(response: Box<Response<Bytes>>) -> Self {
@@ -97,7 +102,11 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().state.project() {
-            StateProj::Inner { future, fields } => {
+            StateProj::Inner { future } => {
+                let response = ready!(future.poll(cx))?;
+                Poll::Ready(Ok(pass(response, None)))
+            }
+            StateProj::InnerWithFields { future, fields } => {
                 let response = ready!(future.poll(cx))?;
                 Poll::Ready(Ok(pass(response, fields.take())))
             }
