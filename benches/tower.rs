@@ -289,13 +289,13 @@ fn config() -> Criterion {
 
 /// A backend that answers every check with one fixed decision: the layer's own cost, without a
 /// limiter's. As the in-process service does, a grant whose figures are not asked for is
-/// [`Verdict::allowed`] (nothing boxed).
+/// [`Verdict::allowed`] (nothing boxed), and the error type is boxed.
 #[derive(Debug, Clone, Copy)]
 struct FixedDecision(tollgate::Decision);
 
 impl RateLimitBackend<ClientKey, &'static str> for FixedDecision {
-    type Error = tollgate::ServiceError;
-    type Future = std::future::Ready<Result<Verdict, tollgate::ServiceError>>;
+    type Error = Box<tollgate::ServiceError>;
+    type Future = std::future::Ready<Result<Verdict, Box<tollgate::ServiceError>>>;
 
     fn check(&self, _: &ClientKey, _: &&'static str, _: u64, figures: Figures) -> Self::Future {
         std::future::ready(Ok(
