@@ -360,6 +360,12 @@ impl<Bk, X, P> RateLimitLayerBuilder<Bk, X, P> {
     /// The request header marking requests let through by shadow mode (default
     /// [`SHADOWED_HEADER`]). The layer removes it from every request it sees before adding its
     /// own, so a mark the upstream receives was written by the layer, never by a client.
+    ///
+    /// Give each layer of a stack a name of its own: a layer inside another removes the outer
+    /// one's mark as it would a client's. And never the name of a field a key is read from
+    /// ([`HeaderKey`](super::HeaderKey)): it is removed before the key is read. Only the
+    /// request's header fields are cleaned, not its trailers: an upstream should read the mark
+    /// from the header fields alone.
     pub fn shadow_header(mut self, name: HeaderName) -> Self {
         self.config.shadow_header = name;
         self
