@@ -70,6 +70,13 @@ impl LimitFigures {
             reset_after_nanos: crate::clock::duration_to_nanos(decision.reset_after()),
         }
     }
+
+    /// The limit's quota and window (nanoseconds): all that its `RateLimit-Policy` item says.
+    #[cfg(feature = "tower")]
+    #[inline]
+    pub(crate) fn quota_and_window(&self) -> (u64, u64) {
+        (self.limit, self.window_nanos)
+    }
 }
 
 /// The `RateLimit-Policy` and `RateLimit` field values of one plan, one list item per limit:

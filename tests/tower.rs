@@ -21,7 +21,7 @@ use tollgate::tower::{
     BodyFormat, ClientIp, ClientKey, Fallback, GlobalKey, HeaderKey, KeyExtractor, RateLimitLayer,
     RateLimitLayerBuilder, Shadow,
 };
-use tollgate::{FakeClock, RateLimiterService, Settings};
+use tollgate::{Algorithm, FakeClock, RateLimiterService, Rule, Settings};
 
 type Backend = Arc<RateLimiterService<ClientKey, &'static str, FakeClock>>;
 type Layer<X> = RateLimitLayer<Backend, X, &'static str>;
@@ -445,6 +445,98 @@ async fn hostile_headers_get_a_defined_answer() {
         "one of the five was used above"
     );
     assert_eq!(layer.stats().errors, 0);
+}
+
+/// The default plan's `RateLimit-Policy` value is written by its first response and kept; a rule
+/// change of the plan (several limits, then one again) is in the next response's fields,
+/// allowed or refused, and a plan chosen per request has its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_policy_field_follows_rule_changes_of_the_default_plan() {
+    // A token bucket, which enforces several limits together (the example settings' sliding
+    // log does not).
+    let service = RateLimiterService::new(
+        Algorithm::TokenBucket,
+        [
+            ("free", Rule::per_second(5).unwrap()),
+            ("pro", Rule::per_second(50).unwrap()),
+        ],
+        FakeClock::new(),
+    )
+    .unwrap();
+    let backend = Arc::new(service);
+    let extractor = HeaderKey::new(HeaderName::from_static("x-api-key")).or(peer());
+    let layer = RateLimitLayer::builder(Arc::clone(&backend), extractor, "free")
+        .plan_fn(|head| {
+            let key = head.headers().get("x-api-key")?.as_bytes();
+            key.starts_with(b"pro-").then_some("pro")
+        })
+        .headers_on_allowed(true)
+        .build();
+    let addr = serve(layer).await;
+    let client = client();
+    let policy_of = |key: &str| {
+        let headers = [("x-api-key", value(key))];
+        let (client, addr) = (client.clone(), addr);
+        async move {
+            let reply = send(&client, addr, &headers).await;
+            let field = |name| reply.header(name).map(str::to_owned);
+            (reply.status, field("ratelimit-policy"), field("ratelimit"))
+        }
+    };
+    let policy = |text: &str| Some(text.to_owned());
+
+    for n in 0..2 {
+        let (status, policy_field, _) = policy_of("a").await;
+        assert_eq!(status, StatusCode::OK, "request {n}");
+        assert_eq!(policy_field, policy(r#""free";q=5;w=1"#), "request {n}");
+    }
+    let (_, pro, _) = policy_of("pro-1").await;
+    assert_eq!(pro, policy(r#""pro";q=50;w=1"#));
+
+    // Several limits: one item per limit, named by its window.
+    backend
+        .set_limits(
+            &"free",
+            [
+                Rule::per_second(2).unwrap(),
+                Rule::new(7, Duration::from_secs(60)).unwrap(),
+            ],
+        )
+        .unwrap();
+    let several = policy(r#""free-1s";q=2;w=1, "free-1m";q=7;w=60"#);
+    for n in 0..2 {
+        let (status, policy_field, state) = policy_of("b").await;
+        assert_eq!(status, StatusCode::OK, "request {n}");
+        assert_eq!(policy_field, several, "request {n}");
+        let state = state.expect("a RateLimit field");
+        let (first, second) = state.split_once(", ").expect("two items");
+        assert!(
+            first.starts_with(&format!(r#""free-1s";r={};"#, 1 - n)),
+            "{state}"
+        );
+        assert!(
+            second.starts_with(&format!(r#""free-1m";r={};"#, 6 - n)),
+            "{state}"
+        );
+    }
+    let (status, policy_field, _) = policy_of("b").await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(policy_field, several, "the refusal's fields too");
+
+    // One limit again, of another quota and window.
+    backend
+        .set_rule(&"free", Rule::new(3, Duration::from_secs(10)).unwrap())
+        .unwrap();
+    for n in 0..3 {
+        let (status, policy_field, _) = policy_of("c").await;
+        assert_eq!(status, StatusCode::OK, "request {n}");
+        assert_eq!(policy_field, policy(r#""free";q=3;w=10"#), "request {n}");
+    }
+    let (status, policy_field, _) = policy_of("c").await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(policy_field, policy(r#""free";q=3;w=10"#));
+    let (_, pro, _) = policy_of("pro-1").await;
+    assert_eq!(pro, policy(r#""pro";q=50;w=1"#));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

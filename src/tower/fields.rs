@@ -6,11 +6,12 @@
 //! returns, written into a buffer on the stack and from there into the `HeaderValue`.
 
 use std::fmt;
+use std::sync::OnceLock;
 
 use http::header::RETRY_AFTER;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
-use crate::headers::{FieldWrite, RateLimitFields, write_integer};
+use crate::headers::{FieldWrite, LimitFigures, RateLimitFields, write_integer};
 use crate::verdict::Reported;
 
 /// `RateLimit-Policy` (the plan's quota and window).
@@ -22,8 +23,60 @@ pub(crate) const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 /// the policy's name cannot be sent: empty, or not printable ASCII).
 pub(crate) fn limit_headers(reported: &Reported, policy: &str) -> HeaderMap {
     let mut headers = HeaderMap::with_capacity(3);
-    LimitFields::of(reported, policy).insert_into(&mut headers);
+    LimitFields::of(reported, policy, None).insert_into(&mut headers);
     headers
+}
+
+/// A plan's `RateLimit-Policy` value, written once: for the layer's default plan, whose
+/// responses report the same quotas and windows until its rule changes. The first response that
+/// reports the plan writes the value and keeps it; a later one whose policy name, quotas and
+/// windows are the same clones it (a reference count) instead of writing it again. After a rule
+/// change the value is written for each response, as for any other plan.
+#[derive(Debug, Default)]
+pub(crate) struct PolicyValue(OnceLock<KeptPolicy>);
+
+/// The value [`PolicyValue`] keeps, and what it was written for.
+#[derive(Debug)]
+struct KeptPolicy {
+    name: Box<str>,
+    /// Each limit's quota and window, in order.
+    limits: Box<[(u64, u64)]>,
+    value: HeaderValue,
+}
+
+impl PolicyValue {
+    /// The value for `limits` under the policy `name`: the kept one where it was written for
+    /// them, else `write`'s (kept, if none is yet).
+    fn get_or_write(
+        &self,
+        name: &str,
+        limits: &[LimitFigures],
+        write: impl FnOnce() -> Option<HeaderValue>,
+    ) -> Option<HeaderValue> {
+        let kept = self.0.get();
+        if let Some(kept) = kept
+            && *kept.name == *name
+            && kept.limits.len() == limits.len()
+            && kept
+                .limits
+                .iter()
+                .zip(limits)
+                .all(|(&kept, limit)| kept == limit.quota_and_window())
+        {
+            return Some(kept.value.clone());
+        }
+        let value = write()?;
+        if kept.is_none() {
+            // Another response may have kept its own meanwhile: either is checked as above
+            // before it is used.
+            let _ = self.0.set(KeptPolicy {
+                name: name.into(),
+                limits: limits.iter().map(LimitFigures::quota_and_window).collect(),
+                value: value.clone(),
+            });
+        }
+        Some(value)
+    }
 }
 
 /// The fields of [`limit_headers`], each value written once, for inserting into a response's own
@@ -34,17 +87,21 @@ pub(crate) struct LimitFields {
 }
 
 impl LimitFields {
-    pub(crate) fn of(reported: &Reported, policy: &str) -> Self {
+    /// The fields of `reported` under the policy `policy`, its `RateLimit-Policy` value taken
+    /// from `kept` where that holds it.
+    pub(crate) fn of(reported: &Reported, policy: &str, kept: Option<&PolicyValue>) -> Self {
         let retry_after = reported
             .decision()
             .retry_after_seconds()
             .and_then(|seconds| value(|out| write_integer(out, seconds)));
         let policy_and_state = reported.with_limits(|limits| {
             let fields = RateLimitFields::new(policy, limits).ok()?;
-            Some((
-                value(|out| fields.write_policy(out))?,
-                value(|out| fields.write_state(out))?,
-            ))
+            let write_policy = || value(|out| fields.write_policy(out));
+            let policy_value = match kept {
+                Some(kept) => kept.get_or_write(policy, limits, write_policy)?,
+                None => write_policy()?,
+            };
+            Some((policy_value, value(|out| fields.write_state(out))?))
         });
         LimitFields {
             retry_after,
@@ -174,6 +231,59 @@ mod tests {
     use std::fmt::Write;
 
     use super::*;
+
+    /// Figures of a limit of `limit` per `window_secs` seconds, with `remaining` left.
+    fn figures(limit: u64, window_secs: u64, remaining: u64) -> LimitFigures {
+        let window = std::time::Duration::from_secs(window_secs);
+        let rule = crate::Rule::new(limit, window).expect("a rule");
+        LimitFigures::of(&crate::Decision::allowed(rule, remaining, 0))
+    }
+
+    #[test]
+    fn a_kept_policy_value_is_used_only_for_the_name_and_limits_it_was_written_for() {
+        let kept = PolicyValue::default();
+        let writes = std::cell::Cell::new(0);
+        let get = |name: &str, limits: &[LimitFigures], text: &'static str| {
+            kept.get_or_write(name, limits, || {
+                writes.set(writes.get() + 1);
+                Some(HeaderValue::from_static(text))
+            })
+        };
+        let one = [figures(5, 1, 4)];
+        assert_eq!(
+            get("free", &one, "first"),
+            Some(HeaderValue::from_static("first"))
+        );
+        // The same quota and window, whatever remains: the kept value, not written again.
+        let fewer_left = [figures(5, 1, 0)];
+        assert_eq!(
+            get("free", &fewer_left, "x"),
+            Some(HeaderValue::from_static("first"))
+        );
+        assert_eq!(writes.get(), 1);
+        // Another quota, window, count of limits or name: written, and the first kept.
+        for (name, limits) in [
+            ("free", vec![figures(6, 1, 4)]),
+            ("free", vec![figures(5, 2, 4)]),
+            ("free", vec![figures(5, 1, 4), figures(50, 60, 4)]),
+            ("pro", vec![figures(5, 1, 4)]),
+            ("free", vec![]),
+        ] {
+            assert_eq!(
+                get(name, &limits, "other"),
+                Some(HeaderValue::from_static("other"))
+            );
+        }
+        assert_eq!(writes.get(), 6);
+        assert_eq!(
+            get("free", &one, "x"),
+            Some(HeaderValue::from_static("first"))
+        );
+        // A write that fails keeps nothing.
+        let empty = PolicyValue::default();
+        assert_eq!(empty.get_or_write("free", &one, || None), None);
+        assert!(empty.0.get().is_none());
+    }
 
     #[test]
     fn a_value_longer_than_the_stack_buffer_moves_to_the_heap_whole() {

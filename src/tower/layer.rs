@@ -11,6 +11,7 @@ use tower_layer::Layer;
 
 use super::backend::{KnownPlan, RateLimitBackend};
 use super::error::SetupError;
+use super::fields::PolicyValue;
 use super::key::{KeyExtractor, RequestHead};
 use super::response::{BodyFormat, Fallback, Limited, PolicyName, PolicyNames};
 use super::service::RateLimit;
@@ -42,6 +43,8 @@ pub(crate) struct Config<Bk, X, P> {
     /// The default plan as the backend looked it up when the layer was built.
     pub(crate) known_default: Option<KnownPlan>,
     pub(crate) policy_names: PolicyNames<P>,
+    /// The default plan's `RateLimit-Policy` value, once a response has written it.
+    pub(crate) default_policy_value: PolicyValue,
     pub(crate) plan_fn: Option<Box<PlanFn<P>>>,
     pub(crate) cost_fn: Option<Box<CostFn>>,
     pub(crate) on_limited: Option<Box<LimitedFn>>,
@@ -191,6 +194,7 @@ impl<Bk, X, P> RateLimitLayer<Bk, X, P> {
                 default_plan,
                 known_default: None,
                 policy_names,
+                default_policy_value: PolicyValue::default(),
                 plan_fn: None,
                 cost_fn: None,
                 on_limited: None,

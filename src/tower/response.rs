@@ -13,7 +13,7 @@ use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 
-use super::fields::{LimitFields, ValueBuffer, limit_headers};
+use super::fields::{LimitFields, PolicyValue, ValueBuffer, limit_headers};
 use crate::Decision;
 use crate::headers::write_integer;
 use crate::verdict::Reported;
@@ -275,11 +275,12 @@ impl<'a> Limited<'a> {
 pub(crate) fn default_response(
     reported: &Reported,
     policy: &str,
+    kept: Option<&PolicyValue>,
     protocol: &Protocol,
     format: BodyFormat,
 ) -> Response<Bytes> {
     let mut response = bare_response(reported, policy, protocol, format);
-    LimitFields::of(reported, policy).insert_into(response.headers_mut());
+    LimitFields::of(reported, policy, kept).insert_into(response.headers_mut());
     response
 }
 

@@ -12,7 +12,7 @@ use tower_service::Service;
 
 use super::backend::RateLimitBackend;
 use super::body::ResponseBody;
-use super::fields::{LimitFields, ratelimit_value};
+use super::fields::{LimitFields, PolicyValue, ratelimit_value};
 use super::future::{ResponseFuture, answer, pass};
 use super::key::{KeyExtractor, RequestHead};
 use super::layer::Config;
@@ -96,12 +96,19 @@ impl<Bk, X, P> Config<Bk, X, P> {
         }
     }
 
-    /// What to do with `request` after its check answered `checked`.
+    /// The default plan's kept `RateLimit-Policy` value, for a request under the default plan.
+    fn kept_policy_value(&self, default_plan: bool) -> Option<&PolicyValue> {
+        default_plan.then_some(&self.default_policy_value)
+    }
+
+    /// What to do with `request` after its check answered `checked`, under the policy named
+    /// `policy` (the default plan's if `default_plan`).
     fn action<B, E: fmt::Display>(
         &self,
         checked: Result<Verdict, E>,
         request: &mut Request<B>,
         policy: &str,
+        default_plan: bool,
     ) -> Action {
         let verdict = match checked {
             Ok(verdict) => verdict,
@@ -114,11 +121,10 @@ impl<Bk, X, P> Config<Bk, X, P> {
             Some(reported) if reported.decision().is_denied() => reported,
             allowed => {
                 self.counters.add(Count::Allowed);
-                return Action::Pass(
-                    allowed
-                        .filter(|_| self.headers_on_allowed)
-                        .map(|reported| Box::new(LimitFields::of(reported, policy))),
-                );
+                return Action::Pass(allowed.filter(|_| self.headers_on_allowed).map(|reported| {
+                    let kept = self.kept_policy_value(default_plan);
+                    Box::new(LimitFields::of(reported, policy, kept))
+                }));
             }
         };
         if self.sampler.enforce_next() {
@@ -126,7 +132,13 @@ impl<Bk, X, P> Config<Bk, X, P> {
             let protocol = Protocol::of(request.headers());
             let response = match &self.on_limited {
                 Some(on_limited) => on_limited(&Limited::new(reported, policy, protocol)),
-                None => default_response(reported, policy, &protocol, self.body_format),
+                None => default_response(
+                    reported,
+                    policy,
+                    self.kept_policy_value(default_plan),
+                    &protocol,
+                    self.body_format,
+                ),
             };
             return Action::Answer(Box::new(response));
         }
@@ -221,13 +233,13 @@ where
                 return ResponseFuture::inner(self.inner.call(request), None);
             }
             let policy = config.policy_names.name(plan);
-            return match config.action(checked, &mut request, &policy) {
+            return match config.action(checked, &mut request, &policy, chosen.is_none()) {
                 Action::Pass(fields) => ResponseFuture::inner(self.inner.call(request), fields),
                 Action::Answer(response) => ResponseFuture::answer(response),
             };
         }
         let policy = config.policy_names.name(plan).into_owned();
-        self.call_later(check, request, policy)
+        self.call_later(check, request, policy, chosen.is_none())
     }
 }
 
@@ -254,6 +266,7 @@ impl<S, Bk, X, P> RateLimit<S, Bk, X, P> {
         check: F,
         mut request: Request<ReqB>,
         policy: String,
+        default_plan: bool,
     ) -> ResponseFuture<S::Future, ResB, S::Error>
     where
         S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
@@ -274,7 +287,7 @@ impl<S, Bk, X, P> RateLimit<S, Bk, X, P> {
         let config = Arc::clone(&self.config);
         ResponseFuture::pending(Box::pin(async move {
             let checked = check.await;
-            match config.action(checked, &mut request, &policy) {
+            match config.action(checked, &mut request, &policy, default_plan) {
                 Action::Pass(fields) => Ok(pass(inner.call(request).await?, fields)),
                 Action::Answer(response) => Ok(answer(*response)),
             }
