@@ -70,12 +70,35 @@ impl LimitFigures {
             reset_after_nanos: crate::clock::duration_to_nanos(decision.reset_after()),
         }
     }
+}
 
-    /// The limit's quota and window (nanoseconds): all that its `RateLimit-Policy` item says.
-    #[cfg(feature = "tower")]
+/// Each limit's quota and window (nanoseconds), in order: all that a plan's `RateLimit-Policy`
+/// value says of its limits, kept beside a value written once (the tower layer's default plan,
+/// the Envoy service's prepared fields) to tell whether a decision's limits are those it was
+/// written for.
+#[cfg(any(feature = "tower", feature = "envoy"))]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PolicyLimits(Box<[(u64, u64)]>);
+
+#[cfg(any(feature = "tower", feature = "envoy"))]
+impl PolicyLimits {
+    /// The quotas and windows of `limits`.
+    pub(crate) fn of(limits: &[LimitFigures]) -> Self {
+        PolicyLimits(
+            limits
+                .iter()
+                .map(|limit| (limit.limit, limit.window_nanos))
+                .collect(),
+        )
+    }
+
+    /// Whether `limits` are as many, and of the same quotas and windows in the same order.
     #[inline]
-    pub(crate) fn quota_and_window(&self) -> (u64, u64) {
-        (self.limit, self.window_nanos)
+    pub(crate) fn are_of(&self, limits: &[LimitFigures]) -> bool {
+        self.0.len() == limits.len()
+            && self.0.iter().zip(limits).all(|(&(quota, window), limit)| {
+                limit.limit == quota && limit.window_nanos == window
+            })
     }
 }
 
@@ -182,8 +205,8 @@ impl<'a> RateLimitFields<'a> {
 #[cfg(feature = "envoy")]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct PreparedFields {
-    /// Each limit's quota and window, in order, as the prepared text says them.
-    limits: Vec<(u64, u64)>,
+    /// The limits the prepared text says.
+    limits: PolicyLimits,
     policy: String,
     /// Each item's quoted name.
     state_items: Vec<String>,
@@ -208,10 +231,7 @@ impl PreparedFields {
             })
             .collect();
         Ok(PreparedFields {
-            limits: limits
-                .iter()
-                .map(|limit| (limit.limit, limit.window_nanos))
-                .collect(),
+            limits: PolicyLimits::of(limits),
             policy,
             state_items,
         })
@@ -226,14 +246,7 @@ impl PreparedFields {
         state: &mut String,
         figures: &[LimitFigures],
     ) -> bool {
-        let prepared = figures.len() == self.limits.len()
-            && figures
-                .iter()
-                .zip(&self.limits)
-                .all(|(figures, &(limit, window))| {
-                    figures.limit == limit && figures.window_nanos == window
-                });
-        if !prepared {
+        if !self.limits.are_of(figures) {
             return false;
         }
         if !policy.is_empty() {

@@ -57,6 +57,25 @@ fn peer() -> impl KeyExtractor<Key = ClientKey> + Clone + Send + Sync + 'static 
     })
 }
 
+/// The `x-api-key` field, else the peer address.
+fn api_key_or_peer() -> impl KeyExtractor<Key = ClientKey> + Clone + Send + Sync + 'static {
+    HeaderKey::new(HeaderName::from_static("x-api-key")).or(peer())
+}
+
+/// `builder`'s layer with the plan `pro` for an API key that starts with `pro-` (the default
+/// plan for any other), and the fields on allowed responses too.
+fn by_api_key<X: KeyExtractor<Key = ClientKey>>(
+    builder: RateLimitLayerBuilder<Backend, X, &'static str>,
+) -> Layer<X> {
+    builder
+        .plan_fn(|head| {
+            let key = head.headers().get("x-api-key")?.as_bytes();
+            key.starts_with(b"pro-").then_some("pro")
+        })
+        .headers_on_allowed(true)
+        .build()
+}
+
 /// `GET /hello` answers `hello`, and says whether the request was marked by shadow mode.
 fn app() -> Router {
     Router::new().route(
@@ -464,14 +483,11 @@ async fn the_policy_field_follows_rule_changes_of_the_default_plan() {
     )
     .unwrap();
     let backend = Arc::new(service);
-    let extractor = HeaderKey::new(HeaderName::from_static("x-api-key")).or(peer());
-    let layer = RateLimitLayer::builder(Arc::clone(&backend), extractor, "free")
-        .plan_fn(|head| {
-            let key = head.headers().get("x-api-key")?.as_bytes();
-            key.starts_with(b"pro-").then_some("pro")
-        })
-        .headers_on_allowed(true)
-        .build();
+    let layer = by_api_key(RateLimitLayer::builder(
+        Arc::clone(&backend),
+        api_key_or_peer(),
+        "free",
+    ));
     let addr = serve(layer).await;
     let client = client();
     let policy_of = |key: &str| {
@@ -542,14 +558,7 @@ async fn the_policy_field_follows_rule_changes_of_the_default_plan() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_keys_pick_their_plan_and_their_own_limit() {
     let clock = FakeClock::new();
-    let extractor = HeaderKey::new(HeaderName::from_static("x-api-key")).or(peer());
-    let layer = builder(&clock, extractor)
-        .plan_fn(|head| {
-            let key = head.headers().get("x-api-key")?.as_bytes();
-            key.starts_with(b"pro-").then_some("pro")
-        })
-        .headers_on_allowed(true)
-        .build();
+    let layer = by_api_key(builder(&clock, api_key_or_peer()));
     let addr = serve(layer).await;
     let client = client();
     let pro = [("x-api-key", value("pro-42"))];

@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 use http::header::RETRY_AFTER;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
-use crate::headers::{FieldWrite, LimitFigures, RateLimitFields, write_integer};
+use crate::headers::{FieldWrite, LimitFigures, PolicyLimits, RateLimitFields, write_integer};
 use crate::verdict::Reported;
 
 /// `RateLimit-Policy` (the plan's quota and window).
@@ -39,8 +39,7 @@ pub(crate) struct PolicyValue(OnceLock<KeptPolicy>);
 #[derive(Debug)]
 struct KeptPolicy {
     name: Box<str>,
-    /// Each limit's quota and window, in order.
-    limits: Box<[(u64, u64)]>,
+    limits: PolicyLimits,
     value: HeaderValue,
 }
 
@@ -56,12 +55,7 @@ impl PolicyValue {
         let kept = self.0.get();
         if let Some(kept) = kept
             && *kept.name == *name
-            && kept.limits.len() == limits.len()
-            && kept
-                .limits
-                .iter()
-                .zip(limits)
-                .all(|(&kept, limit)| kept == limit.quota_and_window())
+            && kept.limits.are_of(limits)
         {
             return Some(kept.value.clone());
         }
@@ -71,7 +65,7 @@ impl PolicyValue {
             // before it is used.
             let _ = self.0.set(KeptPolicy {
                 name: name.into(),
-                limits: limits.iter().map(LimitFigures::quota_and_window).collect(),
+                limits: PolicyLimits::of(limits),
                 value: value.clone(),
             });
         }
