@@ -61,16 +61,74 @@ impl<C: Clock + ?Sized> Clock for Arc<C> {
 #[derive(Debug, Clone)]
 pub struct MonotonicClock {
     clock: quanta::Clock,
-    origin_raw: u64,
+    /// Reads the count that `nanos_per_count` scales: quanta's raw reading, or (where its scale
+    /// has no exact fixed-point form, see [`MonotonicClock::new`]) that reading in nanoseconds.
+    read_count: fn(&quanta::Clock) -> u64,
+    /// The count at the clock's origin.
+    origin_count: u64,
+    /// Nanoseconds per count, in units of 2^-[`SCALE_SHIFT`] nanoseconds.
+    nanos_per_count: u64,
 }
+
+/// The fraction bits of [`MonotonicClock`]'s scale. A constant, so that a reading is scaled by
+/// one multiplication and one fixed shift: quanta's own conversion shifts by its calibration's
+/// power of two, which the compiler cannot fold (about five more instructions a reading).
+const SCALE_SHIFT: u32 = 48;
 
 impl MonotonicClock {
     /// A clock whose origin is now.
     pub fn new() -> Self {
-        let clock = quanta::Clock::new();
-        let origin_raw = clock.raw();
-        MonotonicClock { clock, origin_raw }
+        Self::with_counter(quanta::Clock::new(), true)
     }
+
+    /// `clock`, its raw counts scaled as quanta scales them, by a fixed-point factor taken from
+    /// its calibration; or (where that factor would not give quanta's nanoseconds exactly, or
+    /// `exact_scale` is false) its raw counts turned into nanoseconds by quanta before the read
+    /// returns. quanta scales a count by a multiplication and a right shift by its calibration's
+    /// power of two, which is at most 40 for any counter it calibrates (200 ms at most, of fewer
+    /// than 2^40 ticks), so the same scale written with [`SCALE_SHIFT`] fraction bits is exact
+    /// for a counter of more than 15.3 kHz (2^16 nanoseconds a tick would not fit): every
+    /// time-stamp counter, and the OS clock that quanta falls back to (a scale of 1). The
+    /// check below compares the two at counts up to 2^48 (78 hours at 1 GHz).
+    fn with_counter(clock: quanta::Clock, exact_scale: bool) -> Self {
+        let nanos_per_count = clock.delta_as_nanos(0, 1 << SCALE_SHIFT);
+        let exact = exact_scale
+            && [
+                1,
+                3,
+                999,
+                1 << 20,
+                (1 << 32) + 12_345,
+                1 << 40,
+                (1 << 47) + (1 << 20) + 7,
+            ]
+            .into_iter()
+            .chain([1 << SCALE_SHIFT, u64::from(u32::MAX) * 977])
+            .all(|count| scale(count, nanos_per_count) == clock.delta_as_nanos(0, count));
+        let (read_count, nanos_per_count): (fn(&quanta::Clock) -> u64, u64) = if exact {
+            (quanta::Clock::raw, nanos_per_count)
+        } else {
+            (
+                |clock| clock.delta_as_nanos(0, clock.raw()),
+                1 << SCALE_SHIFT,
+            )
+        };
+        let origin_count = read_count(&clock);
+        MonotonicClock {
+            clock,
+            read_count,
+            origin_count,
+            nanos_per_count,
+        }
+    }
+}
+
+/// `count` counts in nanoseconds, at `nanos_per_count` (see [`MonotonicClock`]).
+#[inline(always)]
+fn scale(count: u64, nanos_per_count: u64) -> u64 {
+    // The product has at most 128 bits; shifted, 80, of which a `u64` keeps the low 64 (584
+    // years of nanoseconds), as quanta's conversion does.
+    ((u128::from(count) * u128::from(nanos_per_count)) >> SCALE_SHIFT) as u64
 }
 
 impl Default for MonotonicClock {
@@ -84,9 +142,10 @@ impl Clock for MonotonicClock {
     // default release profile chose once that lookup grew), quanta's read was a second call.
     #[inline(always)]
     fn now_nanos(&self) -> u64 {
-        // `delta_as_nanos` returns 0 for a raw reading at or before the origin (a counter that
-        // differs slightly between cores), so this never underflows.
-        self.clock.delta_as_nanos(self.origin_raw, self.clock.raw())
+        // A count before the origin (a counter that differs slightly between cores) reads as the
+        // origin, as quanta's `delta_as_nanos` reads it.
+        let elapsed = (self.read_count)(&self.clock).saturating_sub(self.origin_count);
+        scale(elapsed, self.nanos_per_count)
     }
 }
 
@@ -245,4 +304,47 @@ impl Clock for Reading {
 #[inline]
 pub(crate) fn duration_to_nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fixed-point scale gives quanta's nanoseconds exactly, on this machine's counter.
+    #[test]
+    fn a_reading_is_scaled_as_quanta_scales_it() {
+        let clock = MonotonicClock::new();
+        let counts = (0..64)
+            .map(|bit| 1u64 << bit)
+            .chain((1..10_000).map(|n| n * 7_919_993))
+            .chain([u64::from(u32::MAX), 1 << 50, u64::MAX / 3, u64::MAX]);
+        for count in counts {
+            let start = clock.origin_count;
+            let end = start.saturating_add(count);
+            assert_eq!(
+                scale(end - start, clock.nanos_per_count),
+                clock.clock.delta_as_nanos(start, end),
+                "{count} counts from the origin",
+            );
+        }
+    }
+
+    /// Without the fixed-point scale (where it would not be exact), a reading is still the
+    /// nanoseconds since the origin, and moves with the other's.
+    #[test]
+    fn the_clock_without_the_fixed_point_scale_reads_the_same_time() {
+        let exact = MonotonicClock::new();
+        let inexact = MonotonicClock::with_counter(quanta::Clock::new(), false);
+        assert_eq!(inexact.nanos_per_count, 1 << SCALE_SHIFT);
+        let (a, b) = (exact.now_nanos(), inexact.now_nanos());
+        std::thread::sleep(Duration::from_millis(20));
+        let (c, d) = (exact.now_nanos(), inexact.now_nanos());
+        assert!(d > b && c > a);
+        // Both saw the same 20 ms, within the scheduling between their reads.
+        let (moved_exact, moved_inexact) = (c - a, d - b);
+        assert!(
+            moved_exact.abs_diff(moved_inexact) < 5_000_000,
+            "{moved_exact} ns against {moved_inexact} ns"
+        );
+    }
 }
