@@ -412,10 +412,10 @@ impl<K, P, S> PlanTable<K, P, S> {
     }
 
     /// The decision counts of the plan at `index`, if the table counts them: read once per
-    /// decision, which then counts its answer in them.
+    /// decision, once it has its answer, which it then counts in them.
     #[inline]
-    pub(crate) fn counts(&self, index: usize) -> Option<&DecisionCounts> {
-        self.plans[index].counts.as_ref()
+    pub(crate) fn counts(&self, index: usize) -> &Option<DecisionCounts> {
+        &self.plans[index].counts
     }
 
     /// The decision counts of the plan at `index`, if the table counts them.

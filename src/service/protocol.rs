@@ -637,7 +637,8 @@ impl<K: Hash + Eq, S: BuildHasher> Pinned for PinnedPlan<'_, K, S> {
 pub(super) struct Asking<'c, T, C> {
     pub(super) n: u64,
     pub(super) clock: &'c C,
-    pub(super) counts: Option<&'c DecisionCounts>,
+    /// Read once the answer is made (not kept through the decision).
+    pub(super) counts: &'c Option<DecisionCounts>,
     pub(super) answer: PhantomData<T>,
 }
 
