@@ -12,7 +12,7 @@ use crate::sync::{AtomicWord, Word};
 /// The version of a plan's limits that a client's state was made under (the service's plan
 /// table numbers them).
 ///
-/// 16 bits: the service's store of one-word states keeps it in each slot's tag beside a 47-bit
+/// 16 bits: the service's store of one-word states keeps it in each slot's tag beside a 40-bit
 /// fingerprint of the key (see `service/store.rs`). The plan table refuses a change that would
 /// take a plan past `Version::MAX`.
 pub(crate) type Version = u16;

@@ -8,7 +8,7 @@
 //! Slots in buckets of `B` (8 in production): a bucket is its insert lock (below), then `B` tag
 //! words, then `B` state words (the lock first, so that it shares a cache line with the tags
 //! that a decision reads right after it). A slot's tag is `version (16 bits) | busy (1) |
-//! retiring (1) | generation (6) | fingerprint (40)`: free when the busy bit and the fingerprint
+//! generation (6) | fingerprint (40) | retiring (1)`: free when the busy bit and the fingerprint
 //! are 0, *being filled* by the one thread that claimed it when the busy bit is set, and
 //! otherwise *live*: a state made under that version of the plan's limits for the key of that
 //! fingerprint (40 bits of the key's keyed hash, never 0). The generation counts the states the
@@ -140,17 +140,23 @@ use crate::sync::{AtomicWord, Ordering, OwnedWord};
 /// the bucket's insert lock, not aligned to cache lines).
 pub(crate) const SLOTS_PER_BUCKET: usize = 8;
 
+/// The tag bit of a live slot taken by one thread to retire its state: set by an exchange from
+/// the live tag, so that exactly one thread retires the state of one tag's holding. The lowest
+/// bit, so that the checks of a holding, which leave it aside (`tag & !RETIRING`), mask with
+/// an immediate operand rather than a constant loaded first.
+const RETIRING: u64 = 1;
+/// The bits of a key's hash that make its fingerprint: the low 40.
+const KEY_FINGERPRINT: u64 = (1 << 40) - 1;
+/// Where the fingerprint starts in a tag: just above `RETIRING`.
+const FINGERPRINT_SHIFT: u32 = 1;
 /// The fingerprint's bits in a tag: 40, never all 0 in a live tag.
-const FINGERPRINT: u64 = (1 << 40) - 1;
+const FINGERPRINT: u64 = KEY_FINGERPRINT << FINGERPRINT_SHIFT;
 /// Where the slot's generation starts in a tag: 6 bits, one more (wrapping) each time the slot
 /// takes a new state, so that a request can tell its slot changed hands while it decided even
 /// when the slot came back to the same key (see [`decide`]).
-const GENERATION_SHIFT: u32 = 40;
+const GENERATION_SHIFT: u32 = 41;
 /// The generation's bits in a tag.
 const GENERATION: u64 = 0x3f << GENERATION_SHIFT;
-/// The tag bit of a live slot taken by one thread to retire its state: set by an exchange from
-/// the live tag, so that exactly one thread retires the state of one tag's holding.
-const RETIRING: u64 = 1 << 46;
 /// The tag bit of a slot being filled (its fingerprint bits are 0: no key matches it).
 const BUSY: u64 = 1 << 47;
 /// Where the version starts in a tag.
@@ -473,8 +479,8 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
     #[inline]
     pub fn place(&self, hash: u64) -> Place {
         let buckets = self.buckets.len();
-        // The low bits, never 0 (0 marks a free slot).
-        let fingerprint = (hash & FINGERPRINT).max(1);
+        // The low bits, never 0 (0 marks a free slot), where a tag holds them.
+        let fingerprint = (hash & KEY_FINGERPRINT).max(1) << FINGERPRINT_SHIFT;
         Place {
             fingerprint,
             home: bucket_of(hash, buckets),
