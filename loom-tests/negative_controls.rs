@@ -698,6 +698,18 @@ fn store_holdings_read_after_the_look_fail_first_requests_model() {
 }
 
 #[test]
+#[should_panic(expected = "a second state")]
+fn store_overflow_unmarked_fails_request_after_an_overflow_model() {
+    crate::store::check_request_after_an_overflow(StoreFault::OverflowUnmarked);
+}
+
+#[test]
+#[should_panic(expected = "a second state")]
+fn store_overflow_unmarked_fails_requests_racing_an_overflow_model() {
+    crate::store::check_requests_racing_an_overflow(StoreFault::OverflowUnmarked);
+}
+
+#[test]
 #[should_panic(expected = "more than one state for one client")]
 fn store_insert_without_lock_fails_full_bucket_model() {
     crate::store::check_first_requests_into_a_full_bucket(StoreFault::InsertWithoutLock);

@@ -4,7 +4,9 @@
 //! and reused).
 //!
 //! - A lookup racing an insert of the same key: first requests of one client make one state,
-//!   also into a full bucket, where each evicts.
+//!   also into a full bucket, where each evicts. In a store of two buckets, a key whose state an
+//!   insert put outside home (racing a sweep that frees home slots) is found there by its next
+//!   request.
 //! - A rule change racing requests: the client starts afresh once across the change.
 //! - An eviction racing a decision on the state being evicted, and a slot reused for another
 //!   client while a stale request holds it: no grant is made but from a fresh state's permits.
@@ -19,7 +21,8 @@
 //!
 //! `negative_controls` runs each checker on a broken variant of the store and shows that it is
 //! caught: an insert without its lock, an insert that publishes its fresh state before deciding,
-//! a tag taken twice, a sweep that retires active states, an eviction that is not counted
+//! a tag taken twice, a sweep that retires active states, an insert outside home that its home's
+//! lock word does not show, an eviction that is not counted
 //! (a fresh state the eviction model cannot account for), one that publishes only its own
 //! reading, and one that chooses its victim at its own reading alone.
 
@@ -149,8 +152,13 @@ impl ModelStore {
     /// A store for a plan of `limits[0]`, changed to `limits[1]` by [`ModelStore::change`],
     /// with `fault` in its protocol.
     pub(crate) fn new(limits: [GcraParams; 2], fault: StoreFault) -> Self {
+        Self::with_buckets(limits, fault, 1)
+    }
+
+    /// [`ModelStore::new`] with `buckets` buckets of two slots.
+    pub(crate) fn with_buckets(limits: [GcraParams; 2], fault: StoreFault, buckets: usize) -> Self {
         ModelStore {
-            store: ClientStore::with_fault(2, fault),
+            store: ClientStore::with_fault(2 * buckets, fault),
             plan: ModelPlan {
                 version: AtomicU64::new(0),
                 limits,
@@ -218,7 +226,9 @@ impl ModelStore {
     }
 }
 
-/// Key values: their fingerprints differ, and every one lives in the model's one bucket.
+/// Key values: their fingerprints differ, and every one lives in the model's one bucket. In a
+/// store of two buckets, each has the first bucket for home (a key's high bits), and Alice and
+/// Carol have the second for their other (a remix's high bits), Bob none.
 pub(crate) const ALICE: u64 = 1;
 pub(crate) const BOB: u64 = 2;
 pub(crate) const CAROL: u64 = 3;
@@ -421,6 +431,71 @@ pub(crate) fn check_eviction_after_a_later_decision(fault: StoreFault) {
     });
 }
 
+/// In a store of two buckets, Bob and Carol fill their home (Alice's too) with their permits
+/// used; Alice's first request races a sweep that frees their slots, both at the reading where
+/// their permits are back. Alice's state goes to her other bucket where the sweep comes after
+/// her insert's look at home (a free slot is claimed before an idle one is reused; her home's
+/// lock word then says an insert overflowed), else home. Her next request, at the same reading,
+/// must find it wherever it is (her look at home finds no tag of hers, and a home slot is
+/// free): she is granted once. Panics with "a second state" otherwise.
+pub(crate) fn check_request_after_an_overflow(fault: StoreFault) {
+    const LATER: u64 = WINDOW;
+    explore(3, move || {
+        let model = Arc::new(ModelStore::with_buckets([bucket(1), bucket(1)], fault, 2));
+        assert!(
+            model.request(BOB, 0) && model.request(CAROL, 0),
+            "the prefill"
+        );
+        let sweeper = {
+            let model = Arc::clone(&model);
+            thread::spawn(move || model.sweep(LATER))
+        };
+        let alice = {
+            let model = Arc::clone(&model);
+            thread::spawn(move || model.request(ALICE, LATER))
+        };
+        assert_eq!(
+            sweeper.join().expect("the sweep panicked"),
+            2,
+            "the sweep frees Bob's and Carol's slots"
+        );
+        assert!(
+            alice.join().expect("Alice's request panicked"),
+            "Alice's first permit"
+        );
+        assert!(
+            !model.request(ALICE, LATER),
+            "Alice granted twice in one window: a second state for her at home"
+        );
+    });
+}
+
+/// In a store of two buckets, Bob and Carol fill their home (Alice's too) with their permits
+/// used, and Alice's first two requests race: the first to take her home's lock puts her state
+/// in her other bucket, and the other request, whether it read her home's lock word before,
+/// during or after that holding, finds it there (rather than claim the bucket's other free
+/// slot). Exactly one is granted. Panics with "a second state" otherwise.
+pub(crate) fn check_requests_racing_an_overflow(fault: StoreFault) {
+    explore(3, move || {
+        let model = Arc::new(ModelStore::with_buckets([bucket(1), bucket(1)], fault, 2));
+        assert!(
+            model.request(BOB, 0) && model.request(CAROL, 0),
+            "the prefill"
+        );
+        let [here, there] = [0, 1].map(|_| {
+            let model = Arc::clone(&model);
+            thread::spawn(move || model.request(ALICE, 0))
+        });
+        let here = here.join().expect("a request panicked");
+        let there = there.join().expect("a request panicked");
+        assert!(
+            !(here && there),
+            "Alice granted twice in one window: a second state for her"
+        );
+        assert!(here || there, "one of Alice's requests is granted");
+    });
+}
+
 /// Alice has used her permit; a sweep at the same instant frees only states indistinguishable
 /// from fresh, racing Bob's first two requests (his state is fresh until the first is granted,
 /// and may be retired then): Bob is granted once, never twice, and Alice's used permit stays
@@ -506,10 +581,9 @@ pub(crate) fn check_sweep_racing_a_first_request(fault: StoreFault) {
             carol.join().expect("Carol's request panicked"),
             "Carol's first permit"
         );
-        // The home lock's word: twice its holdings, not held.
         assert_eq!(
-            model.store.holdings(model.place(CAROL)),
-            Some(2),
+            model.store.inserts_at_home(model.place(CAROL)),
+            1,
             "Carol inserted again: the sweep retired her fresh state (freed {freed}) before her \
              decision"
         );
@@ -594,6 +668,16 @@ fn store_first_requests_make_one_state() {
 #[test]
 fn store_first_requests_into_a_full_bucket_make_one_state() {
     check_first_requests_into_a_full_bucket(StoreFault::None);
+}
+
+#[test]
+fn store_request_after_an_overflow_finds_the_state_outside_home() {
+    check_request_after_an_overflow(StoreFault::None);
+}
+
+#[test]
+fn store_requests_racing_an_overflow_make_one_state() {
+    check_requests_racing_an_overflow(StoreFault::None);
 }
 
 #[test]

@@ -244,6 +244,47 @@ fn a_state_put_in_the_other_bucket_then_a_home_slot_swept_is_found() {
     }
 }
 
+/// The same without a parked request: home full (one filler idle, seven active), K's first
+/// request puts its state in the other bucket (its home lock's word says from then on that an
+/// insert went outside home) and K spends its limit; a sweep frees the idle filler's slot at
+/// home. K's next request finds no tag of its own at home and a free slot there: it must probe
+/// the other bucket all the same, not put a second state at home. Denied; a key of the same
+/// home that never came is a fresh client (at home), and K's state stays the one.
+#[test]
+fn a_state_put_in_the_other_bucket_is_found_once_a_home_slot_is_free() {
+    let _serial = serial();
+    for algorithm in STORE_METHODS {
+        let clock = FakeClock::starting_at(Duration::from_secs(10));
+        let service = service(algorithm, &clock, LIMIT);
+        let idle = key_home0_other1(0x2000);
+        assert!(service.allow(&idle, &PLAN).unwrap());
+        clock.advance(Duration::from_secs(10));
+        let active = spent_fillers(&service, 0, 7);
+        let key = key_home0_other1(0x55_5555);
+        assert_eq!(spend(&service, key, LIMIT), LIMIT, "{algorithm}: K");
+        assert_eq!(service.sweep(), 1, "{algorithm}: the idle filler swept");
+        assert_eq!(
+            (spend(&service, key, LIMIT), service.len()),
+            (0, 8),
+            "{algorithm}: K after the sweep, len"
+        );
+        let newcomer = key_home0_other1(0x66_6666);
+        assert_eq!(
+            (spend(&service, newcomer, LIMIT), service.len()),
+            (LIMIT, 9),
+            "{algorithm}: a new key of K's home, len"
+        );
+        assert_eq!(
+            (spend(&service, key, LIMIT), service.evictions()),
+            (0, 0),
+            "{algorithm}: K again, evictions"
+        );
+        for filler in active {
+            assert_eq!(spend(&service, filler, LIMIT), 0, "{algorithm}: filler");
+        }
+    }
+}
+
 /// K parked after its look (both buckets empty); this thread fills both of K's buckets with
 /// sixteen active clients of K's home (each insert moves K's home count). Resumed, the parked
 /// insert finds no free slot and evicts exactly one client: K is granted, exactly one eviction,

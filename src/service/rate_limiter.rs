@@ -255,7 +255,8 @@ where
     /// entry point (`allow`, `acquire`, ...). Everything else (the other bucket, an insert, a
     /// plan of several limits, a retry) is [`RateLimiterService::decide_at_length`], called out
     /// of line. The look at home reads the home lock's count before it, so where it finds no
-    /// tag of the key's, that step takes the count and looks at the other bucket alone (see
+    /// tag of the key's, that step takes the count and looks at the other bucket alone, or at
+    /// neither where the lock's word says that no insert of its keys went outside home (see
     /// `store::decide_beyond_home`): a first request looks at its home bucket once. Inlined,
     /// the insert's many live values made the compiler save registers and spill values on every
     /// lookup: 32 instructions of 297 (default release), 33 of 293 (thin LTO).

@@ -41,7 +41,9 @@
 //!
 //! - **Decision on a known client** ([`decide`]): read the home lock's count of holdings, probe
 //!   the key's two buckets for its fingerprint (Acquire loads of the tags; the count serves the
-//!   insert that follows a look that found none), read the plan's current limits *after* the
+//!   insert that follows a look that found none; the other bucket is probed only where the
+//!   lock's word says an insert has put a state there for a key of this home, see
+//!   [`OVERFLOWED`]), read the plan's current limits *after* the
 //!   lookup, decide on the state with the method's own compare-and-swap, and check that the
 //!   slot's tag is still the one found (else the answer is dropped and the decision looks
 //!   again). A state
@@ -231,8 +233,9 @@ pub struct Place {
 #[derive(Debug)]
 #[repr(C)]
 struct Bucket<W, const B: usize> {
-    /// The lock of the inserts of keys whose home this bucket is: `HELD` while one runs, plus
-    /// twice the holdings released so far (see [`InsertLock`]).
+    /// The lock of the inserts of keys whose home this bucket is: `HELD` while one runs,
+    /// `OVERFLOWED` once one has put a state in its key's other bucket, plus `HOLDING` times
+    /// the holdings released so far (see [`InsertLock`]).
     insert_lock: W,
     tags: [W; B],
     states: [W; B],
@@ -304,6 +307,10 @@ pub enum StoreFault {
     /// before: an insert of the key between the look and the count goes unseen, the decision's
     /// insert skips its passes, and the key gets two states.
     HoldingsReadAfterTheLook,
+    /// An insert that takes a slot in its key's other bucket leaves its home lock's word
+    /// without [`OVERFLOWED`]: a later decision of the key skips the bucket its state is in,
+    /// and inserts a second one at home.
+    OverflowUnmarked,
 }
 
 /// What one limit of a plan does to a state word, as the store needs it (the method's own
@@ -679,39 +686,49 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
         may_defer: bool,
         absent_as_of: Option<u64>,
     ) -> Inserted<R::Answer> {
-        // The key's buckets, home first (the other computed once, for both passes).
+        // The key's home bucket (the other is computed only where it is needed).
         let home = &self.buckets[place.home];
-        let other = self.other_bucket(place);
         let lock = self.insert_lock(place, absent_as_of);
         // No insert since the look that found no state of the key's: none is there now (see
         // `holdings`), and no slot needs waiting for (a free one is claimed below; where none
         // is, `reuse` makes its passes).
         let absent =
             matches!((&lock, absent_as_of), (Some(lock), Some(count)) if lock.holdings == count);
-        if !absent && self.find_settled(place, head, home, other) {
+        if !absent && self.find_settled(place, head, home, self.other_bucket(place)) {
             // Rare (first requests of one client racing): the lookup finds it.
             return Inserted::LookAgain;
         }
-        let (taken, lock, now_nanos) = match claim_free(home).or_else(|| other.and_then(claim_free))
-        {
+        let (taken, lock, now_nanos) = match claim_free(home) {
             Some(slot) => (slot, lock, now_nanos),
-            None => {
-                // No slot free: the states' idleness is judged at a reading taken now, with the
-                // lock let go (the clock is the user's), not at the request's first one, which
-                // may be older than every state used since (the thread held between it and its
-                // insert), where none would look idle and the insert would evict. (`reading` and
-                // `still_current` are called here, not passed on: a closure passed out of line
-                // would keep what it borrows in memory on every decision's path.)
-                drop(lock);
-                let now_nanos = reading();
-                if !still_current() {
-                    return Inserted::LookAgain;
+            None => match self.other_bucket(place).and_then(claim_free) {
+                Some(slot) => {
+                    // A slot outside home: the lock's word says so once let go, so that the
+                    // key's decisions probe this bucket (see `OVERFLOWED`).
+                    let mut lock = lock;
+                    if let Some(lock) = &mut lock {
+                        self.mark_overflowed(lock);
+                    }
+                    (slot, lock, now_nanos)
                 }
-                match self.insert_reusing(place, head, now_nanos, evicted_up_to, may_defer) {
-                    Some((slot, lock)) => (slot, lock, now_nanos),
-                    None => return Inserted::LookAgain,
+                None => {
+                    // No slot free: the states' idleness is judged at a reading taken now, with
+                    // the lock let go (the clock is the user's), not at the request's first one,
+                    // which may be older than every state used since (the thread held between
+                    // it and its insert), where none would look idle and the insert would evict.
+                    // (`reading` and `still_current` are called here, not passed on: a closure
+                    // passed out of line would keep what it borrows in memory on every
+                    // decision's path.)
+                    drop(lock);
+                    let now_nanos = reading();
+                    if !still_current() {
+                        return Inserted::LookAgain;
+                    }
+                    match self.insert_reusing(place, head, now_nanos, evicted_up_to, may_defer) {
+                        Some((slot, lock)) => (slot, lock, now_nanos),
+                        None => return Inserted::LookAgain,
+                    }
                 }
-            }
+            },
         };
         // The plan's limits read again once the slot is taken, as a lookup reads them after it
         // finds a state: a request that read them before a change never decides under them on
@@ -747,14 +764,40 @@ impl<W: AtomicWord, const B: usize> ClientStore<W, B> {
     ) -> Option<(TakenSlot<'_, W>, Option<InsertLock<'_, W>>)> {
         let home = &self.buckets[place.home];
         let other = self.other_bucket(place);
-        let lock = self.insert_lock(place, None);
+        let mut lock = self.insert_lock(place, None);
         if self.find_settled(place, head, home, other) {
             return None;
         }
         let slot = claim_free(home)
             .or_else(|| other.and_then(claim_free))
             .or_else(|| self.reuse(place, head, now_nanos, evicted_up_to, may_defer))?;
+        let at_home = home
+            .tags
+            .as_ptr_range()
+            .contains(&std::ptr::from_ref(slot.0));
+        if let Some(lock) = &mut lock
+            && !at_home
+        {
+            self.mark_overflowed(lock);
+        }
         Some((slot, lock))
+    }
+
+    /// How many holdings of `place`'s home insert lock were let go: the inserts of keys of that
+    /// home so far (for the loom models).
+    #[cfg(feature = "loom")]
+    pub fn inserts_at_home(&self, place: Place) -> u64 {
+        // Relaxed: a count read after the threads that took the lock were joined.
+        self.buckets[place.home].insert_lock.load(Ordering::Relaxed) / HOLDING
+    }
+
+    /// Marks `lock` as having taken a slot outside its bucket (but in a negative control): its
+    /// word says so once let go (see [`OVERFLOWED`]).
+    #[inline(always)]
+    fn mark_overflowed(&self, lock: &mut InsertLock<'_, W>) {
+        if !self.has_fault(StoreFault::OverflowUnmarked) {
+            lock.overflowed = OVERFLOWED;
+        }
     }
 
     /// The word of `place`'s home insert lock, if no insert holds it: the count of its
@@ -1156,7 +1199,8 @@ where
     let bucket = &store.buckets[place.home];
     // The home lock's word, read before the look (but in a negative control, after it), as
     // `decide_beyond_home` reads it before its own: where this look finds no tag of the key's,
-    // that step looks at the other bucket alone, and a first request looks at home once.
+    // that step looks at the other bucket alone (or at neither, where the word says that no
+    // insert put a state outside home), and a first request looks at home once.
     let count_first = !store.has_fault(StoreFault::HoldingsReadAfterTheLook);
     // Acquire: as `holdings`'.
     let lock_word = count_first.then(|| bucket.insert_lock.load(Ordering::Acquire));
@@ -1189,8 +1233,9 @@ where
 /// look saw, `absent_at_home`, where it found no tag of the key's): both buckets, home first (the
 /// order of [`decide_at_home`]'s look, which this repeats after reading the home lock's count;
 /// but where that look found no tag of the key's after reading the count, this takes its count
-/// and looks at the other bucket alone), then (as often as another thread's change makes it) an
-/// insert and both buckets again.
+/// and looks at the other bucket alone, or at neither where that count's word says no insert
+/// has put a state outside home: see [`OVERFLOWED`]), then (as often as another thread's change
+/// makes it) an insert and both buckets again.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn decide_beyond_home<W, const B: usize, P, R>(
@@ -1225,12 +1270,24 @@ where
             None => None,
         };
         let mut key_seen = false;
-        // Where the home look found no tag of the key's, its look is this pass's at home.
-        for bucket in store.buckets(place).skip(usize::from(home_look.is_some())) {
-            match probe(store, bucket, place, plan, request) {
-                Probed::Answer(answer) => return Stored::Answer(answer),
-                Probed::KeySeen => key_seen = true,
-                Probed::KeyAbsent => {}
+        // Which of the key's buckets (0 home, 1 the other) this pass probes from, if any. Where
+        // the home look found no tag of the key's, its look is this pass's at home; and where
+        // its word also said that no insert had put a state outside home (neither held nor
+        // `OVERFLOWED`), no state of the key's was in the other bucket as of that word, and
+        // one put there since comes from a holding that the insert's count shows: neither is
+        // probed (and the other bucket is not even computed).
+        let probed_from = match home_look {
+            Some(absent) if absent.lock_word & (HELD | OVERFLOWED) == 0 => None,
+            Some(_) => Some(1),
+            None => Some(0),
+        };
+        if let Some(first) = probed_from {
+            for bucket in store.buckets(place).skip(first) {
+                match probe(store, bucket, place, plan, request) {
+                    Probed::Answer(answer) => return Stored::Answer(answer),
+                    Probed::KeySeen => key_seen = true,
+                    Probed::KeyAbsent => {}
+                }
             }
         }
         if !count_first && home_look.is_none() {
@@ -1876,10 +1933,24 @@ struct InsertLock<'l, W: AtomicWord> {
     lock: &'l W,
     /// The lock's word when this holding took it: not held, and the holdings before it.
     holdings: u64,
+    /// `OVERFLOWED` where this holding took a slot in its key's other bucket, else 0.
+    overflowed: u64,
 }
 
-/// The bit of an insert lock's word that says it is held; the rest counts released holdings.
+/// The bit of an insert lock's word that says it is held.
 const HELD: u64 = 1;
+/// The bit of an insert lock's word that says a holding of it has taken a slot outside the
+/// lock's bucket (in a key's other bucket), set when that holding is let go and never cleared.
+/// A decision that read the word without it and without `HELD` (Acquire, before its look at
+/// home, see [`decide_at_home`]) knows that every state of a key of this home put until then is
+/// in the home bucket: where that look finds no tag of the key's, it skips the other bucket.
+/// A state put in the other bucket later comes from a later holding, which the insert that
+/// follows sees (the count differs, so it makes its passes over both buckets: see
+/// [`ClientStore::holdings`]). Sticky, as a state's tag does not tell its home: a bucket that
+/// has once overflowed has its keys' other bucket probed from then on, as before.
+const OVERFLOWED: u64 = 2;
+/// One released holding, in an insert lock's word: the count above `HELD` and `OVERFLOWED`.
+const HOLDING: u64 = 4;
 
 impl<'l, W: AtomicWord> InsertLock<'l, W> {
     /// Takes `lock`, waiting while another insert holds it (a few dozen instructions, unless
@@ -1902,6 +1973,7 @@ impl<'l, W: AtomicWord> InsertLock<'l, W> {
                         return InsertLock {
                             lock,
                             holdings: word,
+                            overflowed: 0,
                         };
                     }
                     Err(current) => word = current,
@@ -1919,8 +1991,11 @@ impl<W: AtomicWord> Drop for InsertLock<'_, W> {
     fn drop(&mut self) {
         // Release: publishes the slots written under the lock to the next holder, and to a
         // decision whose look at the word reads this count (see `ClientStore::holdings`).
-        // Wrapping: 2^63 holdings of one lock would take centuries.
-        self.lock
-            .store(self.holdings.wrapping_add(2 * HELD), Ordering::Release);
+        // Wrapping: 2^62 holdings of one lock would take centuries (and the carry out of the
+        // top bit leaves `HELD` and `OVERFLOWED` as they are).
+        self.lock.store(
+            self.holdings.wrapping_add(HOLDING) | self.overflowed,
+            Ordering::Release,
+        );
     }
 }
