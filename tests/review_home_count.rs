@@ -114,6 +114,18 @@ fn spent_fillers(service: &Service, base: u64, n: u64) -> Vec<u64> {
         .collect()
 }
 
+/// A service whose home bucket 0 is full: one filler idle (its permit back), then seven
+/// active ones (spent at the clock's reading); the active fillers.
+fn home_full_one_idle(algorithm: Algorithm) -> (Arc<Service>, Vec<u64>) {
+    let clock = FakeClock::starting_at(Duration::from_secs(10));
+    let service = service(algorithm, &clock, LIMIT);
+    let idle = key_home0_other1(0x2000);
+    assert!(service.allow(&idle, &PLAN).unwrap());
+    clock.advance(Duration::from_secs(10));
+    let active = spent_fillers(&service, 0, 7);
+    (service, active)
+}
+
 // ---------------------------------------------------------------------------------------------
 // Deterministic: parked first requests.
 // ---------------------------------------------------------------------------------------------
@@ -212,12 +224,7 @@ fn a_state_put_while_a_first_request_is_parked_is_found() {
 fn a_state_put_in_the_other_bucket_then_a_home_slot_swept_is_found() {
     let _serial = serial();
     for algorithm in STORE_METHODS {
-        let clock = FakeClock::starting_at(Duration::from_secs(10));
-        let service = service(algorithm, &clock, LIMIT);
-        let idle = key_home0_other1(0x2000);
-        assert!(service.allow(&idle, &PLAN).unwrap());
-        clock.advance(Duration::from_secs(10));
-        let active = spent_fillers(&service, 0, 7);
+        let (service, active) = home_full_one_idle(algorithm);
         let key = key_home0_other1(0x55_5555);
         let parked = park_first_request(&service, key);
         assert_eq!(
@@ -254,12 +261,7 @@ fn a_state_put_in_the_other_bucket_then_a_home_slot_swept_is_found() {
 fn a_state_put_in_the_other_bucket_is_found_once_a_home_slot_is_free() {
     let _serial = serial();
     for algorithm in STORE_METHODS {
-        let clock = FakeClock::starting_at(Duration::from_secs(10));
-        let service = service(algorithm, &clock, LIMIT);
-        let idle = key_home0_other1(0x2000);
-        assert!(service.allow(&idle, &PLAN).unwrap());
-        clock.advance(Duration::from_secs(10));
-        let active = spent_fillers(&service, 0, 7);
+        let (service, active) = home_full_one_idle(algorithm);
         let key = key_home0_other1(0x55_5555);
         assert_eq!(spend(&service, key, LIMIT), LIMIT, "{algorithm}: K");
         assert_eq!(service.sweep(), 1, "{algorithm}: the idle filler swept");
