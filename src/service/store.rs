@@ -26,11 +26,12 @@
 //!
 //! Keys are not stored: a key is its fingerprint and its two buckets (its *home*, from the
 //! hash's high bits, and another from a remix of it). Two keys share a state only if they share
-//! the 40-bit fingerprint and one's state sits in a bucket the other probes. A key whose look
-//! finds the other's state decides on it, so the two may share one state (one limit's worth
-//! between them); but two keys of different homes insert under different locks, so where their
-//! first requests meet, each may put its own, and a key may then find the other's before its
-//! own. Such a pair is granted at most two limits' worth between them per window (what they
+//! the 40-bit fingerprint and one's state sits in a bucket the other probes (its home always,
+//! its other bucket once an insert of its home has put a state there: see [`OVERFLOWED`]). A
+//! key whose look finds the other's state decides on it, so the two may share one state (one
+//! limit's worth between them); but two keys of different homes insert under different locks,
+//! so where their first requests meet, or where one's state is in the other's unprobed other
+//! bucket, each may put its own, and a key may then find the other's before its own. Such a pair is granted at most two limits' worth between them per window (what they
 //! would be granted apart: one key can use what the other leaves), never more. With a keyed
 //! hash (the service's default is randomly seeded, so clients cannot aim at a collision), a key
 //! that is not held meets a stored one by chance with probability at most `2 B / 2^40`: about
@@ -1944,6 +1945,9 @@ const HELD: u64 = 1;
 /// A decision that read the word without it and without `HELD` (Acquire, before its look at
 /// home, see [`decide_at_home`]) knows that every state of a key of this home put until then is
 /// in the home bucket: where that look finds no tag of the key's, it skips the other bucket.
+/// (A word with `HELD` gives the insert no count to skip its passes by, so skipping there would
+/// be safe too; but an insert is then under way, whose state the probe finds without another
+/// insert's round, which would spend one of the decision's deferrals of an eviction.)
 /// A state put in the other bucket later comes from a later holding, which the insert that
 /// follows sees (the count differs, so it makes its passes over both buckets: see
 /// [`ClientStore::holdings`]). Sticky, as a state's tag does not tell its home: a bucket that
