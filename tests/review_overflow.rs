@@ -119,6 +119,30 @@ fn asked_nothing<C: Clock>(
     service.acquire(&key, &PLAN, 0).unwrap().remaining()
 }
 
+/// Checks that `key` is found spent (a peek and an attempt of 0 permits report nothing left,
+/// and a request is denied), and the table's `(len, evictions)` after that request.
+fn assert_spent_and_held<C: Clock>(
+    service: &RateLimiterService<u64, &'static str, C, Identity>,
+    key: u64,
+    (len, evictions): (usize, u64),
+    case: &str,
+) {
+    assert_eq!(
+        (peeked(service, key), asked_nothing(service, key)),
+        (0, 0),
+        "{case}: K's peek, K's attempt of nothing"
+    );
+    assert_eq!(
+        (
+            spend(service, key, LIMIT),
+            service.len(),
+            service.evictions()
+        ),
+        (0, len, evictions),
+        "{case}: K again, len, evictions"
+    );
+}
+
 /// `n` keys of home `home` (and other bucket `other`) among `buckets`, fingerprints
 /// `base + i`, each spent at the clock's reading (active): they fill `home` first.
 fn spent_fillers<C: Clock>(
@@ -164,20 +188,7 @@ fn a_key_overflowed_into_a_free_slot_is_found_while_home_stays_full() {
                 (9, 0, (9 * LIMIT, 9)),
                 "{case}: len, evictions, (allowed, denied)"
             );
-            assert_eq!(
-                (peeked(&*service, key), asked_nothing(&*service, key)),
-                (0, 0),
-                "{case}: K's peek, K's attempt of nothing"
-            );
-            assert_eq!(
-                (
-                    spend(&*service, key, LIMIT),
-                    service.len(),
-                    service.evictions()
-                ),
-                (0, 9, 0),
-                "{case}: K again, len, evictions"
-            );
+            assert_spent_and_held(&*service, key, (9, 0), &case);
             for filler in fillers {
                 assert_eq!(spend(&*service, filler, LIMIT), 0, "{case}: filler");
             }
@@ -335,20 +346,7 @@ fn an_eviction_at_home_after_the_overflow_keeps_the_key_found() {
                 (9, 1),
                 "{case}: len, evictions after J"
             );
-            assert_eq!(
-                (peeked(&*service, key), asked_nothing(&*service, key)),
-                (0, 0),
-                "{case}: K's peek, K's attempt of nothing"
-            );
-            assert_eq!(
-                (
-                    spend(&*service, key, LIMIT),
-                    service.len(),
-                    service.evictions()
-                ),
-                (0, 9, 1),
-                "{case}: K again, len, evictions"
-            );
+            assert_spent_and_held(&*service, key, (9, 1), &case);
             let fresh = fillers
                 .iter()
                 .filter(|&&filler| peeked(&*service, filler) == LIMIT)
@@ -383,20 +381,7 @@ fn a_home_slot_swept_and_refilled_after_the_overflow_keeps_the_key_found() {
             let newcomer = key_at(0x66_6666, home, other, buckets);
             assert_eq!(spend(&*service, newcomer, LIMIT), LIMIT, "{case}: newcomer");
             assert_eq!(service.len(), 9, "{case}: len");
-            assert_eq!(
-                (peeked(&*service, key), asked_nothing(&*service, key)),
-                (0, 0),
-                "{case}: K's peek, K's attempt of nothing"
-            );
-            assert_eq!(
-                (
-                    spend(&*service, key, LIMIT),
-                    service.len(),
-                    service.evictions()
-                ),
-                (0, 9, 0),
-                "{case}: K again, len, evictions"
-            );
+            assert_spent_and_held(&*service, key, (9, 0), &case);
         }
     }
 }
@@ -439,20 +424,7 @@ fn a_parked_insert_that_finds_the_key_keeps_the_overflow_mark() {
             (9, 0, (9 * LIMIT, 8 + 2)),
             "{algorithm}: len, evictions, (allowed, denied)"
         );
-        assert_eq!(
-            (peeked(&*service, key), asked_nothing(&*service, key)),
-            (0, 0),
-            "{algorithm}: K's peek, K's attempt of nothing"
-        );
-        assert_eq!(
-            (
-                spend(&*service, key, LIMIT),
-                service.len(),
-                service.evictions()
-            ),
-            (0, 9, 0),
-            "{algorithm}: K again, len, evictions"
-        );
+        assert_spent_and_held(&*service, key, (9, 0), &algorithm.to_string());
     }
 }
 
